@@ -1,0 +1,267 @@
+"""Engine-owned action effects, each run inside one store transaction (in the writer thread).
+
+An effect never raises for a business failure (no target agent, a participant without a profile): it
+returns an `Effect` whose state is `failed` with a cause, plus the events and diagnostics to publish once
+the transaction has committed. Database errors do raise, rolling the whole transaction back.
+Sources: on-enter-action-dispatch.md AC-A3, AC-A4, AC-A5, AC-A7, AC-C1, AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9;
+kandev-engine-notes.md "Runs queue".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import attrs
+
+from onceflow.protocol.events import DecisionsCleared, Event, RunCoalesced, RunQueued, RunSuppressed
+from onceflow.protocol.workflow import ActionDecl
+from onceflow.store import participants as participant_rows
+from onceflow.store import runs, tasks
+from onceflow.store.records import Participant, TaskRecord
+
+# Builds the idempotency key for a run from (agent_profile_id, config digest); None means no key.
+KeyFor = Callable[[str, str], str | None]
+
+
+@attrs.frozen
+class DiagnosticNote:
+    """A diagnostic to log and emit after commit (never from the writer thread)."""
+
+    level: Literal["info", "warning", "error"]
+    code: str
+    fields: dict[str, Any]
+
+
+@attrs.frozen
+class Effect:
+    """What an action did: its marker state, a short detail (the failure cause), events and diagnostics."""
+
+    state: Literal["done", "skipped", "failed"]
+    detail: str = ""
+    events: tuple[Event, ...] = ()
+    diagnostics: tuple[DiagnosticNote, ...] = ()
+
+
+@attrs.frozen
+class ActionContext:
+    """Who and where an action runs for. `trigger` names the firing trigger (its reason default)."""
+
+    task: TaskRecord
+    step_id: str
+    trigger: str
+    key_for: KeyFor
+    exclude_from_coalescing: bool
+    now: float
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """16 hex of a SHA-256 over the canonical JSON (sorted keys) of an action's config (AC-H7)."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def clear_decisions(conn: sqlite3.Connection, ctx: ActionContext) -> Effect:
+    """Delete the (task, step) decisions in one statement; a no-op clear is still done (AC-A3, AC-E4)."""
+    deleted = participant_rows.clear_decisions(conn, task_id=ctx.task.id, step_id=ctx.step_id)
+    return Effect("done", events=(DecisionsCleared(task_id=ctx.task.id, step_id=ctx.step_id, deleted=deleted),))
+
+
+def step_participants(conn: sqlite3.Connection, task: TaskRecord, step_id: str, role: str) -> list[Participant]:
+    """The merged template + per-task rows of `role` at `step_id`, in (role, position, id) order."""
+    rows = participant_rows.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
+    return [p for p in rows if p.step_id == step_id and p.role == role]
+
+
+def _dedupe(rows: Iterable[Participant]) -> list[Participant]:
+    # One run per (role, agent); rows without an agent are never merged (each is its own failure).
+    seen: set[tuple[str, str]] = set()
+    out: list[Participant] = []
+    for row in rows:
+        if row.agent_profile_id:
+            if (row.role, row.agent_profile_id) in seen:
+                continue
+            seen.add((row.role, row.agent_profile_id))
+        out.append(row)
+    return out
+
+
+def _enqueue(conn: sqlite3.Connection, request: runs.RunRequest, now: float) -> tuple[runs.EnqueueResult, Event]:
+    result = runs.enqueue_run(conn, request, now)
+    event: Event
+    if result.outcome == "suppressed":
+        event = RunSuppressed(
+            existing_run_id=result.run_id,
+            task_id=request.task_id,
+            agent_profile_id=request.agent_profile_id,
+            reason=request.reason,
+            idempotency_key=request.idempotency_key or "",
+        )
+    elif result.outcome == "coalesced":
+        event = RunCoalesced(
+            run_id=result.run_id,
+            task_id=request.task_id,
+            agent_profile_id=request.agent_profile_id,
+            reason=request.reason,
+            coalesced_count=result.coalesced_count,
+        )
+    else:
+        event = RunQueued(
+            run_id=result.run_id,
+            task_id=request.task_id,
+            step_id=request.step_id,
+            agent_profile_id=request.agent_profile_id,
+            reason=request.reason,
+            idempotency_key=request.idempotency_key,
+        )
+    return result, event
+
+
+def queue_run_for_each_participant(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+    """Fan a run out to every participant of the configured role at the step: collect-and-continue.
+
+    The participant set is read once (AC-F2); selection is by role alone (AC-H3); reason defaults to the
+    trigger name (AC-H1); no payload stays NULL (AC-H2).
+    """
+    config = action.config
+    role: str = getattr(config, "role", "") or ""
+    task, step_id = ctx.task, ctx.step_id
+    if not role:
+        note = DiagnosticNote(
+            "error", "fan_out_role_missing", {"workflow_id": task.workflow_id, "step_id": step_id, "task_id": task.id}
+        )
+        return Effect("skipped", "malformed", diagnostics=(note,))
+    reason: str = getattr(config, "reason", None) or ctx.trigger
+    payload: dict[str, Any] | None = getattr(config, "payload", None)
+    digest = config_digest({"role": role, "reason": reason, "payload": payload})
+    matching = _dedupe(step_participants(conn, task, step_id, role))
+    events: list[Event] = []
+    notes: list[DiagnosticNote] = []
+    enqueued = suppressed = 0
+    failures: list[str] = []
+    for participant in matching:
+        agent = participant.agent_profile_id
+        if not agent:
+            cause = "participant has no agent_profile_id"
+            failures.append(cause)
+            notes.append(
+                DiagnosticNote(
+                    "error",
+                    "fan_out_participant_failed",
+                    {
+                        "task_id": task.id,
+                        "step_id": step_id,
+                        "participant_id": participant.id,
+                        "agent_profile_id": agent,
+                        "cause": cause,
+                    },
+                )
+            )
+            continue
+        request = runs.RunRequest(
+            agent_profile_id=agent,
+            task_id=task.id,
+            step_id=step_id,
+            reason=reason,
+            payload=payload,
+            idempotency_key=ctx.key_for(agent, digest),
+            exclude_from_coalescing=ctx.exclude_from_coalescing,
+        )
+        result, event = _enqueue(conn, request, ctx.now)
+        events.append(event)
+        enqueued += 1
+        suppressed += result.outcome == "suppressed"
+    if not matching:
+        notes.append(
+            DiagnosticNote("warning", "fan_out_matched_nobody", {"task_id": task.id, "step_id": step_id, "role": role})
+        )
+    notes.append(
+        DiagnosticNote(
+            "info",
+            "fan_out_finished",
+            {
+                "task_id": task.id,
+                "step_id": step_id,
+                "role": role,
+                "matching": len(matching),
+                "enqueued": enqueued,
+                "suppressed": suppressed,
+            },
+        )
+    )
+    if failures:
+        detail = f"attempted={len(matching)} failed={len(failures)} first_cause={failures[0]}"
+        return Effect("failed", detail, tuple(events), tuple(notes))
+    return Effect("done", events=tuple(events), diagnostics=tuple(notes))
+
+
+def resolve_target(conn: sqlite3.Connection, task: TaskRecord, step_id: str, target: str) -> str | None:
+    """The agent profile a queue_run `target` names, or None when it resolves to nobody (AC-A7)."""
+    if target == "primary":
+        return task.primary_agent_id or None
+    if target == "workspace.ceo_agent":
+        return task.ceo_agent_id or None
+    if target.startswith("agent_profile_id:"):
+        return target.removeprefix("agent_profile_id:") or None
+    if target.startswith("participant_role:"):
+        role = target.removeprefix("participant_role:")
+        agents = [p.agent_profile_id for p in step_participants(conn, task, step_id, role) if p.agent_profile_id]
+        return agents[0] if agents else None
+    return None
+
+
+def queue_run(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+    """Enqueue one run for the resolved target agent, for this task or the task named by `task_id`."""
+    config = action.config
+    target: str = getattr(config, "target", "primary")
+    task_ref: str = getattr(config, "task_id", "this")
+    reason: str = getattr(config, "reason", None) or ctx.trigger
+    payload: dict[str, Any] | None = getattr(config, "payload", None)
+    task = ctx.task if task_ref == "this" else tasks.find_task(conn, task_ref)
+    if task is None:
+        return Effect("failed", f"task {task_ref!r} does not exist")
+    agent = resolve_target(conn, task, ctx.step_id, target)
+    if agent is None:
+        return Effect("failed", f"target {target!r} resolves to no agent profile")
+    digest = config_digest({"target": target, "task_id": task_ref, "reason": reason, "payload": payload})
+    request = runs.RunRequest(
+        agent_profile_id=agent,
+        task_id=task.id,
+        step_id=ctx.step_id,
+        reason=reason,
+        payload=payload,
+        idempotency_key=ctx.key_for(agent, digest),
+        exclude_from_coalescing=ctx.exclude_from_coalescing,
+    )
+    _, event = _enqueue(conn, request, ctx.now)
+    return Effect("done", events=(event,))
+
+
+def ensure_participant_seat(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+    """Check that the step has a seat for the configured role; warn (and stay done) when it has none."""
+    role: str = getattr(action.config, "role", "")
+    if step_participants(conn, ctx.task, ctx.step_id, role):
+        return Effect("done")
+    note = DiagnosticNote(
+        "warning", "participant_seat_missing", {"task_id": ctx.task.id, "step_id": ctx.step_id, "role": role}
+    )
+    return Effect("done", "no seat for role", diagnostics=(note,))
+
+
+def run_database_action(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+    """Dispatch one engine-owned action whose effect is a database write."""
+    if action.type == "clear_decisions":
+        return clear_decisions(conn, ctx)
+    if action.type == "queue_run_for_each_participant":
+        return queue_run_for_each_participant(conn, ctx, action)
+    if action.type == "queue_run":
+        return queue_run(conn, ctx, action)
+    if action.type == "ensure_participant_seat":
+        return ensure_participant_seat(conn, ctx, action)
+    raise ValueError(f"{action.type} is not a database action")
+
+
+DATABASE_ACTIONS = frozenset({"clear_decisions", "queue_run_for_each_participant", "queue_run", "ensure_participant_seat"})

@@ -1,0 +1,241 @@
+"""The engine: trigger evaluation, guarded transitions and step entry.
+
+`handle_trigger` walks the current step's actions for a trigger: the first transition whose guard passes
+(requires_approval transitions skipped) fixes the target; other actions run through their executors and
+abort on the first error (on-enter spec AC-C5). The transition commits (with its step-entry record, in one
+transaction) before on_enter dispatches, and the operation id is marked only after every effect committed.
+Sources: kandev-engine-notes.md "Trigger handling", "Quorum guards"; on-enter-action-dispatch.md AC-B7.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import attrs
+import structlog
+
+from onceflow.actors.actions import DATABASE_ACTIONS, ActionContext, run_database_action
+from onceflow.actors.on_enter import OnEnterDispatch, needs_entry_record
+from onceflow.actors.outbox import Outbox
+from onceflow.actors.quorum import evaluate_quorum, parse_threshold
+from onceflow.actors.services import Services, find_step
+from onceflow.actors.session import request_session_action
+from onceflow.protocol.errors import ActionError
+from onceflow.protocol.events import ActionOutcome, EntryPath, GuardEvaluated, StepEntered, Transition
+from onceflow.protocol.workflow import SESSION_ACTION_TYPES, TRANSITION_TYPES, ActionDecl, Step, Trigger, Workflow
+from onceflow.store import participants, step_entries, tasks
+from onceflow.store.records import Decision, Participant, TaskRecord
+from onceflow.store.step_entries import EntryKey
+
+log = structlog.get_logger("onceflow.engine")
+
+
+@attrs.frozen
+class HandleInput:
+    """One trigger delivery for one task. An empty `operation_id` means the trigger carries none."""
+
+    task_id: str
+    trigger: Trigger
+    operation_id: str = ""
+
+
+@attrs.frozen
+class HandleResult:
+    """`idempotent`: the operation id was already applied and nothing ran. `to_step` is set on a move."""
+
+    idempotent: bool = False
+    from_step: str | None = None
+    to_step: str | None = None
+
+
+@attrs.define
+class Engine:
+    """Evaluates triggers and applies transitions for tasks; stateless apart from the shared services."""
+
+    services: Services
+
+    async def load_task(self, task_id: str) -> TaskRecord:
+        """The task's committed row. Raises NotFoundError (field task_id)."""
+        return await self.services.store.transact(lambda conn: tasks.get_task(conn, task_id))
+
+    async def handle_trigger(self, inp: HandleInput, out: Outbox) -> HandleResult:
+        """Evaluate `inp.trigger` for the task and apply what it decides.
+
+        Raises:
+            NotFoundError: the task does not exist. ActionError: an action failed (the id stays unmarked).
+        """
+        ledger = self.services.ledger
+        if inp.operation_id and await ledger.is_applied(inp.operation_id):
+            return HandleResult(idempotent=True)
+        task = await self.load_task(inp.task_id)
+        workflow = self.services.workflows.get(task.workflow_id)
+        step = find_step(workflow, task.step_id)
+        target: Step | None = None
+        for position, action in enumerate(step.events.actions(inp.trigger)):
+            if action.type in TRANSITION_TYPES:
+                if target is None:
+                    target = await self.evaluate_transition(task, workflow, step, action, out)
+                continue
+            await self._trigger_action(task, step, inp, position, action, out)
+        result = HandleResult(from_step=step.id)
+        if target is not None and target.id != step.id:
+            moved = await self.enter_step(task, workflow, target, path="E1", trigger=str(inp.trigger), out=out)
+            result = HandleResult(from_step=step.id, to_step=target.id if moved else None)
+        if inp.operation_id:
+            await ledger.mark_applied(inp.operation_id)
+        return result
+
+    async def evaluate_transition(
+        self, task: TaskRecord, workflow: Workflow, step: Step, action: ActionDecl, out: Outbox
+    ) -> Step | None:
+        """The step this transition action moves to, or None (requires_approval, no such step, guard fails)."""
+        config = action.config
+        if getattr(config, "requires_approval", False):
+            return None
+        if action.type == "move_to_next":
+            target = workflow.next_step(step.id)
+        elif action.type == "move_to_previous":
+            target = workflow.previous_step(step.id)
+        else:
+            target = workflow.step(getattr(config, "step_id", ""))
+        guard = getattr(config, "guard", None)
+        if target is None or guard is None:
+            return target
+        rows, decisions = await self._seats_and_decisions(task, step.id)
+        quorum = evaluate_quorum(
+            threshold=parse_threshold(guard.threshold),
+            role=guard.role,
+            task_id=task.id,
+            step_id=step.id,
+            participants=rows,
+            decisions=decisions,
+        )
+        out.emit(
+            GuardEvaluated(
+                task_id=task.id,
+                step_id=step.id,
+                target_step=target.id,
+                role=guard.role,
+                threshold=guard.threshold,
+                satisfied=quorum.satisfied,
+                seats=quorum.seats,
+                approvals=quorum.approvals,
+                reason=quorum.reason,
+            )
+        )
+        return target if quorum.satisfied else None
+
+    async def _seats_and_decisions(self, task: TaskRecord, step_id: str) -> tuple[list[Participant], list[Decision]]:
+        def read(conn: sqlite3.Connection) -> tuple[list[Participant], list[Decision]]:
+            rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
+            return rows, participants.decisions_for(conn, task_id=task.id, step_id=step_id)
+
+        return await self.services.store.transact(read)
+
+    async def _trigger_action(
+        self, task: TaskRecord, step: Step, inp: HandleInput, position: int, action: ActionDecl, out: Outbox
+    ) -> None:
+        """Run one non-transition action of a non-on_enter trigger; raise ActionError on failure."""
+        if action.type in SESSION_ACTION_TYPES or action.type == "disable_plan_mode":
+            await request_session_action(self.services, task, step.id, action, None, out)
+            return
+        if action.type not in DATABASE_ACTIONS:
+            raise ActionError(f"no executor for action {action.type!r}", field=f"events.{inp.trigger}")
+        op = inp.operation_id
+        ctx = ActionContext(
+            task=task,
+            step_id=step.id,
+            trigger=str(inp.trigger),
+            key_for=lambda agent, digest: f"{op}:{step.id}:{task.id}:{agent}:{digest}" if op else None,
+            exclude_from_coalescing=inp.trigger == Trigger.on_comment,
+            now=self.services.now(),
+        )
+        effect = await self.services.store.transact(lambda conn: run_database_action(conn, ctx, action))
+        for event in effect.events:
+            out.emit(event)
+        for note in effect.diagnostics:
+            out.diagnostic(note.level, note.code, **note.fields)
+        out.emit(
+            ActionOutcome(
+                task_id=task.id,
+                step_id=step.id,
+                trigger=str(inp.trigger),
+                position=position,
+                kind=action.type,
+                outcome=effect.state,
+                detail=effect.detail,
+            )
+        )
+        if effect.state == "failed":
+            raise ActionError(f"{action.type} failed: {effect.detail}", field=f"events.{inp.trigger}[{position}]")
+
+    async def enter_step(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        target: Step,
+        *,
+        path: EntryPath,
+        trigger: str,
+        out: Outbox,
+    ) -> bool:
+        """Admit the task to `target` and dispatch its on_enter; False if the task moved meanwhile.
+
+        The step change is a compare-and-set on the task's current step, and the step-entry record (when
+        the target declares an engine-owned on_enter action) is allocated in the same transaction. If that
+        transaction fails nothing lands and an ERROR names task and step (AC-B7); the error propagates.
+        """
+        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
+        if source_workflow is not None and source_workflow.has_step(task.step_id):
+            for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):
+                await request_session_action(self.services, task, task.step_id, action, path, out)
+        declaration = target.events.on_enter  # read once; the allocating code never parses YAML
+        digest = step_entries.declaration_digest([a.type for a in declaration])
+        record = needs_entry_record(declaration)
+        now = self.services.now()
+
+        def admit(conn: sqlite3.Connection) -> tuple[bool, EntryKey | None]:
+            moved = tasks.move_task_step(
+                conn,
+                task_id=task.id,
+                expected_step_id=task.step_id,
+                workflow_id=workflow.id,
+                step_id=target.id,
+                now=now,
+            )
+            if not moved or not record:
+                return moved, None
+            key = step_entries.allocate_entry(
+                conn,
+                task_id=task.id,
+                step_id=target.id,
+                workflow_id=workflow.id,
+                digest=digest,
+                entry_path=path,
+                now=now,
+            )
+            return True, key
+
+        try:
+            moved, key = await self.services.store.transact(admit)
+        except Exception:
+            log.error("step_entry_allocation_failed", task_id=task.id, step_id=target.id, entry_path=path)
+            raise
+        if not moved:
+            out.diagnostic(
+                "info", "transition_abandoned", task_id=task.id, expected_step=task.step_id, target_step=target.id
+            )
+            return False
+        out.emit(
+            Transition(
+                task_id=task.id, workflow_id=workflow.id, from_step=task.step_id, to_step=target.id, trigger=trigger
+            )
+        )
+        out.emit(
+            StepEntered(
+                task_id=task.id, step_id=target.id, entry_seq=key.entry_seq if key else None, entry_path=path
+            )
+        )
+        entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
+        await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
+        return True

@@ -1,0 +1,46 @@
+"""The host interface: what the embedding application performs on the runtime's behalf.
+
+Session-scoped actions (reset_agent_context, configure_session, enable_plan_mode, set_session_mode,
+auto_start_agent, disable_plan_mode) are owned by the host; the runtime asks, the host acts.
+Source: on-enter-action-dispatch.md, "The ownership partition".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+
+@attrs.frozen
+class SessionActionRequest:
+    """One session action for one task's live session, with its declared config."""
+
+    task_id: str
+    session_id: str
+    step_id: str
+    action: str
+    config: dict[str, Any]
+    entry_path: str | None
+
+
+class Host(Protocol):
+    """Callbacks a host supplies. Raising from either marks that action failed; the runtime goes on."""
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None: ...
+
+    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None: ...
+
+
+@attrs.define
+class RecordingHost:
+    """A host that performs nothing and remembers every request (the CLI and tests use it)."""
+
+    session_actions: list[SessionActionRequest] = attrs.field(factory=list)
+    code_reviews: list[tuple[str, str, str | None]] = attrs.field(factory=list)
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None:
+        self.session_actions.append(request)
+
+    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
+        self.code_reviews.append((task_id, step_id, agent_profile_id))

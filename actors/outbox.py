@@ -1,0 +1,58 @@
+"""Where events go: the reply of the command that caused them, and every subscriber's stream.
+
+Each command gets its own Outbox; `emit` appends to it and fans the event out to subscribers at once.
+Diagnostics are also written to the structured log with their fields as discrete keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import structlog
+import trio
+
+from onceflow.protocol.events import Diagnostic, Event
+
+log = structlog.get_logger("onceflow")
+
+
+class EventHub:
+    """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[trio.MemorySendChannel[Event]] = []
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        self._subscribers.append(send)
+        return receive
+
+    def publish(self, event: Event) -> None:
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.remove(send)
+
+    def close(self) -> None:
+        for send in self._subscribers:
+            send.close()
+        self._subscribers.clear()
+
+
+class Outbox:
+    """The events of one command, in emission order."""
+
+    def __init__(self, hub: EventHub) -> None:
+        self._hub = hub
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+        self._hub.publish(event)
+
+    def diagnostic(self, level: str, code: str, **fields: Any) -> None:
+        """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event."""
+        getattr(log, level)(code, **fields)
+        self.emit(Diagnostic(level=level, code=code, fields=fields))  # type: ignore[arg-type]

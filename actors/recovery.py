@@ -1,0 +1,87 @@
+"""The startup recovery scan: finish the step entries a crash left open.
+
+Once per start, after the store opens and before any command is served, one query selects every
+non-terminal entry in (task_id, step_id, entry_seq) order. An entry the task has left is closed
+skipped(step_left); an older entry of a step the task re-entered is closed skipped(superseded); an entry
+whose workflow or step no longer resolves is closed skipped(unresolvable); the rest are re-dispatched
+(engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed by epoch).
+The scan never stops the runtime from starting: a failing record is logged at ERROR and left open.
+Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import structlog
+
+from onceflow.actors.on_enter import OnEnterDispatch
+from onceflow.actors.outbox import Outbox
+from onceflow.actors.services import Services
+from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, ActionDecl
+from onceflow.store import step_entries, tasks
+from onceflow.store.records import StepEntry
+from onceflow.store.step_entries import EntryKey
+
+log = structlog.get_logger("onceflow.recovery")
+
+
+def _close(
+    conn: sqlite3.Connection, key: EntryKey, declaration: tuple[ActionDecl, ...], reason: str, now: float
+) -> None:
+    marks = step_entries.markers(conn, key)
+    for position, action in enumerate(declaration):
+        marker = marks.get(position)
+        if action.type in ENGINE_ACTION_TYPES and (marker is None or marker.state not in step_entries.TERMINAL_STATES):
+            step_entries.finish_marker(conn, key, position, action.type, "skipped", reason, now)
+    step_entries.mark_terminal(conn, key)
+
+
+async def recover_open_entries(services: Services, out: Outbox) -> int:
+    """Run the scan; returns how many entries were re-dispatched. Never raises."""
+    try:
+        entries = await services.store.transact(step_entries.open_entries)
+    except Exception as exc:
+        log.error("recovery_scan_query_failed", cause=repr(exc))
+        return 0
+    latest: dict[tuple[str, str], int] = {}
+    for entry in entries:
+        latest[(entry.task_id, entry.step_id)] = entry.entry_seq  # ordered, so the last wins
+    redispatched = 0
+    for entry in entries:
+        try:
+            redispatched += await _recover(services, entry, latest, out)
+        except Exception as exc:
+            log.error(
+                "recovery_entry_failed",
+                task_id=entry.task_id,
+                step_id=entry.step_id,
+                entry_seq=entry.entry_seq,
+                cause=repr(exc),
+            )
+    return redispatched
+
+
+async def _recover(services: Services, entry: StepEntry, latest: dict[tuple[str, str], int], out: Outbox) -> int:
+    key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
+    task = await services.store.transact(lambda conn: tasks.find_task(conn, entry.task_id))
+    workflow = services.workflows.workflows.get(entry.workflow_id)
+    if task is None or workflow is None or not workflow.has_step(entry.step_id):
+        declaration: tuple[ActionDecl, ...] = ()
+        if workflow is not None and workflow.has_step(entry.step_id):
+            declaration = tuple(workflow.step(entry.step_id).events.on_enter)
+        reason = "unresolvable"
+    else:
+        declaration = tuple(workflow.step(entry.step_id).events.on_enter)
+        if task.step_id != entry.step_id or task.workflow_id != entry.workflow_id:
+            reason = "step_left"
+        elif latest[(entry.task_id, entry.step_id)] != entry.entry_seq:
+            reason = "superseded"
+        else:
+            await OnEnterDispatch(services, task, workflow, workflow.step(entry.step_id), key, "recovery", out).run()
+            return 1
+    now = services.now()
+    await services.store.transact(lambda conn: _close(conn, key, declaration, reason, now))
+    level = "warning" if reason == "unresolvable" else "info"
+    out.diagnostic(level, f"recovery_{reason}", task_id=entry.task_id, step_id=entry.step_id, entry_seq=entry.entry_seq)
+    return 0

@@ -1,0 +1,56 @@
+"""What every actor of one runtime shares: the store, the ledger, the workflow registry and the host.
+
+The ledger is a required constructor argument, so a rebuilt facade can never be missing it or hold a
+different one (operation-ledger-lifetime.md: reconfiguration never replaces the ledger).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+
+from onceflow.actors.host import Host
+from onceflow.actors.ledger import LedgerActor
+from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.workflow import Step, Workflow
+from onceflow.store.writer import StoreActor
+
+
+@attrs.define
+class WorkflowRegistry:
+    """The loaded workflows by id. Replacing one is a reconfiguration; tasks read it per command."""
+
+    workflows: dict[str, Workflow] = attrs.field(factory=dict)
+
+    def put(self, workflow: Workflow) -> None:
+        self.workflows[workflow.id] = workflow
+
+    def get(self, workflow_id: str) -> Workflow:
+        """The workflow. Raises NotFoundError (field workflow_id) when none is registered under that id."""
+        try:
+            return self.workflows[workflow_id]
+        except KeyError:
+            raise NotFoundError(f"workflow {workflow_id!r} is not registered", field="workflow_id") from None
+
+
+@attrs.define
+class Services:
+    """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted)."""
+
+    store: StoreActor
+    ledger: LedgerActor
+    host: Host
+    workflows: WorkflowRegistry = attrs.field(factory=WorkflowRegistry)
+    clock: Callable[[], float] = time.time
+
+    def now(self) -> float:
+        return self.clock()
+
+
+def find_step(workflow: Workflow, step_id: str) -> Step:
+    """The workflow's step. Raises NotFoundError (field step_id) when it has no such step."""
+    if not workflow.has_step(step_id):
+        raise NotFoundError(f"workflow {workflow.id!r} has no step {step_id!r}", field="step_id")
+    return workflow.step(step_id)

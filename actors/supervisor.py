@@ -1,0 +1,258 @@
+"""The runtime: a supervisor nursery over the store actor, the ledger actor and one actor per task.
+
+`open_runtime` opens the store (taking the database's OS lock), starts the ledger, loads the registered
+workflows, runs the recovery scan, and only then serves commands. Commands naming a task go to that task's
+actor (spawned on its first message); the rest are handled here. A task actor that raises is logged at
+ERROR with its task id and restarted on the same mailbox; the others keep running. Leaving the context
+closes every mailbox, lets the actors drain what is queued, then closes the store.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import outcome
+import structlog
+import trio
+from pydantic import BaseModel, ValidationError
+
+from onceflow.actors.engine import Engine
+from onceflow.actors.host import Host, RecordingHost
+from onceflow.actors.ledger import LedgerActor
+from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
+from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.recovery import recover_open_entries
+from onceflow.actors.services import Services, find_step
+from onceflow.actors.task_actor import TaskActor
+from onceflow.protocol import commands as c
+from onceflow.protocol.codec import decode_command, validation_error
+from onceflow.protocol.errors import NotFoundError, OnceflowError, WorkflowInvalidError
+from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.protocol.workflow import WorkflowError, load_workflow_text
+from onceflow.store import participants, runs, workflows
+from onceflow.store.writer import Durability, open_store
+
+log = structlog.get_logger("onceflow.supervisor")
+
+
+@attrs.frozen
+class _TaskMessage:
+    command: Any
+
+
+class Runtime:
+    """The embedding API: `await rt.send(command)` returns a `Reply`; `rt.subscribe()` streams events."""
+
+    def __init__(self, services: Services, nursery: trio.Nursery, hub: EventHub) -> None:
+        self.services = services
+        self.engine = Engine(services)
+        self._nursery = nursery
+        self._hub = hub
+        self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}
+        self._closing = False
+
+    @property
+    def epoch(self) -> str:
+        """This runtime start's epoch (random, never reused), as written into in_progress markers."""
+        return self.services.store.epoch
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
+        """A stream of every event emitted from now on; it ends when the runtime closes."""
+        return self._hub.subscribe()
+
+    async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
+        """Apply one command and return its reply. Never raises for bad input: the reply says what failed.
+
+        A malformed or unknown message gets `ok: false` with `error.code == "invalid_message"` and
+        `error.field` naming the field; the runtime keeps serving.
+        """
+        name = "unknown"
+        out = Outbox(self._hub)
+        try:
+            parsed = command if isinstance(command, BaseModel) else decode_command(command)
+            name = getattr(parsed, "type", type(parsed).__name__)
+            task_id = c.task_id_of(parsed)
+            if task_id is None:
+                result = await self._handle_here(parsed, out)
+            else:
+                result, out = await self._mailbox(task_id).ask(_TaskMessage(parsed))
+        except OnceflowError as exc:
+            return Reply(command=name, ok=False, error=_error_info(exc), events=out.events)
+        except ValidationError as exc:
+            return Reply(command=name, ok=False, error=_error_info(validation_error(exc)), events=out.events)
+        except _Refused as refused:
+            return Reply(command=name, ok=False, error=_error_info(refused.error), events=refused.out.events)
+        except _ActorFailure as failure:
+            return Reply(command=name, ok=False, error=failure.info, events=failure.out.events)
+        return Reply(command=name, ok=True, result=result, events=out.events)
+
+    def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
+        if self._closing:
+            raise OnceflowError("the runtime is shutting down")
+        mailbox = self._mailboxes.get(task_id)
+        if mailbox is None:
+            mailbox = self._mailboxes[task_id] = Mailbox()
+            self._nursery.start_soon(self._supervise_task, task_id, mailbox)
+        return mailbox
+
+    async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
+        """Run the task's actor; restart it after a crash, on the same mailbox."""
+        while True:
+            actor = TaskActor(task_id, self.engine)
+            try:
+                async for envelope in mailbox.inbox:
+                    await self._serve(actor, envelope)
+                return
+            except _Restart as restart:
+                log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+
+    async def _serve(self, actor: TaskActor, envelope: Envelope[_TaskMessage]) -> None:
+        out = Outbox(self._hub)
+        try:
+            result = await actor.handle(envelope.message.command, out)
+        except OnceflowError as exc:
+            reply_to(envelope, outcome.Error(_Refused(exc, out)))
+        except Exception as exc:
+            info = ErrorInfo(code="internal", message=f"task actor failed: {exc!r}")
+            reply_to(envelope, outcome.Error(_ActorFailure(info, out)))
+            raise _Restart(repr(exc)) from exc
+        else:
+            reply_to(envelope, outcome.Value((result, out)))
+
+    async def _handle_here(self, command: Any, out: Outbox) -> Any:
+        store, now = self.services.store, self.services.now()
+        match command:
+            case c.RegisterWorkflow():
+                return await self.register_workflow(command.yaml, command.source)
+            case c.AddParticipant():  # template-level (per-task ones are routed to the task)
+                workflow = self.services.workflows.get(command.workflow_id or "")
+                find_step(workflow, command.step_id)
+                participant_id = await store.transact(
+                    lambda conn: participants.add_participant(
+                        conn,
+                        workflow_id=workflow.id,
+                        step_id=command.step_id,
+                        task_id=None,
+                        role=command.role,
+                        agent_profile_id=command.agent_profile_id,
+                        decision_required=command.decision_required,
+                        position=command.position,
+                    )
+                )
+                return {"participant_id": participant_id}
+            case c.RemoveParticipant():
+                removed = await store.transact(lambda conn: participants.remove_participant(conn, command.participant_id))
+                if not removed:
+                    raise NotFoundError(f"participant {command.participant_id} does not exist", field="participant_id")
+                return {"removed": True}
+            case c.ClaimRun():
+                run = await store.transact(lambda conn: runs.claim_run(conn, command.agent_profile_id, now))
+                return None if run is None else runs.run_as_dict(run)
+            case c.FinishRun():
+                done = await store.transact(lambda conn: runs.finish_run(conn, command.run_id, command.status, now))
+                if not done:
+                    raise NotFoundError(f"no claimed run {command.run_id}", field="run_id")
+                return {"run_id": command.run_id, "status": command.status}
+            case c.ListRuns():
+                rows = await store.transact(
+                    lambda conn: runs.list_runs(
+                        conn, task_id=command.task_id, agent_profile_id=command.agent_profile_id, status=command.status
+                    )
+                )
+                return [runs.run_as_dict(row) for row in rows]
+        raise TypeError(f"unroutable command {type(command).__name__}")
+
+    async def register_workflow(self, text: str, source: str) -> dict[str, Any]:
+        """Validate and register (or replace) a workflow template; returns its id and step ids.
+
+        Raises:
+            WorkflowInvalidError: the template failed the loader; `field` names the offending field.
+        """
+        try:
+            workflow = load_workflow_text(text, source)
+        except WorkflowError as exc:
+            raise WorkflowInvalidError(str(exc), field=exc.field) from None
+        now = self.services.now()
+
+        def save(conn: sqlite3.Connection) -> None:
+            workflows.save_workflow(
+                conn, workflow_id=workflow.id, name=workflow.name, source=source, definition=text, now=now
+            )
+
+        await self.services.store.transact(save)
+        self.services.workflows.put(workflow)
+        return {"workflow_id": workflow.id, "steps": [step.id for step in workflow.ordered_steps]}
+
+    async def _load_workflows(self) -> None:
+        for workflow_id, source, text in await self.services.store.transact(workflows.all_workflows):
+            try:
+                self.services.workflows.put(load_workflow_text(text, source))
+            except WorkflowError as exc:
+                log.error("stored_workflow_invalid", workflow_id=workflow_id, cause=str(exc))
+
+    def _close(self) -> None:
+        self._closing = True
+        for mailbox in self._mailboxes.values():
+            mailbox.close()
+
+
+class _Refused(Exception):
+    """A task actor refused a command (an OnceflowError) — carried with the events emitted before it."""
+
+    def __init__(self, error: OnceflowError, out: Outbox) -> None:
+        super().__init__(error.message)
+        self.error, self.out = error, out
+
+
+class _ActorFailure(Exception):
+    def __init__(self, info: ErrorInfo, out: Outbox) -> None:
+        super().__init__(info.message)
+        self.info, self.out = info, out
+
+
+class _Restart(Exception):
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+def _error_info(exc: OnceflowError) -> ErrorInfo:
+    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
+
+
+@asynccontextmanager
+async def open_runtime(
+    db_path: str | os.PathLike[str],
+    *,
+    host: Host | None = None,
+    durability: Durability = Durability.FULL,
+    clock: Callable[[], float] = time.time,
+) -> AsyncIterator[Runtime]:
+    """Open a runtime on a SQLite file and serve until the context exits.
+
+    `clock` returns Unix seconds for persisted timestamps. Raises DatabaseOwnedError at once when another
+    runtime owns the file.
+    """
+    async with open_store(db_path, durability=durability) as store, trio.open_nursery() as nursery:
+        ledger = LedgerActor()
+        nursery.start_soon(ledger.run)
+        services = Services(store=store, ledger=ledger, host=host or RecordingHost(), clock=clock)
+        hub = EventHub()
+        try:
+            async with trio.open_nursery() as task_nursery:
+                runtime = Runtime(services, task_nursery, hub)
+                try:
+                    await runtime._load_workflows()
+                    await recover_open_entries(services, Outbox(hub))
+                    yield runtime
+                finally:
+                    runtime._close()  # the task nursery then waits for every actor to drain its mailbox
+        finally:
+            ledger.close()
+            hub.close()

@@ -1,0 +1,251 @@
+"""The task actor: one per task, serializing every command for that task.
+
+Spawned on the task's first message and routed by task id; its mailbox survives a crash of the actor,
+which the supervisor restarts (nothing it needs lives only in memory: state is reloaded from the store).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import attrs
+
+from onceflow.actors.engine import Engine, HandleInput
+from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
+from onceflow.actors.outbox import Outbox
+from onceflow.actors.services import find_step
+from onceflow.protocol import commands as c
+from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.events import DecisionRecorded, EntryPath, TaskCreated
+from onceflow.protocol.workflow import Trigger
+from onceflow.store import participants, step_entries, tasks
+from onceflow.store.records import TaskRecord
+from onceflow.store.step_entries import EntryKey
+
+EVENT_TRIGGERS: dict[type[Any], Trigger] = {
+    c.TaskComment: Trigger.on_comment,
+    c.BlockersResolved: Trigger.on_blocker_resolved,
+    c.ChildrenCompleted: Trigger.on_children_completed,
+    c.ApprovalResolved: Trigger.on_approval_resolved,
+    c.AgentError: Trigger.on_agent_error,
+    c.Heartbeat: Trigger.on_heartbeat,
+    c.BudgetAlert: Trigger.on_budget_alert,
+}
+
+
+@attrs.define
+class TaskActor:
+    """Handles the commands of one task. `handle` returns the reply's JSON result; errors propagate."""
+
+    task_id: str
+    engine: Engine
+
+    @property
+    def _store(self) -> Any:
+        return self.engine.services.store
+
+    async def handle(self, command: Any, out: Outbox) -> Any:
+        """Apply one command. Raises OnceflowError subclasses for refused commands."""
+        match command:
+            case c.CreateTask():
+                return await self._create(command, out)
+            case c.TurnStart():
+                return await self._trigger(Trigger.on_turn_start, "", out)
+            case c.TurnComplete():
+                return await self._trigger(Trigger.on_turn_complete, "", out)
+            case c.MoveTask():
+                return await self._move(command.step_id, "E2", "move_task", out)
+            case c.RecordDecision():
+                return await self._record_decision(command, out)
+            case c.SwitchWorkflow():
+                return await self._switch_workflow(command, out)
+            case c.UpdateTask():
+                return await self._update(command, out)
+            case c.StartTask():
+                return await self._start(command, out)
+            case c.DeleteTask():
+                deleted = await self._store.transact(lambda conn: tasks.delete_task(conn, self.task_id))
+                if not deleted:
+                    raise NotFoundError(f"task {self.task_id!r} does not exist", field="task_id")
+                return {"deleted": True}
+            case c.AddParticipant():
+                return await self._add_participant(command)
+            case c.GetTask():
+                return tasks.task_as_dict(await self.engine.load_task(self.task_id))
+            case c.ListDecisions():
+                return await self._store.transact(
+                    lambda conn: [
+                        attrs.asdict(d)
+                        for d in participants.decisions_for(conn, task_id=self.task_id, step_id=command.step_id)
+                    ]
+                )
+            case c.ListStepEntries():
+                return await self._store.transact(self._entries)
+        trigger = EVENT_TRIGGERS.get(type(command))
+        if trigger is None:
+            raise TypeError(f"task actor cannot handle {type(command).__name__}")
+        return await self._trigger(trigger, operation_id(command), out)
+
+    async def _create(self, command: c.CreateTask, out: Outbox) -> Any:
+        workflow = self.engine.services.workflows.get(command.workflow_id)
+        step = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
+        now = self.engine.services.now()
+        task = await self._store.transact(
+            lambda conn: tasks.insert_task(
+                conn,
+                task_id=command.task_id,
+                workflow_id=workflow.id,
+                step_id=step.id,
+                title=command.title,
+                session_id=command.session_id,
+                primary_agent_id=command.primary_agent_id,
+                ceo_agent_id=command.ceo_agent_id,
+                priority=command.priority,
+                now=now,
+            )
+        )
+        out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=step.id))
+        return tasks.task_as_dict(task)
+
+    async def _trigger(self, trigger: Trigger, op: str, out: Outbox) -> Any:
+        result = await self.engine.handle_trigger(HandleInput(self.task_id, trigger, op), out)
+        return {**attrs.asdict(result), "operation_id": op or None}
+
+    async def _move(self, step_id: str, path: EntryPath, trigger: str, out: Outbox) -> Any:
+        """Manual or API step change; a move to the current step is not an entry and does nothing."""
+        task = await self.engine.load_task(self.task_id)
+        workflow = self.engine.services.workflows.get(task.workflow_id)
+        target = find_step(workflow, step_id)
+        if target.id == task.step_id:
+            return {"moved": False, "step_id": task.step_id}
+        moved = await self.engine.enter_step(task, workflow, target, path=path, trigger=trigger, out=out)
+        return {"moved": moved, "step_id": target.id if moved else task.step_id}
+
+    async def _record_decision(self, command: c.RecordDecision, out: Outbox) -> Any:
+        op = decision_operation_id(self.task_id, command.step_id, command.decision_id) if command.decision_id else ""
+        ledger = self.engine.services.ledger
+        if op and await ledger.is_applied(op):
+            return {"idempotent": True, "operation_id": op}
+        now = self.engine.services.now()
+
+        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, int]:
+            task = tasks.get_task(conn, self.task_id)
+            decision_id = participants.record_decision(
+                conn,
+                task_id=self.task_id,
+                step_id=command.step_id,
+                participant_id=command.participant_id,
+                role=command.role,
+                decider_type=command.decider_type,
+                decider_id=command.decider_id,
+                decision=command.decision,
+                comment=command.comment,
+                now=now,
+            )
+            return task, decision_id
+
+        task, decision_id = await self._store.transact(insert)
+        out.emit(
+            DecisionRecorded(
+                decision_id=decision_id,
+                task_id=self.task_id,
+                step_id=command.step_id,
+                decider_id=command.decider_id,
+                decision=command.decision,
+            )
+        )
+        moved_to = await self._reevaluate(task, command.step_id, out)
+        if op:
+            await ledger.mark_applied(op)
+        return {"decision_id": decision_id, "moved_to": moved_to, "operation_id": op or None}
+
+    async def _reevaluate(self, task: TaskRecord, step_id: str, out: Outbox) -> str | None:
+        """Apply the first satisfied guarded on_turn_complete transition of the decision's step.
+
+        The move is a compare-and-set on the task still being at `step_id`; a lost race is reported as a
+        `transition_abandoned` diagnostic (kandev-engine-notes.md, "Quorum guards").
+        """
+        workflow = self.engine.services.workflows.get(task.workflow_id)
+        if not workflow.has_step(step_id):
+            return None
+        step = workflow.step(step_id)
+        at_step = attrs.evolve(task, step_id=step_id)
+        for action in step.events.actions(Trigger.on_turn_complete):
+            if getattr(action.config, "guard", None) is None:
+                continue
+            target = await self.engine.evaluate_transition(at_step, workflow, step, action, out)
+            if target is not None:
+                moved = await self.engine.enter_step(
+                    at_step, workflow, target, path="E1", trigger="record_decision", out=out
+                )
+                return target.id if moved else None
+        return None
+
+    async def _switch_workflow(self, command: c.SwitchWorkflow, out: Outbox) -> Any:
+        ledger = self.engine.services.ledger
+        op = switch_workflow_operation_id(command.operation_id, "on_enter") if command.operation_id else ""
+        if op and await ledger.is_applied(op):
+            return {"idempotent": True, "operation_id": op}
+        task = await self.engine.load_task(self.task_id)
+        workflow = self.engine.services.workflows.get(command.workflow_id)
+        target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
+        if workflow.id == task.workflow_id and target.id == task.step_id:
+            return {"moved": False, "step_id": task.step_id}
+        moved = await self.engine.enter_step(task, workflow, target, path="E4", trigger="switch_workflow", out=out)
+        if op:
+            await ledger.mark_applied(op)
+        return {"moved": moved, "workflow_id": workflow.id, "step_id": target.id, "operation_id": op or None}
+
+    async def _update(self, command: c.UpdateTask, out: Outbox) -> Any:
+        fields = {
+            name: value
+            for name in ("title", "priority", "session_id", "primary_agent_id")
+            if (value := getattr(command, name)) is not None
+        }
+        now = self.engine.services.now()
+
+        def update(conn: sqlite3.Connection) -> None:
+            tasks.get_task(conn, self.task_id)
+            tasks.update_task_fields(conn, self.task_id, fields, now)
+
+        await self._store.transact(update)
+        if command.step_id:
+            await self._move(command.step_id, "E5", "update_task", out)
+        return tasks.task_as_dict(await self.engine.load_task(self.task_id))
+
+    async def _start(self, command: c.StartTask, out: Outbox) -> Any:
+        if command.session_id:
+            now = self.engine.services.now()
+            await self._store.transact(
+                lambda conn: tasks.update_task_fields(conn, self.task_id, {"session_id": command.session_id}, now)
+            )
+        if command.step_id:
+            await self._move(command.step_id, "E5", "start_task", out)
+        return tasks.task_as_dict(await self.engine.load_task(self.task_id))
+
+    async def _add_participant(self, command: c.AddParticipant) -> Any:
+        task = await self.engine.load_task(self.task_id)
+        workflow = self.engine.services.workflows.get(task.workflow_id)
+        find_step(workflow, command.step_id)
+        participant_id = await self._store.transact(
+            lambda conn: participants.add_participant(
+                conn,
+                workflow_id=task.workflow_id,
+                step_id=command.step_id,
+                task_id=self.task_id,
+                role=command.role,
+                agent_profile_id=command.agent_profile_id,
+                decision_required=command.decision_required,
+                position=command.position,
+            )
+        )
+        return {"participant_id": participant_id}
+
+    def _entries(self, conn: sqlite3.Connection) -> list[dict[str, Any]]:
+        return [
+            step_entries.entry_as_dict(
+                entry, step_entries.markers(conn, EntryKey(entry.task_id, entry.step_id, entry.entry_seq))
+            )
+            for entry in step_entries.entries_for_task(conn, self.task_id)
+        ]

@@ -1,0 +1,1 @@
+"""onceflow: an embeddable Trio runtime that dispatches workflow-step triggers exactly once."""

@@ -1,0 +1,48 @@
+"""Typed errors the runtime reports to hosts; each maps onto a protocol `ErrorInfo`.
+
+A command that fails with one of these gets an error reply; nothing it had not committed is applied and
+the runtime keeps serving. Source: the foundation issue, "Protocol" (typed error naming the field).
+"""
+
+from __future__ import annotations
+
+
+class OnceflowError(Exception):
+    """Base of every error a host can be told about. `code` is stable; `field` names the culprit if any."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ProtocolError(OnceflowError):
+    """A message that is not valid JSON, has an unknown `type`, or fails validation of a field."""
+
+    code = "invalid_message"
+
+
+class NotFoundError(OnceflowError):
+    """The task, workflow, step or run a command names does not exist."""
+
+    code = "not_found"
+
+
+class ConflictError(OnceflowError):
+    """The command contradicts committed state (e.g. creating a task id that exists)."""
+
+    code = "conflict"
+
+
+class WorkflowInvalidError(OnceflowError):
+    """A workflow template was rejected by the loader."""
+
+    code = "workflow_invalid"
+
+
+class ActionError(OnceflowError):
+    """An action could not be executed (no target agent, unknown task, missing executor)."""
+
+    code = "action_failed"

@@ -1,0 +1,177 @@
+"""Events the runtime emits, and the reply to each command, as pydantic v2 models discriminated on `type`.
+
+Events describe committed facts (a transition, a queued run) or requests to the host (session_action);
+`diagnostic` carries a log-worthy condition with its identifying fields as discrete keys.
+Source: the foundation issue, "Protocol".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EntryPath = Literal["E1", "E2", "E3", "E4", "E5", "recovery"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskCreated(_Event):
+    type: Literal["task_created"] = "task_created"
+    task_id: str
+    workflow_id: str
+    step_id: str
+
+
+class Transition(_Event):
+    """The task's step changed (committed). `trigger` is what caused it (a trigger name or a command)."""
+
+    type: Literal["transition"] = "transition"
+    task_id: str
+    workflow_id: str
+    from_step: str
+    to_step: str
+    trigger: str
+
+
+class StepEntered(_Event):
+    """A step entry was admitted; `entry_seq` is None when the step declares no engine-owned on_enter action."""
+
+    type: Literal["step_entered"] = "step_entered"
+    task_id: str
+    step_id: str
+    entry_seq: int | None
+    entry_path: EntryPath
+
+
+class GuardEvaluated(_Event):
+    type: Literal["guard_evaluated"] = "guard_evaluated"
+    task_id: str
+    step_id: str
+    target_step: str
+    role: str
+    threshold: str
+    satisfied: bool
+    seats: int
+    approvals: int
+    reason: str
+
+
+class ActionOutcome(_Event):
+    """An action reached its dispatcher. outcome: done | skipped | failed | abandoned | already_done."""
+
+    type: Literal["action_outcome"] = "action_outcome"
+    task_id: str
+    step_id: str
+    trigger: str
+    position: int
+    kind: str
+    outcome: str
+    detail: str = ""
+
+
+class RunQueued(_Event):
+    type: Literal["run_queued"] = "run_queued"
+    run_id: int
+    task_id: str | None
+    step_id: str | None
+    agent_profile_id: str
+    reason: str
+    idempotency_key: str | None
+
+
+class RunSuppressed(_Event):
+    """An enqueue hit an idempotency key seen within 24 h: a success that inserted nothing."""
+
+    type: Literal["run_suppressed"] = "run_suppressed"
+    existing_run_id: int
+    task_id: str | None
+    agent_profile_id: str
+    reason: str
+    idempotency_key: str
+
+
+class RunCoalesced(_Event):
+    """An enqueue merged into a queued run of the same (agent, reason) within 5 s."""
+
+    type: Literal["run_coalesced"] = "run_coalesced"
+    run_id: int
+    task_id: str | None
+    agent_profile_id: str
+    reason: str
+    coalesced_count: int
+
+
+class DecisionRecorded(_Event):
+    type: Literal["decision_recorded"] = "decision_recorded"
+    decision_id: int
+    task_id: str
+    step_id: str
+    decider_id: str
+    decision: str
+
+
+class DecisionsCleared(_Event):
+    type: Literal["decisions_cleared"] = "decisions_cleared"
+    task_id: str
+    step_id: str
+    deleted: int
+
+
+class SessionAction(_Event):
+    """A request to the host to perform a session-scoped action (the host owns its effect)."""
+
+    type: Literal["session_action"] = "session_action"
+    task_id: str
+    session_id: str | None
+    step_id: str
+    action: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    entry_path: EntryPath | None = None
+
+
+class Diagnostic(_Event):
+    type: Literal["diagnostic"] = "diagnostic"
+    level: Literal["debug", "info", "warning", "error"]
+    code: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+Event = Annotated[
+    TaskCreated
+    | Transition
+    | StepEntered
+    | GuardEvaluated
+    | ActionOutcome
+    | RunQueued
+    | RunSuppressed
+    | RunCoalesced
+    | DecisionRecorded
+    | DecisionsCleared
+    | SessionAction
+    | Diagnostic,
+    Field(discriminator="type"),
+]
+
+
+class ErrorInfo(BaseModel):
+    """Why a command was refused. `field` names the offending field (dotted) when one is to blame."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    code: str
+    message: str
+    field: str | None = None
+
+
+class Reply(BaseModel):
+    """The answer to one command: `ok`, a JSON `result`, or an `error`; `events` it caused, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["reply"] = "reply"
+    command: str
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+    events: list[Event] = Field(default_factory=list)

@@ -1,0 +1,619 @@
+"""Workflow templates: the typed, immutable model of a Kandev template and its strict loader.
+
+Source: kandev-engine-notes.md, "Template format" (the files in shared/kandev-workflows/). The loader accepts
+that format strictly: an unknown key anywhere is an error, every action type must be allowed for its trigger,
+and the template checks (one start step, unique step ids and positions, existing `move_to_step` targets)
+hold. onceflow adds two optional step keys, `wip_limit` and `pull_from_step_id`, so WIP promotion (entry path
+E3, kandev-engine-notes.md, "WIP limits") can be declared.
+
+Every problem is reported as a `WorkflowError` naming the source, the step id (when inside a step) and the
+dotted field path; only the first problem found is reported. Scalars are not coerced (`position: "1"` and
+`mode: 5` are errors).
+"""
+
+import os
+import re
+import reprlib
+from collections.abc import Hashable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, Self, cast
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+Loc = tuple[int | str, ...]
+
+
+class WorkflowError(ValueError):
+    """A template that does not load.
+
+    `source` is the file path (as given) or label; `step_id` is the id of the step the problem is inside, or
+    None; `field` is the dotted path from the document root, e.g. `steps[2].events.on_enter[1].config.mode`
+    ('' for a problem with the document itself); `message` says what is wrong. `str(err)` reads
+    "office.yml: step 'review': field 'events.on_enter[1].type': action 'move_to_next' is not allowed for
+    trigger on_enter" -- inside a step, the field is shown relative to it.
+    """
+
+    def __init__(self, source: str, step_id: str | None, field: str, message: str) -> None:
+        self.source = source
+        self.step_id = step_id
+        self.field = field
+        self.message = message
+        parts = [source]
+        shown = field
+        if step_id is not None:
+            parts.append(f"step {step_id!r}")
+            shown = re.sub(r"^steps\[\d+\]\.?", "", field)
+        if shown:
+            parts.append(f"field {shown!r}")
+        parts.append(message)
+        super().__init__(": ".join(parts))
+
+
+class _Located(ValueError):
+    """Raised inside validators: `loc` extends pydantic's location of the failing value."""
+
+    def __init__(self, loc: Loc, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class Trigger(StrEnum):
+    """The triggers a step may declare actions for (kandev-engine-notes.md, Template format)."""
+
+    on_enter = "on_enter"
+    on_turn_start = "on_turn_start"
+    on_turn_complete = "on_turn_complete"
+    on_exit = "on_exit"
+    on_comment = "on_comment"
+    on_blocker_resolved = "on_blocker_resolved"
+    on_children_completed = "on_children_completed"
+    on_approval_resolved = "on_approval_resolved"
+    on_heartbeat = "on_heartbeat"
+    on_budget_alert = "on_budget_alert"
+    on_agent_error = "on_agent_error"
+
+
+TRANSITION_TYPES = frozenset({"move_to_next", "move_to_previous", "move_to_step"})
+# Host-owned (performed through host callbacks) on entry paths E1-E3 and E5.
+SESSION_ACTION_TYPES = frozenset(
+    {"reset_agent_context", "configure_session", "enable_plan_mode", "set_session_mode", "auto_start_agent"}
+)
+ENGINE_ACTION_TYPES = frozenset(
+    {
+        "clear_decisions",
+        "queue_run_for_each_participant",
+        "queue_run",
+        "run_code_review",
+        "ensure_participant_seat",
+    }
+)
+
+_EVENT_TRIGGERS = (
+    Trigger.on_comment,
+    Trigger.on_blocker_resolved,
+    Trigger.on_children_completed,
+    Trigger.on_approval_resolved,
+    Trigger.on_heartbeat,
+    Trigger.on_budget_alert,
+    Trigger.on_agent_error,
+)
+_EVENT_ACTIONS = frozenset({"queue_run", "clear_decisions", "queue_run_for_each_participant"})
+_IMPORT_ONLY_ACTIONS = frozenset({"run_code_review", "configure_session"})
+_ON_ENTER_ACTIONS = (SESSION_ACTION_TYPES | ENGINE_ACTION_TYPES) - _IMPORT_ONLY_ACTIONS
+
+ALLOWED_ACTIONS: Mapping[Trigger, frozenset[str]] = MappingProxyType(
+    {
+        Trigger.on_enter: _ON_ENTER_ACTIONS,
+        Trigger.on_turn_start: TRANSITION_TYPES,
+        Trigger.on_turn_complete: TRANSITION_TYPES | {"disable_plan_mode"},
+        Trigger.on_exit: frozenset({"disable_plan_mode"}),
+        **{trigger: _EVENT_ACTIONS for trigger in _EVENT_TRIGGERS},
+    }
+)
+"""Per-trigger allow-list for templates (kandev-engine-notes.md, Template format)."""
+
+IMPORT_ALLOWED_ACTIONS: Mapping[Trigger, frozenset[str]] = MappingProxyType(
+    {**ALLOWED_ACTIONS, Trigger.on_enter: _ON_ENTER_ACTIONS | _IMPORT_ONLY_ACTIONS}
+)
+"""ALLOWED_ACTIONS plus the two on_enter types declarable only through the import/sync path
+(on-enter-action-dispatch.md: "the ten on_enter action types in scope"). Pass it as `allowed_actions`."""
+
+_ALLOWED_CONTEXT_KEY = "allowed_actions"
+
+_THRESHOLDS = frozenset({"all_approve", "all_decide", "majority_approve", "any_reject"})
+_N_APPROVE = re.compile(r"n_approve:([0-9]+)")
+_QUEUE_TARGET = re.compile(r"primary|workspace\.ceo_agent|(participant_role|agent_profile_id):.+")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class QuorumGuard(_Model):
+    """`{role, threshold}`: a transition waits until the role's seats satisfy the threshold.
+
+    threshold is all_approve | all_decide | majority_approve | any_reject | n_approve:N (N a positive
+    integer). Both keys are required (kandev-engine-notes.md, Template format and Quorum guards).
+    """
+
+    role: str = Field(min_length=1)
+    threshold: str
+
+    @field_validator("threshold")
+    @classmethod
+    def _known_threshold(cls, value: str) -> str:
+        count = _N_APPROVE.fullmatch(value)
+        if value in _THRESHOLDS or (count is not None and int(count.group(1)) > 0):
+            return value
+        raise _Located(
+            (),
+            f"threshold {value!r} is not all_approve, all_decide, majority_approve, any_reject "
+            "or n_approve:N with N a positive integer",
+        )
+
+
+class QuorumCondition(_Model):
+    """The `if:` form of a guard: `{wait_for_quorum: {role, threshold}}`."""
+
+    wait_for_quorum: QuorumGuard
+
+
+class MoveConfig(_Model):
+    """Config of move_to_next, move_to_previous and move_to_step.
+
+    `step_id` is required (non-empty) for move_to_step and must be absent for the other two. A guard is given
+    either as `wait_for_quorum` or as `if: {wait_for_quorum: ...}`, not both; `guard` returns it.
+    """
+
+    step_id: str | None = None
+    wait_for_quorum: QuorumGuard | None = None
+    if_: QuorumCondition | None = Field(default=None, validation_alias="if", serialization_alias="if")
+    requires_approval: bool = False
+
+    @model_validator(mode="after")
+    def _one_guard(self) -> Self:
+        if self.wait_for_quorum is not None and self.if_ is not None:
+            raise _Located(
+                ("if",), "give the guard either as wait_for_quorum or as if.wait_for_quorum, not both"
+            )
+        return self
+
+    @property
+    def guard(self) -> QuorumGuard | None:
+        """The transition's quorum guard, or None when it is unguarded."""
+        return self.if_.wait_for_quorum if self.if_ is not None else self.wait_for_quorum
+
+
+class QueueRunConfig(_Model):
+    """Config of queue_run. target: primary | workspace.ceo_agent | participant_role:<role> |
+    agent_profile_id:<id>; task_id: this | <id>; reason None means the trigger's name."""
+
+    target: str = "primary"
+    task_id: str = Field(default="this", min_length=1)
+    reason: str | None = None
+    payload: dict[str, Any] | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        if _QUEUE_TARGET.fullmatch(value) is None:
+            raise _Located(
+                (),
+                f"target {value!r} is not primary, workspace.ceo_agent, participant_role:<role> "
+                "or agent_profile_id:<id>",
+            )
+        return value
+
+
+class QueueRunForEachParticipantConfig(_Model):
+    """Config of queue_run_for_each_participant. An empty role loads; it is a run-time error (AC-E3)."""
+
+    role: str = ""
+    reason: str | None = None
+    payload: dict[str, Any] | None = None
+
+
+class SetSessionModeConfig(_Model):
+    """Config of set_session_mode: `mode` is a required non-empty string."""
+
+    mode: str = Field(min_length=1)
+
+
+class EnsureParticipantSeatConfig(_Model):
+    """Config of ensure_participant_seat: the (non-empty) role whose seat must exist."""
+
+    role: str = Field(min_length=1)
+
+
+class ConfigureSessionRule(_Model):
+    """One rule of configure_session."""
+
+    agent_name: str
+    operation: Literal["set", "keep", "restore_original"]
+    model: str | None = None
+    config_options: dict[str, Any] | None = None
+
+
+class ConfigureSessionConfig(_Model):
+    """Config of configure_session (import path only, see IMPORT_ALLOWED_ACTIONS)."""
+
+    rules: Annotated[tuple[ConfigureSessionRule, ...], Strict(False)]
+
+
+class RunCodeReviewConfig(_Model):
+    """Config of run_code_review (import path only, see IMPORT_ALLOWED_ACTIONS)."""
+
+    agent_profile_id: str | None = None
+
+
+class EmptyConfig(_Model):
+    """Config of the action types that take none: plan mode on/off, auto_start_agent, reset_agent_context,
+    clear_decisions. Any key is an error."""
+
+
+ActionConfig = (
+    MoveConfig
+    | QueueRunConfig
+    | QueueRunForEachParticipantConfig
+    | SetSessionModeConfig
+    | EnsureParticipantSeatConfig
+    | ConfigureSessionConfig
+    | RunCodeReviewConfig
+    | EmptyConfig
+)
+
+_CONFIG_MODELS: Mapping[str, type[_Model]] = MappingProxyType(
+    {
+        **{kind: MoveConfig for kind in TRANSITION_TYPES},
+        "queue_run": QueueRunConfig,
+        "queue_run_for_each_participant": QueueRunForEachParticipantConfig,
+        "set_session_mode": SetSessionModeConfig,
+        "ensure_participant_seat": EnsureParticipantSeatConfig,
+        "configure_session": ConfigureSessionConfig,
+        "run_code_review": RunCodeReviewConfig,
+        **{
+            kind: EmptyConfig
+            for kind in (
+                "enable_plan_mode",
+                "disable_plan_mode",
+                "auto_start_agent",
+                "reset_agent_context",
+                "clear_decisions",
+            )
+        },
+    }
+)
+
+
+class ActionDecl(_Model):
+    """One declared action `{type, config}`; `config` is the typed model for `type` (absent -> defaults).
+
+    Errors: an unknown type; a config that does not fit the type's model; move_to_step without a step_id or
+    move_to_next/move_to_previous with one. Whether the type is allowed for its trigger is StepEvents' check.
+    """
+
+    type: str
+    config: ActionConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_config(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        if "type" not in data:
+            raise _Located(("type",), "required key is missing")
+        config_model = _CONFIG_MODELS.get(data["type"]) if isinstance(data["type"], str) else None
+        if config_model is None:
+            raise _Located(("type",), f"unknown action type {data['type']!r}")
+        raw = data.get("config")
+        try:
+            config = config_model.model_validate({} if raw is None else raw)
+        except ValidationError as exc:
+            loc, message = _first_problem(exc)
+            raise _Located(("config", *loc), message) from exc
+        return {**data, "config": config}
+
+    @model_validator(mode="after")
+    def _move_target(self) -> Self:
+        if isinstance(self.config, MoveConfig):
+            if self.type == "move_to_step" and not self.config.step_id:
+                raise _Located(("config", "step_id"), "move_to_step needs a non-empty step_id")
+            if self.type != "move_to_step" and self.config.step_id is not None:
+                raise _Located(("config", "step_id"), f"{self.type} takes no step_id")
+        return self
+
+
+ActionList = Annotated[tuple[ActionDecl, ...], Strict(False)]
+
+
+class StepEvents(_Model):
+    """A step's `events`: for each Trigger, the actions declared for it, in order.
+
+    Error: an action type not in the allow-list for its trigger (ALLOWED_ACTIONS, or the `allowed_actions`
+    the loader was given).
+    """
+
+    on_enter: ActionList = ()
+    on_turn_start: ActionList = ()
+    on_turn_complete: ActionList = ()
+    on_exit: ActionList = ()
+    on_comment: ActionList = ()
+    on_blocker_resolved: ActionList = ()
+    on_children_completed: ActionList = ()
+    on_approval_resolved: ActionList = ()
+    on_heartbeat: ActionList = ()
+    on_budget_alert: ActionList = ()
+    on_agent_error: ActionList = ()
+
+    def actions(self, trigger: Trigger) -> tuple[ActionDecl, ...]:
+        """The actions declared for `trigger`, in declared order (empty when none)."""
+        return cast(tuple[ActionDecl, ...], getattr(self, trigger.value))
+
+    @model_validator(mode="after")
+    def _allowed_for_trigger(self, info: ValidationInfo) -> Self:
+        allowed = (info.context or {}).get(_ALLOWED_CONTEXT_KEY, ALLOWED_ACTIONS)
+        for trigger in Trigger:
+            for index, action in enumerate(self.actions(trigger)):
+                if action.type not in allowed.get(trigger, frozenset()):
+                    raise _Located(
+                        (trigger.value, index, "type"),
+                        f"action {action.type!r} is not allowed for trigger {trigger.value}",
+                    )
+        return self
+
+
+class Step(_Model):
+    """One workflow step (kandev-engine-notes.md, Template format).
+
+    An empty or null stage_type means "custom". onceflow extensions: `wip_limit` (<= 0 is unlimited) and
+    `pull_from_step_id` (the feeder step; checked by Workflow: another step of the same workflow, no cycles).
+    """
+
+    id: str = Field(min_length=1)
+    name: str
+    position: int
+    color: str = ""
+    prompt: str = ""
+    stage_type: Literal["work", "review", "approval", "custom"] = "custom"
+    is_start_step: bool = False
+    show_in_command_panel: bool = False
+    allow_manual_move: bool = False
+    auto_archive_after_hours: int | None = None
+    auto_advance_requires_signal: bool = False
+    cancel_triggers_turn_complete: bool = False
+    events: StepEvents = StepEvents()
+    agent_profile_id: str | None = None
+    profile_session_start_policy: str | None = None
+    profile_session_end_policy: str | None = None
+    session_target: str | None = None
+    complete_task_on_enter: bool = False
+    wip_limit: int = 0
+    pull_from_step_id: str | None = None
+
+    @field_validator("stage_type", mode="before")
+    @classmethod
+    def _empty_is_custom(cls, value: Any) -> Any:
+        return "custom" if value in ("", None) else value
+
+
+class Workflow(_Model):
+    """A workflow template: `{id, name, description, hidden, steps}`; `steps` keeps the declared order.
+
+    Template checks (errors located at the offending step and key): step ids unique; positions unique;
+    exactly one start step; every move_to_step target exists; every pull_from_step_id names another step of
+    this workflow and the pull_from links have no cycle.
+    """
+
+    id: str = Field(min_length=1)
+    name: str
+    description: str = ""
+    hidden: bool = False
+    steps: Annotated[tuple[Step, ...], Strict(False)]
+
+    @model_validator(mode="after")
+    def _template_checks(self) -> Self:
+        first_index: dict[str, int] = {}
+        position_index: dict[int, int] = {}
+        start_index: int | None = None
+        for index, step in enumerate(self.steps):
+            if step.id in first_index:
+                raise _Located(
+                    ("steps", index, "id"),
+                    f"duplicate step id {step.id!r} (also steps[{first_index[step.id]}])",
+                )
+            first_index[step.id] = index
+            if step.position in position_index:
+                other = self.steps[position_index[step.position]].id
+                raise _Located(
+                    ("steps", index, "position"), f"position {step.position} is taken by step {other!r}"
+                )
+            position_index[step.position] = index
+            if step.is_start_step and start_index is not None:
+                other = self.steps[start_index].id
+                raise _Located(("steps", index, "is_start_step"), f"step {other!r} is already the start step")
+            if step.is_start_step:
+                start_index = index
+        if start_index is None:
+            raise _Located(("steps",), "no start step: exactly one step needs is_start_step: true")
+        for index, step in enumerate(self.steps):
+            _check_move_targets(index, step, first_index)
+            _check_pull_from(index, step, self.steps, first_index)
+        return self
+
+    def step(self, step_id: str) -> Step:
+        """The step with id `step_id`; raises KeyError when there is none."""
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)
+
+    def has_step(self, step_id: str) -> bool:
+        """Whether a step with id `step_id` exists."""
+        return any(step.id == step_id for step in self.steps)
+
+    @property
+    def start_step(self) -> Step:
+        """The one step with is_start_step."""
+        return next(step for step in self.steps if step.is_start_step)
+
+    @property
+    def ordered_steps(self) -> tuple[Step, ...]:
+        """The steps sorted by position."""
+        return tuple(sorted(self.steps, key=lambda step: step.position))
+
+    def next_step(self, step_id: str) -> Step | None:
+        """The step after `step_id` in position order (None at the end); KeyError for an unknown id."""
+        ordered = self.ordered_steps
+        index = ordered.index(self.step(step_id))
+        return ordered[index + 1] if index + 1 < len(ordered) else None
+
+    def previous_step(self, step_id: str) -> Step | None:
+        """The step before `step_id` in position order (None at the start); KeyError for an unknown id."""
+        ordered = self.ordered_steps
+        index = ordered.index(self.step(step_id))
+        return ordered[index - 1] if index > 0 else None
+
+
+def _check_move_targets(index: int, step: Step, step_ids: Mapping[str, int]) -> None:
+    for trigger in Trigger:
+        for position, action in enumerate(step.events.actions(trigger)):
+            target = action.config.step_id if isinstance(action.config, MoveConfig) else None
+            if target is not None and target not in step_ids:
+                raise _Located(
+                    ("steps", index, "events", trigger.value, position, "config", "step_id"),
+                    f"move_to_step target {target!r} is not a step of this workflow",
+                )
+
+
+def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: Mapping[str, int]) -> None:
+    feeder = step.pull_from_step_id
+    loc: Loc = ("steps", index, "pull_from_step_id")
+    if feeder is None:
+        return
+    if feeder == step.id:
+        raise _Located(loc, "a step cannot pull from itself")
+    if feeder not in step_ids:
+        raise _Located(loc, f"pull_from_step_id {feeder!r} is not a step of this workflow")
+    chain = [step.id]
+    while feeder is not None and feeder not in chain:
+        chain.append(feeder)
+        feeder = steps[step_ids[feeder]].pull_from_step_id
+    if feeder == step.id:
+        raise _Located(loc, "pull_from_step_id links form a cycle: " + " -> ".join([*chain, step.id]))
+
+
+def _first_problem(exc: ValidationError) -> tuple[Loc, str]:
+    """The location and message of the first error in `exc` (our own `_Located` messages kept verbatim)."""
+    error: ErrorDetails = exc.errors()[0]
+    loc: Loc = tuple(error["loc"])
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _Located):
+        return (*loc, *cause.loc), cause.message
+    if error["type"] == "extra_forbidden":
+        return loc, f"unknown key {loc[-1]!r}"
+    if error["type"] == "missing":
+        return loc, "required key is missing"
+    return loc, f"{error['msg']} (got {reprlib.repr(error['input'])})"
+
+
+def _dotted(loc: Loc) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+
+
+def _step_id_at(data: Mapping[str, Any], loc: Loc) -> str | None:
+    """The raw `id` of the step `loc` points into, if it has a string one."""
+    if len(loc) < 2 or loc[0] != "steps" or not isinstance(loc[1], int):
+        return None
+    steps = data.get("steps")
+    step = steps[loc[1]] if isinstance(steps, list | tuple) and loc[1] < len(steps) else None
+    step_id = step.get("id") if isinstance(step, Mapping) else None
+    return step_id if isinstance(step_id, str) else None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a key repeated within one mapping, as Kandev's Go decoder does."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return str(exc)
+
+
+def workflow_from_dict(
+    data: Mapping[str, Any],
+    source: str,
+    *,
+    allowed_actions: Mapping[Trigger, frozenset[str]] = ALLOWED_ACTIONS,
+) -> Workflow:
+    """Validate an already-parsed template mapping into a Workflow; raises WorkflowError naming `source`.
+
+    `allowed_actions` is the per-trigger allow-list (IMPORT_ALLOWED_ACTIONS for the import path).
+    Source: kandev-engine-notes.md, Template format.
+    """
+    try:
+        return Workflow.model_validate(dict(data), context={_ALLOWED_CONTEXT_KEY: allowed_actions})
+    except ValidationError as exc:
+        loc, message = _first_problem(exc)
+        raise WorkflowError(source, _step_id_at(data, loc), _dotted(loc), message) from exc
+
+
+def load_workflow_text(
+    text: str,
+    source: str = "<string>",
+    *,
+    allowed_actions: Mapping[Trigger, frozenset[str]] = ALLOWED_ACTIONS,
+) -> Workflow:
+    """Parse YAML `text` (safe loader, repeated keys rejected) into a Workflow.
+
+    Raises WorkflowError (field '') when the text is not valid YAML or not a mapping, and as
+    workflow_from_dict does otherwise. Source: kandev-engine-notes.md, Template format.
+    """
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise WorkflowError(source, None, "", f"not valid YAML: {_yaml_problem(exc)}") from exc
+    if not isinstance(data, Mapping):
+        raise WorkflowError(source, None, "", f"the document must be a mapping, not {type(data).__name__}")
+    return workflow_from_dict(data, source, allowed_actions=allowed_actions)
+
+
+def load_workflow_file(
+    path: str | os.PathLike[str],
+    *,
+    allowed_actions: Mapping[Trigger, frozenset[str]] = ALLOWED_ACTIONS,
+) -> Workflow:
+    """Read and load the template at `path` (UTF-8); the error source is the path as given.
+
+    Raises WorkflowError as load_workflow_text does; OSError when the file cannot be read.
+    """
+    return load_workflow_text(
+        Path(path).read_text(encoding="utf-8"), os.fspath(path), allowed_actions=allowed_actions
+    )

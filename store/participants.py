@@ -1,0 +1,121 @@
+"""Participant rows (template-level and per-task) and the decisions recorded against them."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from onceflow.store.records import Decision, Participant
+
+_P_COLUMNS = "id, workflow_id, step_id, task_id, role, agent_profile_id, decision_required, position"
+_D_COLUMNS = (
+    "id, task_id, step_id, participant_id, role, decider_type, decider_id, decision, comment, created_at"
+)
+
+
+def _participant(row: tuple[Any, ...]) -> Participant:
+    return Participant(
+        id=row[0],
+        workflow_id=row[1],
+        step_id=row[2],
+        task_id=row[3],
+        role=row[4],
+        agent_profile_id=row[5],
+        decision_required=bool(row[6]),
+        position=row[7],
+    )
+
+
+def _decision(row: tuple[Any, ...]) -> Decision:
+    return Decision(
+        id=row[0],
+        task_id=row[1],
+        step_id=row[2],
+        participant_id=row[3],
+        role=row[4],
+        decider_type=row[5],
+        decider_id=row[6],
+        decision=row[7],
+        comment=row[8],
+        created_at=row[9],
+    )
+
+
+def add_participant(
+    conn: sqlite3.Connection,
+    *,
+    workflow_id: str,
+    step_id: str,
+    task_id: str | None,
+    role: str,
+    agent_profile_id: str,
+    decision_required: bool,
+    position: int,
+) -> int:
+    """Insert a participant row; `task_id` None makes it template-level. Returns the new id."""
+    cur = conn.execute(
+        "INSERT INTO participants (workflow_id, step_id, task_id, role, agent_profile_id, decision_required,"
+        " position) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (workflow_id, step_id, task_id, role, agent_profile_id, int(decision_required), position),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def remove_participant(conn: sqlite3.Connection, participant_id: int) -> bool:
+    return conn.execute("DELETE FROM participants WHERE id = ?", (participant_id,)).rowcount == 1
+
+
+def participants_for_task(conn: sqlite3.Connection, *, workflow_id: str, task_id: str) -> list[Participant]:
+    """In one query: the task's per-task rows (any step) and its workflow's template rows (any step).
+
+    Read once per action, so a concurrent add/remove never splits a fan-out (on-enter spec AC-F2).
+    """
+    rows = conn.execute(
+        f"SELECT {_P_COLUMNS} FROM participants WHERE task_id = ? OR (task_id IS NULL AND workflow_id = ?)"
+        " ORDER BY role, position, id",
+        (task_id, workflow_id),
+    ).fetchall()
+    return [_participant(row) for row in rows]
+
+
+def record_decision(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    step_id: str,
+    participant_id: int | None,
+    role: str,
+    decider_type: str,
+    decider_id: str,
+    decision: str,
+    comment: str,
+    now: float,
+) -> int:
+    cur = conn.execute(
+        "INSERT INTO decisions (task_id, step_id, participant_id, role, decider_type, decider_id, decision,"
+        " comment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (task_id, step_id, participant_id, role, decider_type, decider_id, decision, comment, now),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def decisions_for(conn: sqlite3.Connection, *, task_id: str, step_id: str | None = None) -> list[Decision]:
+    """Decisions of a task (optionally one step), oldest first."""
+    if step_id is None:
+        rows = conn.execute(
+            f"SELECT {_D_COLUMNS} FROM decisions WHERE task_id = ? ORDER BY created_at, id", (task_id,)
+        )
+    else:
+        rows = conn.execute(
+            f"SELECT {_D_COLUMNS} FROM decisions WHERE task_id = ? AND step_id = ? ORDER BY created_at, id",
+            (task_id, step_id),
+        )
+    return [_decision(row) for row in rows.fetchall()]
+
+
+def clear_decisions(conn: sqlite3.Connection, *, task_id: str, step_id: str) -> int:
+    """Delete every decision of (task, step) in ONE statement; returns the count.
+
+    A single DELETE is the linearization point against concurrent recording (on-enter spec AC-F3).
+    """
+    return conn.execute("DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task_id, step_id)).rowcount

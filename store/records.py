@@ -1,0 +1,116 @@
+"""Plain, immutable rows read from the store.
+
+These are the shapes the engine reasons over. They are built inside the store's writer thread from
+SQLite rows and handed to the Trio side; nothing here touches the database.
+Timestamps are Unix seconds (float).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+DeciderType = Literal["agent", "user"]
+DecisionValue = Literal["approved", "rejected", "changes_requested"]
+ParticipantRole = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
+
+
+@attrs.frozen
+class Participant:
+    """A participant row: a seat a role-holder may occupy at a step.
+
+    `task_id` is None for a template-level row (it applies to every task of `workflow_id` at `step_id`);
+    a per-task row names its task. `agent_profile_id` may be empty (such rows are never merged into a seat).
+    Source: kandev-engine-notes.md, "Template format" (participants are rows, not YAML).
+    """
+
+    id: int
+    workflow_id: str
+    step_id: str
+    task_id: str | None
+    role: str
+    agent_profile_id: str
+    decision_required: bool
+    position: int
+
+
+@attrs.frozen
+class Decision:
+    """A recorded decision for (task_id, step_id).
+
+    `participant_id` is set when the decider named its seat; otherwise agent deciders are mapped to seats by
+    (role, decider_id). `created_at` is Unix seconds; `id` breaks ties so "oldest first" is total.
+    """
+
+    id: int
+    task_id: str
+    step_id: str
+    participant_id: int | None
+    role: str
+    decider_type: DeciderType
+    decider_id: str
+    decision: DecisionValue
+    comment: str
+    created_at: float
+
+
+@attrs.frozen
+class TaskRecord:
+    """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step."""
+
+    id: str
+    workflow_id: str
+    step_id: str
+    title: str
+    session_id: str | None
+    primary_agent_id: str | None
+    ceo_agent_id: str | None
+    priority: str
+    wip_admitted: bool
+    created_at: float
+    updated_at: float
+
+
+@attrs.frozen
+class RunRecord:
+    """A row of the runs queue. `payload` is the decoded JSON object or None (SQL NULL)."""
+
+    id: int
+    agent_profile_id: str
+    task_id: str | None
+    step_id: str | None
+    reason: str
+    payload: dict[str, object] | None
+    idempotency_key: str | None
+    exclude_from_coalescing: bool
+    status: str
+    coalesced_count: int
+    requested_at: float
+
+
+@attrs.frozen
+class StepEntry:
+    """A durable step-entry record (on-enter-action-dispatch.md, Execution model)."""
+
+    task_id: str
+    step_id: str
+    entry_seq: int
+    workflow_id: str
+    declaration_digest: str
+    entry_path: str
+    terminal: bool
+
+
+MarkerState = Literal["in_progress", "done", "skipped", "failed"]
+
+
+@attrs.frozen
+class Marker:
+    """A per-action marker of a step entry; absent markers have no row."""
+
+    position: int
+    kind: str
+    state: MarkerState
+    epoch: str | None
+    detail: str

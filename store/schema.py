@@ -1,0 +1,160 @@
+"""The database schema, as ordered migrations keyed by `PRAGMA user_version`.
+
+Migration N (1-based) brings a database from user_version N-1 to N. Append new migrations; never edit one
+that has shipped. Every task-scoped table cascades from `tasks` so nothing outlives its task
+(on-enter-action-dispatch.md, AC-B9(e)); foreign keys are verified on by the store at connect time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the foundation schema.
+    """
+    CREATE TABLE workflows (
+        id            TEXT PRIMARY KEY,
+        name          TEXT NOT NULL,
+        source        TEXT NOT NULL,
+        definition    TEXT NOT NULL,
+        registered_at REAL NOT NULL
+    );
+
+    CREATE TABLE tasks (
+        id                 TEXT PRIMARY KEY,
+        workflow_id        TEXT NOT NULL REFERENCES workflows(id),
+        workflow_step_id   TEXT NOT NULL,
+        title              TEXT NOT NULL DEFAULT '',
+        session_id         TEXT,
+        primary_agent_id   TEXT,
+        ceo_agent_id       TEXT,
+        priority           TEXT NOT NULL DEFAULT 'medium',
+        position           INTEGER NOT NULL DEFAULT 0,
+        wip_admitted       INTEGER NOT NULL DEFAULT 1,
+        queued_for_step_id TEXT,
+        queued_at          REAL,
+        created_at         REAL NOT NULL,
+        updated_at         REAL NOT NULL
+    );
+
+    -- task_id NULL = a template-level row for every task of workflow_id at step_id.
+    CREATE TABLE participants (
+        id                INTEGER PRIMARY KEY AUTOINCREMENT,
+        workflow_id       TEXT NOT NULL,
+        step_id           TEXT NOT NULL,
+        task_id           TEXT REFERENCES tasks(id) ON DELETE CASCADE,
+        role              TEXT NOT NULL,
+        agent_profile_id  TEXT NOT NULL DEFAULT '',
+        decision_required INTEGER NOT NULL DEFAULT 1,
+        position          INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX participants_by_step ON participants(workflow_id, step_id);
+    CREATE INDEX participants_by_task ON participants(task_id);
+
+    CREATE TABLE decisions (
+        id             INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id        TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        step_id        TEXT NOT NULL,
+        participant_id INTEGER,
+        role           TEXT NOT NULL DEFAULT '',
+        decider_type   TEXT NOT NULL CHECK (decider_type IN ('agent', 'user')),
+        decider_id     TEXT NOT NULL,
+        decision       TEXT NOT NULL CHECK (decision IN ('approved', 'rejected', 'changes_requested')),
+        comment        TEXT NOT NULL DEFAULT '',
+        created_at     REAL NOT NULL
+    );
+    CREATE INDEX decisions_by_task_step ON decisions(task_id, step_id);
+
+    -- exclude_from_coalescing is the discrete opt-out field (on-enter-action-dispatch.md AC-H9).
+    CREATE TABLE runs (
+        id                      INTEGER PRIMARY KEY AUTOINCREMENT,
+        agent_profile_id        TEXT NOT NULL,
+        task_id                 TEXT REFERENCES tasks(id) ON DELETE CASCADE,
+        workflow_step_id        TEXT,
+        reason                  TEXT NOT NULL,
+        payload                 TEXT,
+        idempotency_key         TEXT UNIQUE,
+        exclude_from_coalescing INTEGER NOT NULL DEFAULT 0,
+        status                  TEXT NOT NULL DEFAULT 'queued'
+                                CHECK (status IN ('queued', 'claimed', 'finished', 'failed')),
+        coalesced_count         INTEGER NOT NULL DEFAULT 0,
+        requested_at            REAL NOT NULL,
+        claimed_at              REAL,
+        finished_at             REAL
+    );
+    CREATE INDEX runs_queued_by_agent ON runs(agent_profile_id, status, requested_at);
+
+    -- One durable record per step entry (on-enter-action-dispatch.md, Execution model).
+    CREATE TABLE step_entries (
+        task_id            TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        step_id            TEXT NOT NULL,
+        entry_seq          INTEGER NOT NULL,
+        workflow_id        TEXT NOT NULL,
+        declaration_digest TEXT NOT NULL,
+        entry_path         TEXT NOT NULL,
+        terminal           INTEGER NOT NULL DEFAULT 0,
+        created_at         REAL NOT NULL,
+        UNIQUE (task_id, step_id, entry_seq)
+    );
+    CREATE INDEX step_entries_open ON step_entries(terminal, task_id, step_id, entry_seq);
+
+    -- Absent = no row. state in_progress carries the claiming runtime's epoch.
+    CREATE TABLE step_entry_markers (
+        task_id    TEXT NOT NULL,
+        step_id    TEXT NOT NULL,
+        entry_seq  INTEGER NOT NULL,
+        position   INTEGER NOT NULL,
+        kind       TEXT NOT NULL,
+        state      TEXT NOT NULL CHECK (state IN ('in_progress', 'done', 'skipped', 'failed')),
+        epoch      TEXT,
+        detail     TEXT NOT NULL DEFAULT '',
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (task_id, step_id, entry_seq, position, kind),
+        FOREIGN KEY (task_id, step_id, entry_seq)
+            REFERENCES step_entries(task_id, step_id, entry_seq) ON DELETE CASCADE
+    );
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply every migration newer than the database's `user_version`; return the resulting version.
+
+    Each migration and its version bump commit in one transaction, so a crash mid-upgrade leaves the
+    database at the previous version. `conn` must be in autocommit mode (isolation_level=None).
+
+    Raises:
+        RuntimeError: the database is newer than this code (user_version > SCHEMA_VERSION).
+    """
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if current > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"database schema version {current} is newer than this onceflow's {SCHEMA_VERSION}"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[version - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return SCHEMA_VERSION
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT implicitly; split so the migration stays inside our transaction.
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out

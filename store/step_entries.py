@@ -1,0 +1,181 @@
+"""Durable step-entry records and their per-action markers (on-enter-action-dispatch.md, Execution model).
+
+An entry is identified by (task_id, step_id, entry_seq). It is allocated in the transaction that admits the
+task, so replay (no step change, no allocation) and re-entry (a fresh entry_seq) are told apart by committed
+state. A marker per (position, kind) moves absent → in_progress(epoch) → done | skipped | failed by
+compare-and-set; an in_progress marker of another epoch is stale (its runtime is gone) and may be
+re-claimed, one of the current epoch belongs to a live peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+from onceflow.store.records import Marker, StepEntry
+
+TERMINAL_STATES = frozenset({"done", "skipped", "failed"})
+ClaimOutcome = Literal["claimed", "terminal", "live_peer"]
+
+
+@attrs.frozen
+class EntryKey:
+    task_id: str
+    step_id: str
+    entry_seq: int
+
+
+def declaration_digest(kinds: Sequence[str]) -> str:
+    """Digest of the ordered (position, kind) pairs of a whole on_enter list (64 hex chars).
+
+    Covers kinds and order only, never action config (Execution model, "Marker keying").
+    """
+    pairs = [[position, kind] for position, kind in enumerate(kinds)]
+    return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+
+
+def _entry(row: tuple[Any, ...]) -> StepEntry:
+    return StepEntry(
+        task_id=row[0],
+        step_id=row[1],
+        entry_seq=row[2],
+        workflow_id=row[3],
+        declaration_digest=row[4],
+        entry_path=row[5],
+        terminal=bool(row[6]),
+    )
+
+
+_ENTRY_COLUMNS = "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal"
+
+
+def allocate_entry(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    step_id: str,
+    workflow_id: str,
+    digest: str,
+    entry_path: str,
+    now: float,
+) -> EntryKey:
+    """Allocate the next entry for (task, step) inside the admitting transaction.
+
+    Monotonicity is enforced by the UNIQUE (task_id, step_id, entry_seq) constraint: a racing allocator
+    fails with sqlite3.IntegrityError and its whole transition rolls back (AC-B7).
+    """
+    (seq,) = conn.execute(
+        "SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = ? AND step_id = ?",
+        (task_id, step_id),
+    ).fetchone()
+    conn.execute(
+        f"INSERT INTO step_entries ({_ENTRY_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+        (task_id, step_id, seq, workflow_id, digest, entry_path, now),
+    )
+    return EntryKey(task_id, step_id, int(seq))
+
+
+def get_entry(conn: sqlite3.Connection, key: EntryKey) -> StepEntry | None:
+    row = conn.execute(
+        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
+        (key.task_id, key.step_id, key.entry_seq),
+    ).fetchone()
+    return _entry(row) if row else None
+
+
+def entries_for_task(conn: sqlite3.Connection, task_id: str) -> list[StepEntry]:
+    rows = conn.execute(
+        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE task_id = ? ORDER BY step_id, entry_seq", (task_id,)
+    ).fetchall()
+    return [_entry(row) for row in rows]
+
+
+def open_entries(conn: sqlite3.Connection) -> list[StepEntry]:
+    """Every non-terminal entry, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9)."""
+    rows = conn.execute(
+        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
+    ).fetchall()
+    return [_entry(row) for row in rows]
+
+
+def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:
+    """The entry's markers by position (absent positions are missing from the map)."""
+    rows = conn.execute(
+        "SELECT position, kind, state, epoch, detail FROM step_entry_markers"
+        " WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
+        (key.task_id, key.step_id, key.entry_seq),
+    ).fetchall()
+    return {row[0]: Marker(row[0], row[1], row[2], row[3], row[4]) for row in rows}
+
+
+def claim_marker(
+    conn: sqlite3.Connection, key: EntryKey, position: int, kind: str, epoch: str, now: float
+) -> ClaimOutcome:
+    """Compare-and-set absent (or stale in_progress) → in_progress(epoch).
+
+    Returns "claimed" for the winner, "terminal" when the action already reached a terminal state, and
+    "live_peer" when another dispatcher of this runtime holds it (the caller must abandon the entry).
+    """
+    row = conn.execute(
+        "SELECT state, epoch FROM step_entry_markers"
+        " WHERE task_id = ? AND step_id = ? AND entry_seq = ? AND position = ? AND kind = ?",
+        (key.task_id, key.step_id, key.entry_seq, position, kind),
+    ).fetchone()
+    if row is None:
+        conn.execute(
+            "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, 'in_progress', ?, ?)",
+            (key.task_id, key.step_id, key.entry_seq, position, kind, epoch, now),
+        )
+        return "claimed"
+    state, holder = row
+    if state in TERMINAL_STATES:
+        return "terminal"
+    if holder == epoch:
+        return "live_peer"
+    cur = conn.execute(
+        "UPDATE step_entry_markers SET epoch = ?, updated_at = ? WHERE task_id = ? AND step_id = ?"
+        " AND entry_seq = ? AND position = ? AND kind = ? AND state = 'in_progress' AND epoch = ?",
+        (epoch, now, key.task_id, key.step_id, key.entry_seq, position, kind, holder),
+    )
+    return "claimed" if cur.rowcount == 1 else "live_peer"
+
+
+def finish_marker(
+    conn: sqlite3.Connection,
+    key: EntryKey,
+    position: int,
+    kind: str,
+    state: Literal["done", "skipped", "failed"],
+    detail: str,
+    now: float,
+) -> None:
+    """Write a terminal state for a position (from absent or in_progress); the epoch is cleared."""
+    conn.execute(
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
+        " updated_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)"
+        " ON CONFLICT (task_id, step_id, entry_seq, position, kind)"
+        " DO UPDATE SET state = excluded.state, epoch = NULL, detail = excluded.detail,"
+        " updated_at = excluded.updated_at",
+        (key.task_id, key.step_id, key.entry_seq, position, kind, state, detail, now),
+    )
+
+
+def mark_terminal(conn: sqlite3.Connection, key: EntryKey) -> None:
+    conn.execute(
+        "UPDATE step_entries SET terminal = 1 WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
+        (key.task_id, key.step_id, key.entry_seq),
+    )
+
+
+def entry_as_dict(entry: StepEntry, entry_markers: dict[int, Marker]) -> dict[str, Any]:
+    """An entry and its markers as a JSON-ready mapping (for the list_step_entries query)."""
+    return {
+        **attrs.asdict(entry),
+        "markers": [attrs.asdict(entry_markers[p]) for p in sorted(entry_markers)],
+    }

@@ -1,0 +1,125 @@
+"""Task rows: create, read, update and the compare-and-set step change.
+
+Every function takes the writer connection and runs inside the caller's transaction (see writer.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from onceflow.protocol.errors import ConflictError, NotFoundError
+from onceflow.store.records import TaskRecord
+
+_COLUMNS = (
+    "id, workflow_id, workflow_step_id, title, session_id, primary_agent_id, ceo_agent_id, priority,"
+    " wip_admitted, created_at, updated_at"
+)
+
+
+def _task(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
+    return TaskRecord(
+        id=row[0],
+        workflow_id=row[1],
+        step_id=row[2],
+        title=row[3],
+        session_id=row[4],
+        primary_agent_id=row[5],
+        ceo_agent_id=row[6],
+        priority=row[7],
+        wip_admitted=bool(row[8]),
+        created_at=row[9],
+        updated_at=row[10],
+    )
+
+
+def find_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    return _task(row) if row else None
+
+
+def get_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord:
+    """The task row. Raises NotFoundError (field task_id) when it does not exist."""
+    task = find_task(conn, task_id)
+    if task is None:
+        raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
+    return task
+
+
+def insert_task(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    workflow_id: str,
+    step_id: str,
+    title: str,
+    session_id: str | None,
+    primary_agent_id: str | None,
+    ceo_agent_id: str | None,
+    priority: str,
+    now: float,
+) -> TaskRecord:
+    """Insert an admitted task. Raises ConflictError (field task_id) if the id is taken."""
+    if find_task(conn, task_id) is not None:
+        raise ConflictError(f"task {task_id!r} already exists", field="task_id")
+    conn.execute(
+        "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
+        " ceo_agent_id, priority, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (task_id, workflow_id, step_id, title, session_id, primary_agent_id, ceo_agent_id, priority, now, now),
+    )
+    return get_task(conn, task_id)
+
+
+def move_task_step(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    expected_step_id: str,
+    workflow_id: str,
+    step_id: str,
+    now: float,
+) -> bool:
+    """Compare-and-set the task's step: only if it is still at `expected_step_id`. True when it moved.
+
+    The admitted flag is set and queue fields cleared: the task occupies `step_id`.
+    """
+    cur = conn.execute(
+        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = NULL,"
+        " queued_at = NULL, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
+        (workflow_id, step_id, now, task_id, expected_step_id),
+    )
+    return cur.rowcount == 1
+
+
+def update_task_fields(conn: sqlite3.Connection, task_id: str, fields: dict[str, Any], now: float) -> None:
+    """Update plain task columns (title, priority, session_id, primary_agent_id); never the step."""
+    allowed = {"title", "priority", "session_id", "primary_agent_id"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"not updatable here: {sorted(unknown)}")
+    if not fields:
+        return
+    assignments = ", ".join(f"{name} = ?" for name in fields)
+    conn.execute(
+        f"UPDATE tasks SET {assignments}, updated_at = ? WHERE id = ?", (*fields.values(), now, task_id)
+    )
+
+
+def delete_task(conn: sqlite3.Connection, task_id: str) -> bool:
+    """Delete the task; its participants, decisions, runs and step entries go with it (ON DELETE CASCADE)."""
+    return conn.execute("DELETE FROM tasks WHERE id = ?", (task_id,)).rowcount == 1
+
+
+def task_as_dict(task: TaskRecord) -> dict[str, Any]:
+    """The task as a JSON-ready mapping (for query replies)."""
+    return {
+        "task_id": task.id,
+        "workflow_id": task.workflow_id,
+        "step_id": task.step_id,
+        "title": task.title,
+        "session_id": task.session_id,
+        "primary_agent_id": task.primary_agent_id,
+        "ceo_agent_id": task.ceo_agent_id,
+        "priority": task.priority,
+        "wip_admitted": task.wip_admitted,
+    }

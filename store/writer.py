@@ -1,0 +1,258 @@
+"""The store actor: one writer thread owning the only SQLite connection, fed by a mailbox.
+
+aiosqlite cannot run under Trio, so the store uses stdlib sqlite3 from one dedicated thread (foundation
+issue). Every write goes through that one connection, so a single transaction can span every table
+(on-enter-action-dispatch.md, "Persistence shape": the step-entry record and its markers share the writer
+handle with tasks and decisions). A request is a whole transaction: a plain function run in the writer thread
+between `BEGIN IMMEDIATE` and `COMMIT`. The reply wakes the Trio caller through the Trio token, and the caller
+waits for it even when cancelled, so it always learns whether its transaction committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import outcome
+import structlog
+import trio
+from onceflow.store import schema
+from onceflow.store.lock import acquire_database_lock
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5000
+
+
+class Durability(StrEnum):
+    """`PRAGMA synchronous` for the store's WAL database.
+
+    FULL (the default) fsyncs the WAL on every commit: a committed transaction survives power loss.
+    NORMAL fsyncs only at checkpoints: a commit survives a process crash but the last few may be lost on
+    power loss. Either way the database stays consistent.
+    """
+
+    FULL = "FULL"
+    NORMAL = "NORMAL"
+
+
+class StoreClosedError(RuntimeError):
+    """`transact` was called on a store that is closing or closed."""
+
+
+class _Request(Generic[T]):
+    __slots__ = ("done", "fn", "result")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+        self.fn = fn
+        self.done = trio.Event()
+        self.result: outcome.Outcome[T] | None = None
+
+
+class StoreActor:
+    """The single writer of one database file. Obtain it from `open_store`; do not construct it directly.
+
+    Attributes:
+        path: the database file (absolute, symlinks resolved).
+        epoch: 32 hex characters minted fresh for this runtime start; it marks the markers this runtime
+            claims (on-enter-action-dispatch.md, "Epoch"). Never reused across starts.
+        durability: the `PRAGMA synchronous` level in force.
+        max_batch: the most requests committed together in one transaction (group commit).
+    """
+
+    def __init__(self, path: Path, durability: Durability, max_batch: int) -> None:
+        self.path = path
+        self.epoch = secrets.token_hex(16)
+        self.durability = durability
+        self.max_batch = max_batch
+        self._mailbox: queue.SimpleQueue[_Request[Any] | None] = queue.SimpleQueue()
+        self._token = trio.lowlevel.current_trio_token()
+        self._accepting = False
+        self._ready = trio.Event()
+        self._stopped = trio.Event()
+        self._setup: outcome.Outcome[int] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
+
+    async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` as one transaction in the writer thread and return its result.
+
+        `fn` runs between `BEGIN IMMEDIATE` and `COMMIT` (inside its own SAVEPOINT, which matters only when
+        several requests share a commit, see `open_store`'s `max_batch`). It must be plain synchronous code:
+        no Trio calls, no BEGIN/COMMIT/ROLLBACK of its own, and it should return plain values, not cursors.
+        The wait for the reply is shielded from cancellation: a cancelled caller still waits until its
+        transaction has committed or rolled back, gets that result here, and sees the cancellation at its
+        next checkpoint. Requests run in arrival order.
+
+        Raises:
+            StoreClosedError: the store is closing or closed; nothing was run.
+            BaseException: whatever `fn` raised (its writes are rolled back), or the sqlite3 error that failed
+                the transaction itself (e.g. at COMMIT), in which case nothing of this request was committed.
+        """
+        if not self._accepting:
+            raise StoreClosedError(f"store {self.path} is closed")
+        request = _Request(fn)
+        self._mailbox.put(request)
+        with trio.CancelScope(shield=True):
+            await request.done.wait()
+        assert request.result is not None
+        return request.result.unwrap()
+
+    # --- Trio side -------------------------------------------------------------------------------------
+
+    async def _open(self) -> int:
+        self._thread.start()
+        await self._ready.wait()
+        assert self._setup is not None
+        version = self._setup.unwrap()
+        self._accepting = True
+        return version
+
+    async def _close(self) -> None:
+        # Requests already in the mailbox are ahead of the stop marker, so they run before the thread exits.
+        self._accepting = False
+        if self._thread.ident is None:  # never started
+            return
+        self._mailbox.put(None)
+        await self._stopped.wait()
+        self._thread.join()
+
+    def _wake(self, requests: list[_Request[Any]]) -> None:
+        for request in requests:
+            request.done.set()
+
+    def _call_trio(self, fn: Callable[..., object], *args: object) -> None:
+        with contextlib.suppress(trio.RunFinishedError):  # the Trio run is gone; nobody is left waiting
+            self._token.run_sync_soon(fn, *args)
+
+    # --- writer thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            self._setup = outcome.capture(self._configure, conn)
+        except BaseException as exc:
+            self._setup = outcome.Error(exc)
+        try:
+            self._call_trio(self._ready.set)
+            if conn is not None and isinstance(self._setup, outcome.Value):
+                self._serve(conn)
+        finally:
+            if conn is not None:
+                conn.close()
+            self._call_trio(self._stopped.set)
+
+    def _configure(self, conn: sqlite3.Connection) -> int:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RuntimeError(f"could not put {self.path} in WAL mode (journal_mode is {mode!r})")
+        conn.execute(f"PRAGMA synchronous={self.durability.value}")
+        # foreign_keys is a no-op inside a transaction, so set it here (autocommit) and read it back.
+        conn.execute("PRAGMA foreign_keys=ON")
+        if conn.execute("PRAGMA foreign_keys").fetchone()[0] != 1:
+            raise RuntimeError("SQLite refused to enable foreign key enforcement")
+        return schema.migrate(conn)
+
+    def _serve(self, conn: sqlite3.Connection) -> None:
+        while True:
+            request = self._mailbox.get()
+            if request is None:
+                return
+            batch = [request]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    queued = self._mailbox.get_nowait()
+                except queue.Empty:
+                    break
+                if queued is None:
+                    stop = True
+                    break
+                batch.append(queued)
+            self._commit(conn, batch)
+            self._call_trio(self._wake, batch)
+            if stop:
+                return
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Request[Any]]) -> None:
+        """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
+
+        A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
+        itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error.
+        """
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for request in batch:
+                conn.execute("SAVEPOINT request")
+                request.result = outcome.capture(request.fn, conn)
+                if isinstance(request.result, outcome.Error):
+                    conn.execute("ROLLBACK TO request")
+                conn.execute("RELEASE request")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            for request in batch:
+                if not isinstance(request.result, outcome.Error):
+                    request.result = outcome.Error(exc)  # one each: an Outcome unwraps only once
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as rollback_exc:
+                    log.error("store_rollback_failed", path=str(self.path), error=str(rollback_exc))
+            log.warning("store_transaction_failed", path=str(self.path), batch=len(batch), error=str(exc))
+
+
+@asynccontextmanager
+async def open_store(
+    path: str | os.PathLike[str],
+    *,
+    durability: Durability = Durability.FULL,
+    max_batch: int = 1,
+) -> AsyncIterator[StoreActor]:
+    """Open the database at `path` (creating it and its parent directory if missing) and yield its actor.
+
+    Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
+    (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout 5 s) and migrations are
+    applied, without blocking the Trio loop. `max_batch` is how many queued requests the writer may commit
+    together (group commit); 1 commits each request alone. On exit, new requests are refused, requests already
+    queued still run, then the thread stops, the connection closes and the lock is released; exit waits for
+    this even when cancelled.
+
+    Raises:
+        DatabaseOwnedError: another onceflow runtime owns the database (at once, without waiting).
+        ValueError: `durability` is not a `Durability`, or `max_batch` < 1.
+        sqlite3.Error, RuntimeError: the connection could not be set up or migrated (the thread has exited).
+    """
+    durability = Durability(durability)
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    db_path = Path(path).resolve()  # one lock per file, whatever the spelling
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with acquire_database_lock(db_path):
+        store = StoreActor(db_path, durability, max_batch)
+        try:
+            version = await store._open()
+            log.info(
+                "store_opened",
+                path=str(db_path),
+                epoch=store.epoch,
+                schema_version=version,
+                durability=durability.value,
+                max_batch=max_batch,
+            )
+            yield store
+        finally:
+            with trio.CancelScope(shield=True):
+                await store._close()
+            log.info("store_closed", path=str(db_path), epoch=store.epoch)

@@ -67,10 +67,14 @@ def config_digest(config: dict[str, Any]) -> str:
 def clear_decisions(conn: sqlite3.Connection, ctx: ActionContext) -> Effect:
     """Delete the (task, step) decisions in one statement; a no-op clear is still done (AC-A3, AC-E4)."""
     deleted = participant_rows.clear_decisions(conn, task_id=ctx.task.id, step_id=ctx.step_id)
-    return Effect("done", events=(DecisionsCleared(task_id=ctx.task.id, step_id=ctx.step_id, deleted=deleted),))
+    return Effect(
+        "done", events=(DecisionsCleared(task_id=ctx.task.id, step_id=ctx.step_id, deleted=deleted),)
+    )
 
 
-def step_participants(conn: sqlite3.Connection, task: TaskRecord, step_id: str, role: str) -> list[Participant]:
+def step_participants(
+    conn: sqlite3.Connection, task: TaskRecord, step_id: str, role: str
+) -> list[Participant]:
     """The merged template + per-task rows of `role` at `step_id`, in (role, position, id) order."""
     rows = participant_rows.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
     return [p for p in rows if p.step_id == step_id and p.role == role]
@@ -89,7 +93,9 @@ def _dedupe(rows: Iterable[Participant]) -> list[Participant]:
     return out
 
 
-def _enqueue(conn: sqlite3.Connection, request: runs.RunRequest, now: float) -> tuple[runs.EnqueueResult, Event]:
+def _enqueue(
+    conn: sqlite3.Connection, request: runs.RunRequest, now: float
+) -> tuple[runs.EnqueueResult, Event]:
     result = runs.enqueue_run(conn, request, now)
     event: Event
     if result.outcome == "suppressed":
@@ -120,7 +126,9 @@ def _enqueue(conn: sqlite3.Connection, request: runs.RunRequest, now: float) -> 
     return result, event
 
 
-def queue_run_for_each_participant(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+def queue_run_for_each_participant(
+    conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl
+) -> Effect:
     """Fan a run out to every participant of the configured role at the step: collect-and-continue.
 
     The participant set is read once (AC-F2); selection is by role alone (AC-H3); reason defaults to the
@@ -131,7 +139,9 @@ def queue_run_for_each_participant(conn: sqlite3.Connection, ctx: ActionContext,
     task, step_id = ctx.task, ctx.step_id
     if not role:
         note = DiagnosticNote(
-            "error", "fan_out_role_missing", {"workflow_id": task.workflow_id, "step_id": step_id, "task_id": task.id}
+            "error",
+            "fan_out_role_missing",
+            {"workflow_id": task.workflow_id, "step_id": step_id, "task_id": task.id},
         )
         return Effect("skipped", "malformed", diagnostics=(note,))
     reason: str = getattr(config, "reason", None) or ctx.trigger
@@ -176,7 +186,9 @@ def queue_run_for_each_participant(conn: sqlite3.Connection, ctx: ActionContext,
         suppressed += result.outcome == "suppressed"
     if not matching:
         notes.append(
-            DiagnosticNote("warning", "fan_out_matched_nobody", {"task_id": task.id, "step_id": step_id, "role": role})
+            DiagnosticNote(
+                "warning", "fan_out_matched_nobody", {"task_id": task.id, "step_id": step_id, "role": role}
+            )
         )
     notes.append(
         DiagnosticNote(
@@ -208,7 +220,9 @@ def resolve_target(conn: sqlite3.Connection, task: TaskRecord, step_id: str, tar
         return target.removeprefix("agent_profile_id:") or None
     if target.startswith("participant_role:"):
         role = target.removeprefix("participant_role:")
-        agents = [p.agent_profile_id for p in step_participants(conn, task, step_id, role) if p.agent_profile_id]
+        agents = [
+            p.agent_profile_id for p in step_participants(conn, task, step_id, role) if p.agent_profile_id
+        ]
         return agents[0] if agents else None
     return None
 
@@ -264,4 +278,6 @@ def run_database_action(conn: sqlite3.Connection, ctx: ActionContext, action: Ac
     raise ValueError(f"{action.type} is not a database action")
 
 
-DATABASE_ACTIONS = frozenset({"clear_decisions", "queue_run_for_each_participant", "queue_run", "ensure_participant_seat"})
+DATABASE_ACTIONS = frozenset(
+    {"clear_decisions", "queue_run_for_each_participant", "queue_run", "ensure_participant_seat"}
+)

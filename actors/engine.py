@@ -22,7 +22,14 @@ from onceflow.actors.services import Services, find_step
 from onceflow.actors.session import request_session_action
 from onceflow.protocol.errors import ActionError
 from onceflow.protocol.events import ActionOutcome, EntryPath, GuardEvaluated, StepEntered, Transition
-from onceflow.protocol.workflow import SESSION_ACTION_TYPES, TRANSITION_TYPES, ActionDecl, Step, Trigger, Workflow
+from onceflow.protocol.workflow import (
+    SESSION_ACTION_TYPES,
+    TRANSITION_TYPES,
+    ActionDecl,
+    Step,
+    Trigger,
+    Workflow,
+)
 from onceflow.store import participants, step_entries, tasks
 from onceflow.store.records import Decision, Participant, TaskRecord
 from onceflow.store.step_entries import EntryKey
@@ -79,7 +86,9 @@ class Engine:
             await self._trigger_action(task, step, inp, position, action, out)
         result = HandleResult(from_step=step.id)
         if target is not None and target.id != step.id:
-            moved = await self.enter_step(task, workflow, target, path="E1", trigger=str(inp.trigger), out=out)
+            moved = await self.enter_step(
+                task, workflow, target, path="E1", trigger=str(inp.trigger), out=out
+            )
             result = HandleResult(from_step=step.id, to_step=target.id if moved else None)
         if inp.operation_id:
             await ledger.mark_applied(inp.operation_id)
@@ -88,7 +97,7 @@ class Engine:
     async def evaluate_transition(
         self, task: TaskRecord, workflow: Workflow, step: Step, action: ActionDecl, out: Outbox
     ) -> Step | None:
-        """The step this transition action moves to, or None (requires_approval, no such step, guard fails)."""
+        """The step this transition moves to, or None (requires_approval, no such step, guard fails)."""
         config = action.config
         if getattr(config, "requires_approval", False):
             return None
@@ -125,7 +134,9 @@ class Engine:
         )
         return target if quorum.satisfied else None
 
-    async def _seats_and_decisions(self, task: TaskRecord, step_id: str) -> tuple[list[Participant], list[Decision]]:
+    async def _seats_and_decisions(
+        self, task: TaskRecord, step_id: str
+    ) -> tuple[list[Participant], list[Decision]]:
         def read(conn: sqlite3.Connection) -> tuple[list[Participant], list[Decision]]:
             rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
             return rows, participants.decisions_for(conn, task_id=task.id, step_id=step_id)
@@ -167,7 +178,9 @@ class Engine:
             )
         )
         if effect.state == "failed":
-            raise ActionError(f"{action.type} failed: {effect.detail}", field=f"events.{inp.trigger}[{position}]")
+            raise ActionError(
+                f"{action.type} failed: {effect.detail}", field=f"events.{inp.trigger}[{position}]"
+            )
 
     async def enter_step(
         self,
@@ -223,12 +236,20 @@ class Engine:
             raise
         if not moved:
             out.diagnostic(
-                "info", "transition_abandoned", task_id=task.id, expected_step=task.step_id, target_step=target.id
+                "info",
+                "transition_abandoned",
+                task_id=task.id,
+                expected_step=task.step_id,
+                target_step=target.id,
             )
             return False
         out.emit(
             Transition(
-                task_id=task.id, workflow_id=workflow.id, from_step=task.step_id, to_step=target.id, trigger=trigger
+                task_id=task.id,
+                workflow_id=workflow.id,
+                from_step=task.step_id,
+                to_step=target.id,
+                trigger=trigger,
             )
         )
         out.emit(

@@ -29,7 +29,9 @@ class Host(Protocol):
 
     async def perform_session_action(self, request: SessionActionRequest) -> None: ...
 
-    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None: ...
+    async def start_code_review(
+        self, *, task_id: str, step_id: str, agent_profile_id: str | None
+    ) -> None: ...
 
 
 @attrs.define

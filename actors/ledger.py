@@ -38,7 +38,10 @@ class LedgerActor:
                     self._applied.add(request.operation_id)
                 reply_to(envelope, outcome.Value(None))
             else:
-                reply_to(envelope, outcome.Value(bool(request.operation_id) and request.operation_id in self._applied))
+                reply_to(
+                    envelope,
+                    outcome.Value(bool(request.operation_id) and request.operation_id in self._applied),
+                )
 
     async def is_applied(self, operation_id: str) -> bool:
         """True when `operation_id` (non-empty) was marked applied earlier in this process."""

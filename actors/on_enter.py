@@ -1,6 +1,6 @@
 """on_enter dispatch for one step entry: the ownership partition, markers and the stop rule.
 
-On E1–E3, E5 the session-scoped actions go to the host at fixed positions (reset first, configure second,
+On E1-E3 and E5 the session-scoped actions go to the host at fixed positions (reset first, configure second,
 auto_start last), engine-owned actions run in declared order between them. On E4 (switch_workflow) every
 action runs in declared order and configure_session only warns. A recovery re-dispatch runs engine-owned
 actions only (AC-B8). Each engine-owned action is claimed by compare-and-set on its marker with the
@@ -105,7 +105,13 @@ class OnEnterDispatch:
                 is_terminal = marker is not None and marker.state in step_entries.TERMINAL_STATES
                 if action.type in ENGINE_ACTION_TYPES and not is_terminal:
                     step_entries.finish_marker(
-                        conn, key, position, action.type, "skipped", "declaration_changed", self.services.now()
+                        conn,
+                        key,
+                        position,
+                        action.type,
+                        "skipped",
+                        "declaration_changed",
+                        self.services.now(),
                     )
             step_entries.mark_terminal(conn, key)
             return entry.declaration_digest
@@ -137,7 +143,9 @@ class OnEnterDispatch:
             return
         await request_session_action(self.services, self.task, self.step.id, action, self.path, self.out)
 
-    async def _engine_action(self, key: EntryKey, position: int, action: ActionDecl) -> Literal["next", "stop"]:
+    async def _engine_action(
+        self, key: EntryKey, position: int, action: ActionDecl
+    ) -> Literal["next", "stop"]:
         epoch, now = self.services.store.epoch, self.services.now()
         ctx = ActionContext(
             task=self.task,
@@ -163,8 +171,14 @@ class OnEnterDispatch:
             try:
                 run = await self.services.store.transact(apply)
             except Exception as exc:  # transient: the entry stays open and the next start retries it
-                log.error("on_enter_action_error", task_id=key.task_id, step_id=key.step_id,
-                          position=position, action_type=action.type, cause=repr(exc))
+                log.error(
+                    "on_enter_action_error",
+                    task_id=key.task_id,
+                    step_id=key.step_id,
+                    position=position,
+                    action_type=action.type,
+                    cause=repr(exc),
+                )
                 return "stop" if action.type == "clear_decisions" else "next"
         else:
             run = await self._external_action(key, position, action, epoch)
@@ -200,7 +214,9 @@ class OnEnterDispatch:
         final = effect
 
         def complete(conn: sqlite3.Connection) -> None:
-            step_entries.finish_marker(conn, key, position, action.type, final.state, final.detail, self.services.now())
+            step_entries.finish_marker(
+                conn, key, position, action.type, final.state, final.detail, self.services.now()
+            )
 
         await self.services.store.transact(complete)
         return _Run(outcome, effect)

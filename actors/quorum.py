@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Literal, get_args
 
 import attrs
+
 from onceflow.store.records import Decision, Participant
 
 ThresholdKind = Literal["all_approve", "all_decide", "majority_approve", "n_approve", "any_reject"]

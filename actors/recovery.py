@@ -32,7 +32,9 @@ def _close(
     marks = step_entries.markers(conn, key)
     for position, action in enumerate(declaration):
         marker = marks.get(position)
-        if action.type in ENGINE_ACTION_TYPES and (marker is None or marker.state not in step_entries.TERMINAL_STATES):
+        if action.type in ENGINE_ACTION_TYPES and (
+            marker is None or marker.state not in step_entries.TERMINAL_STATES
+        ):
             step_entries.finish_marker(conn, key, position, action.type, "skipped", reason, now)
     step_entries.mark_terminal(conn, key)
 
@@ -62,7 +64,9 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     return redispatched
 
 
-async def _recover(services: Services, entry: StepEntry, latest: dict[tuple[str, str], int], out: Outbox) -> int:
+async def _recover(
+    services: Services, entry: StepEntry, latest: dict[tuple[str, str], int], out: Outbox
+) -> int:
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
     task = await services.store.transact(lambda conn: tasks.find_task(conn, entry.task_id))
     workflow = services.workflows.workflows.get(entry.workflow_id)
@@ -78,10 +82,14 @@ async def _recover(services: Services, entry: StepEntry, latest: dict[tuple[str,
         elif latest[(entry.task_id, entry.step_id)] != entry.entry_seq:
             reason = "superseded"
         else:
-            await OnEnterDispatch(services, task, workflow, workflow.step(entry.step_id), key, "recovery", out).run()
+            await OnEnterDispatch(
+                services, task, workflow, workflow.step(entry.step_id), key, "recovery", out
+            ).run()
             return 1
     now = services.now()
     await services.store.transact(lambda conn: _close(conn, key, declaration, reason, now))
     level = "warning" if reason == "unresolvable" else "info"
-    out.diagnostic(level, f"recovery_{reason}", task_id=entry.task_id, step_id=entry.step_id, entry_seq=entry.entry_seq)
+    out.diagnostic(
+        level, f"recovery_{reason}", task_id=entry.task_id, step_id=entry.step_id, entry_seq=entry.entry_seq
+    )
     return 0

@@ -13,7 +13,12 @@ from onceflow.store.records import TaskRecord
 
 
 async def request_session_action(
-    services: Services, task: TaskRecord, step_id: str, action: ActionDecl, path: EntryPath | None, out: Outbox
+    services: Services,
+    task: TaskRecord,
+    step_id: str,
+    action: ActionDecl,
+    path: EntryPath | None,
+    out: Outbox,
 ) -> bool:
     """Send `action` to the host for the task's live session. Returns True when the host accepted it.
 

@@ -147,22 +147,31 @@ class Runtime:
                 )
                 return {"participant_id": participant_id}
             case c.RemoveParticipant():
-                removed = await store.transact(lambda conn: participants.remove_participant(conn, command.participant_id))
+                removed = await store.transact(
+                    lambda conn: participants.remove_participant(conn, command.participant_id)
+                )
                 if not removed:
-                    raise NotFoundError(f"participant {command.participant_id} does not exist", field="participant_id")
+                    raise NotFoundError(
+                        f"participant {command.participant_id} does not exist", field="participant_id"
+                    )
                 return {"removed": True}
             case c.ClaimRun():
                 run = await store.transact(lambda conn: runs.claim_run(conn, command.agent_profile_id, now))
                 return None if run is None else runs.run_as_dict(run)
             case c.FinishRun():
-                done = await store.transact(lambda conn: runs.finish_run(conn, command.run_id, command.status, now))
+                done = await store.transact(
+                    lambda conn: runs.finish_run(conn, command.run_id, command.status, now)
+                )
                 if not done:
                     raise NotFoundError(f"no claimed run {command.run_id}", field="run_id")
                 return {"run_id": command.run_id, "status": command.status}
             case c.ListRuns():
                 rows = await store.transact(
                     lambda conn: runs.list_runs(
-                        conn, task_id=command.task_id, agent_profile_id=command.agent_profile_id, status=command.status
+                        conn,
+                        task_id=command.task_id,
+                        agent_profile_id=command.agent_profile_id,
+                        status=command.status,
                     )
                 )
                 return [runs.run_as_dict(row) for row in rows]

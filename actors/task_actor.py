@@ -77,7 +77,9 @@ class TaskActor:
                 return await self._store.transact(
                     lambda conn: [
                         attrs.asdict(d)
-                        for d in participants.decisions_for(conn, task_id=self.task_id, step_id=command.step_id)
+                        for d in participants.decisions_for(
+                            conn, task_id=self.task_id, step_id=command.step_id
+                        )
                     ]
                 )
             case c.ListStepEntries():
@@ -123,7 +125,11 @@ class TaskActor:
         return {"moved": moved, "step_id": target.id if moved else task.step_id}
 
     async def _record_decision(self, command: c.RecordDecision, out: Outbox) -> Any:
-        op = decision_operation_id(self.task_id, command.step_id, command.decision_id) if command.decision_id else ""
+        op = (
+            decision_operation_id(self.task_id, command.step_id, command.decision_id)
+            if command.decision_id
+            else ""
+        )
         ledger = self.engine.services.ledger
         if op and await ledger.is_applied(op):
             return {"idempotent": True, "operation_id": op}
@@ -192,7 +198,9 @@ class TaskActor:
         target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
         if workflow.id == task.workflow_id and target.id == task.step_id:
             return {"moved": False, "step_id": task.step_id}
-        moved = await self.engine.enter_step(task, workflow, target, path="E4", trigger="switch_workflow", out=out)
+        moved = await self.engine.enter_step(
+            task, workflow, target, path="E4", trigger="switch_workflow", out=out
+        )
         if op:
             await ledger.mark_applied(op)
         return {"moved": moved, "workflow_id": workflow.id, "step_id": target.id, "operation_id": op or None}
@@ -218,7 +226,9 @@ class TaskActor:
         if command.session_id:
             now = self.engine.services.now()
             await self._store.transact(
-                lambda conn: tasks.update_task_fields(conn, self.task_id, {"session_id": command.session_id}, now)
+                lambda conn: tasks.update_task_fields(
+                    conn, self.task_id, {"session_id": command.session_id}, now
+                )
             )
         if command.step_id:
             await self._move(command.step_id, "E5", "start_task", out)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 import trio
+
 from onceflow.store.writer import Durability, open_store
 
 

@@ -259,7 +259,13 @@ class ListStepEntries(_Command):
 
 
 EventTrigger = (
-    TaskComment | BlockersResolved | ChildrenCompleted | ApprovalResolved | AgentError | Heartbeat | BudgetAlert
+    TaskComment
+    | BlockersResolved
+    | ChildrenCompleted
+    | ApprovalResolved
+    | AgentError
+    | Heartbeat
+    | BudgetAlert
 )
 
 Command = Annotated[

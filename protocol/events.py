@@ -37,7 +37,7 @@ class Transition(_Event):
 
 
 class StepEntered(_Event):
-    """A step entry was admitted; `entry_seq` is None when the step declares no engine-owned on_enter action."""
+    """A step entry was admitted; `entry_seq` is None when on_enter declares no engine-owned action."""
 
     type: Literal["step_entered"] = "step_entered"
     task_id: str

@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-Loc = tuple[int | str, ...]
+_Loc = tuple[int | str, ...]
 
 
 class WorkflowError(ValueError):
@@ -65,7 +65,7 @@ class WorkflowError(ValueError):
 class _Located(ValueError):
     """Raised inside validators: `loc` extends pydantic's location of the failing value."""
 
-    def __init__(self, loc: Loc, message: str) -> None:
+    def __init__(self, loc: _Loc, message: str) -> None:
         super().__init__(message)
         self.loc = loc
         self.message = message
@@ -337,7 +337,7 @@ class ActionDecl(_Model):
         return self
 
 
-ActionList = Annotated[tuple[ActionDecl, ...], Strict(False)]
+_ActionList = Annotated[tuple[ActionDecl, ...], Strict(False)]
 
 
 class StepEvents(_Model):
@@ -347,17 +347,17 @@ class StepEvents(_Model):
     the loader was given).
     """
 
-    on_enter: ActionList = ()
-    on_turn_start: ActionList = ()
-    on_turn_complete: ActionList = ()
-    on_exit: ActionList = ()
-    on_comment: ActionList = ()
-    on_blocker_resolved: ActionList = ()
-    on_children_completed: ActionList = ()
-    on_approval_resolved: ActionList = ()
-    on_heartbeat: ActionList = ()
-    on_budget_alert: ActionList = ()
-    on_agent_error: ActionList = ()
+    on_enter: _ActionList = ()
+    on_turn_start: _ActionList = ()
+    on_turn_complete: _ActionList = ()
+    on_exit: _ActionList = ()
+    on_comment: _ActionList = ()
+    on_blocker_resolved: _ActionList = ()
+    on_children_completed: _ActionList = ()
+    on_approval_resolved: _ActionList = ()
+    on_heartbeat: _ActionList = ()
+    on_budget_alert: _ActionList = ()
+    on_agent_error: _ActionList = ()
 
     def actions(self, trigger: Trigger) -> tuple[ActionDecl, ...]:
         """The actions declared for `trigger`, in declared order (empty when none)."""
@@ -501,7 +501,7 @@ def _check_move_targets(index: int, step: Step, step_ids: Mapping[str, int]) -> 
 
 def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: Mapping[str, int]) -> None:
     feeder = step.pull_from_step_id
-    loc: Loc = ("steps", index, "pull_from_step_id")
+    loc: _Loc = ("steps", index, "pull_from_step_id")
     if feeder is None:
         return
     if feeder == step.id:
@@ -516,10 +516,10 @@ def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: 
         raise _Located(loc, "pull_from_step_id links form a cycle: " + " -> ".join([*chain, step.id]))
 
 
-def _first_problem(exc: ValidationError) -> tuple[Loc, str]:
+def _first_problem(exc: ValidationError) -> tuple[_Loc, str]:
     """The location and message of the first error in `exc` (our own `_Located` messages kept verbatim)."""
     error: ErrorDetails = exc.errors()[0]
-    loc: Loc = tuple(error["loc"])
+    loc: _Loc = tuple(error["loc"])
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, _Located):
         return (*loc, *cause.loc), cause.message
@@ -527,14 +527,16 @@ def _first_problem(exc: ValidationError) -> tuple[Loc, str]:
         return loc, f"unknown key {loc[-1]!r}"
     if error["type"] == "missing":
         return loc, "required key is missing"
+    if error["type"] == "tuple_type":
+        return loc, f"expected a list (got {reprlib.repr(error['input'])})"
     return loc, f"{error['msg']} (got {reprlib.repr(error['input'])})"
 
 
-def _dotted(loc: Loc) -> str:
+def _dotted(loc: _Loc) -> str:
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 
-def _step_id_at(data: Mapping[str, Any], loc: Loc) -> str | None:
+def _step_id_at(data: Mapping[str, Any], loc: _Loc) -> str | None:
     """The raw `id` of the step `loc` points into, if it has a string one."""
     if len(loc) < 2 or loc[0] != "steps" or not isinstance(loc[1], int):
         return None

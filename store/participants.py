@@ -118,4 +118,6 @@ def clear_decisions(conn: sqlite3.Connection, *, task_id: str, step_id: str) -> 
 
     A single DELETE is the linearization point against concurrent recording (on-enter spec AC-F3).
     """
-    return conn.execute("DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task_id, step_id)).rowcount
+    return conn.execute(
+        "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task_id, step_id)
+    ).rowcount

@@ -134,7 +134,8 @@ def claim_run(conn: sqlite3.Connection, agent_profile_id: str, now: float) -> Ru
 def finish_run(conn: sqlite3.Connection, run_id: int, status: str, now: float) -> bool:
     """Mark a claimed run finished or failed. False if no claimed run has that id."""
     cur = conn.execute(
-        "UPDATE runs SET status = ?, finished_at = ? WHERE id = ? AND status = 'claimed'", (status, now, run_id)
+        "UPDATE runs SET status = ?, finished_at = ? WHERE id = ? AND status = 'claimed'",
+        (status, now, run_id),
     )
     return cur.rowcount == 1
 

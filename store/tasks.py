@@ -65,7 +65,18 @@ def insert_task(
     conn.execute(
         "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
         " ceo_agent_id, priority, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (task_id, workflow_id, step_id, title, session_id, primary_agent_id, ceo_agent_id, priority, now, now),
+        (
+            task_id,
+            workflow_id,
+            step_id,
+            title,
+            session_id,
+            primary_agent_id,
+            ceo_agent_id,
+            priority,
+            now,
+            now,
+        ),
     )
     return get_task(conn, task_id)
 

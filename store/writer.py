@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import outcome
 import structlog
 import trio
+
 from onceflow.store import schema
 from onceflow.store.lock import acquire_database_lock
 

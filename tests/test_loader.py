@@ -8,6 +8,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     IMPORT_ALLOWED_ACTIONS,

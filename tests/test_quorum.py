@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from onceflow.actors.quorum import (
     QuorumResult,
     Threshold,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from onceflow.store.lock import DatabaseOwnedError, acquire_database_lock
 
 # Runs in a second process: try the same lock, report the outcome on stdout.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+
 from onceflow.store.lock import DatabaseOwnedError
 from onceflow.store.schema import SCHEMA_VERSION
 from onceflow.store.writer import Durability, StoreActor, StoreClosedError, open_store

@@ -1,0 +1,155 @@
+"""The main job's walkthrough: the bundled office example, end to end, with a rejection and a restart.
+
+Everything goes through protocol messages, exactly as a host would send them. The runtime is closed and
+reopened on the same SQLite file half-way (a simulated restart); the task carries on from committed state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.protocol.events import DecisionRecorded, Reply, RunQueued, StepEntered
+from onceflow.trace import describe
+
+TASK = "DEMO-1"
+WORKFLOW = "office-example"
+REVIEWERS = ("reviewer-ada", "reviewer-grace")
+APPROVER = "approver-linus"
+
+
+def example_workflow() -> str:
+    """The bundled office-style template's YAML text."""
+    return resources.files("onceflow").joinpath("examples/office-example.yml").read_text()
+
+
+def _decide(decider: str, step: str, decision: str, role: str, decision_id: str) -> dict[str, Any]:
+    return {
+        "type": "record_decision",
+        "task_id": TASK,
+        "step_id": step,
+        "decider_type": "agent",
+        "decider_id": decider,
+        "role": role,
+        "decision": decision,
+        "decision_id": decision_id,
+    }
+
+
+def _claim_all(agents: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{"type": "claim_run", "agent_profile_id": agent} for agent in agents]
+
+
+def first_half() -> list[dict[str, Any]]:
+    """Set-up, Backlog → Work → Review, a rejection that sends the task back to Work, and its redelivery."""
+    return [
+        {"type": "register_workflow", "yaml": example_workflow(), "source": "office-example.yml"},
+        *[
+            {
+                "type": "add_participant",
+                "workflow_id": WORKFLOW,
+                "step_id": "review",
+                "role": "reviewer",
+                "agent_profile_id": agent,
+                "position": i,
+            }
+            for i, agent in enumerate(REVIEWERS)
+        ],
+        {
+            "type": "add_participant",
+            "workflow_id": WORKFLOW,
+            "step_id": "approval",
+            "role": "approver",
+            "agent_profile_id": APPROVER,
+        },
+        {
+            "type": "create_task",
+            "task_id": TASK,
+            "workflow_id": WORKFLOW,
+            "step_id": "backlog",
+            "title": "Write the quarterly report",
+            "session_id": "session-1",
+            "primary_agent_id": "worker-bot",
+        },
+        {"type": "move_task", "task_id": TASK, "step_id": "work"},
+        {"type": "turn_complete", "task_id": TASK},
+        *_claim_all(REVIEWERS),
+        _decide(REVIEWERS[0], "review", "approved", "reviewer", "r1-ada"),
+        _decide(REVIEWERS[1], "review", "rejected", "reviewer", "r1-grace"),
+        _decide(REVIEWERS[1], "review", "rejected", "reviewer", "r1-grace"),  # redelivered: idempotent
+    ]
+
+
+def second_half() -> list[dict[str, Any]]:
+    """After the restart: Review again (a new entry, a fresh fan-out), Approval, Done."""
+    return [
+        {"type": "turn_complete", "task_id": TASK},
+        *_claim_all(REVIEWERS),
+        _decide(REVIEWERS[0], "review", "approved", "reviewer", "r2-ada"),
+        _decide(REVIEWERS[1], "review", "approved", "reviewer", "r2-grace"),
+        *_claim_all((APPROVER,)),
+        _decide(APPROVER, "approval", "approved", "approver", "a1-linus"),
+        {"type": "get_task", "task_id": TASK},
+    ]
+
+
+def _label(command: dict[str, Any]) -> str:
+    details = {k: v for k, v in command.items() if k not in ("type", "yaml", "task_id", "decider_type")}
+    return " ".join([str(command["type"]), *(f"{k}={v}" for k, v in details.items())])
+
+
+async def _play(
+    runtime: Runtime, commands: list[dict[str, Any]], replies: list[Reply], echo: Callable[[str], None]
+) -> None:
+    for command in commands:
+        reply = await runtime.send(command)
+        replies.append(reply)
+        status = "ok" if reply.ok else f"REFUSED {reply.error.code if reply.error else ''}"
+        if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
+            status = "ok (idempotent: already applied, nothing ran)"
+        if command["type"] == "claim_run" and isinstance(reply.result, dict):
+            status += f" claimed run #{reply.result['id']} ({reply.result['reason']})"
+        echo(f"> {_label(command)}  [{status}]")
+        for event in reply.events:
+            echo(f"    {describe(event)}")
+
+
+def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
+    """Per step: entries, runs queued and decisions recorded, from the replies' events."""
+    table: dict[str, Counter[str]] = {}
+    for reply in replies:
+        for event in reply.events:
+            if isinstance(event, StepEntered):
+                table.setdefault(event.step_id, Counter())["entries"] += 1
+            elif isinstance(event, RunQueued) and event.step_id:
+                table.setdefault(event.step_id, Counter())["runs queued"] += 1
+            elif isinstance(event, DecisionRecorded):
+                table.setdefault(event.step_id, Counter())["decisions"] += 1
+    return {step: dict(counts) for step, counts in table.items()}
+
+
+async def run_demo(db_path: Path, echo: Callable[[str], None] = print) -> str:
+    """Run the walkthrough against `db_path`; returns the task's final step id."""
+    replies: list[Reply] = []
+    echo(f"onceflow demo: database {db_path}")
+    async with open_runtime(db_path) as runtime:
+        echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
+        await _play(runtime, first_half(), replies, echo)
+    echo("-- runtime stopped: simulated restart on the same database file")
+    async with open_runtime(db_path) as runtime:
+        echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
+        await _play(runtime, second_half(), replies, echo)
+    final = replies[-1].result["step_id"] if replies[-1].ok else "unknown"
+    echo("")
+    echo(f"Summary: task {TASK} finished in step '{final}'")
+    echo(f"  {'step':<10} {'entries':>8} {'runs queued':>12} {'decisions':>10}")
+    for step, counts in summarize(replies).items():
+        echo(
+            f"  {step:<10} {counts.get('entries', 0):>8} {counts.get('runs queued', 0):>12}"
+            f" {counts.get('decisions', 0):>10}"
+        )
+    return str(final)

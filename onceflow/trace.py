@@ -1,0 +1,42 @@
+"""One readable line per protocol event (the CLI's trace output)."""
+
+from __future__ import annotations
+
+from onceflow.protocol import events as e
+
+
+def describe(event: e.Event) -> str:
+    """A short human-readable description of an event."""
+    match event:
+        case e.TaskCreated():
+            return f"task {event.task_id} created in {event.workflow_id} at {event.step_id}"
+        case e.Transition():
+            return f"transition {event.from_step} -> {event.to_step} ({event.trigger})"
+        case e.StepEntered():
+            seq = f" entry #{event.entry_seq}" if event.entry_seq is not None else ""
+            return f"entered {event.step_id}{seq} via {event.entry_path}"
+        case e.GuardEvaluated():
+            verdict = "passes" if event.satisfied else "holds"
+            return (
+                f"guard {event.role} {event.threshold} -> {event.target_step}: {verdict}"
+                f" ({event.approvals}/{event.seats} approvals, {event.reason})"
+            )
+        case e.ActionOutcome():
+            detail = f" ({event.detail})" if event.detail else ""
+            return f"{event.trigger}[{event.position}] {event.kind}: {event.outcome}{detail}"
+        case e.RunQueued():
+            return f"run #{event.run_id} queued for {event.agent_profile_id} ({event.reason})"
+        case e.RunSuppressed():
+            return f"run for {event.agent_profile_id} suppressed (same key as #{event.existing_run_id})"
+        case e.RunCoalesced():
+            return f"run #{event.run_id} for {event.agent_profile_id} coalesced (x{event.coalesced_count})"
+        case e.DecisionRecorded():
+            return f"decision by {event.decider_id} at {event.step_id}: {event.decision}"
+        case e.DecisionsCleared():
+            return f"decisions cleared at {event.step_id} ({event.deleted} removed)"
+        case e.SessionAction():
+            return f"host asked: {event.action} (session {event.session_id})"
+        case e.Diagnostic():
+            fields = " ".join(f"{k}={v}" for k, v in event.fields.items())
+            return f"{event.level}: {event.code} {fields}".rstrip()
+    return event.model_dump_json()

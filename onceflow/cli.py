@@ -69,6 +69,8 @@ async def replay(workflow: Path, script: Path, db: Path, as_json: bool) -> int:
             print(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
             for event in reply.events:
                 print(f"    {describe(event)}")
+            if reply.ok and kind.startswith(("get_", "list_", "claim_")):
+                print(f"    result: {json.dumps(reply.result)}")
     return 1 if refused else 0
 
 

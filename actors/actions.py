@@ -52,6 +52,7 @@ class ActionContext:
 
     task: TaskRecord
     step_id: str
+    step_name: str
     trigger: str
     key_for: KeyFor
     exclude_from_coalescing: bool
@@ -187,7 +188,9 @@ def queue_run_for_each_participant(
     if not matching:
         notes.append(
             DiagnosticNote(
-                "warning", "fan_out_matched_nobody", {"task_id": task.id, "step_id": step_id, "role": role}
+                "warning",
+                "fan_out_matched_nobody",
+                {"task_id": task.id, "step_id": step_id, "step_name": ctx.step_name, "role": role},
             )
         )
     notes.append(

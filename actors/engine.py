@@ -156,6 +156,7 @@ class Engine:
         ctx = ActionContext(
             task=task,
             step_id=step.id,
+            step_name=step.name,
             trigger=str(inp.trigger),
             key_for=lambda agent, digest: f"{op}:{step.id}:{task.id}:{agent}:{digest}" if op else None,
             exclude_from_coalescing=inp.trigger == Trigger.on_comment,

@@ -150,6 +150,7 @@ class OnEnterDispatch:
         ctx = ActionContext(
             task=self.task,
             step_id=self.step.id,
+            step_name=self.step.name,
             trigger="on_enter",
             key_for=lambda agent, digest: (
                 f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:{position}:{agent}:{digest}"

@@ -32,7 +32,7 @@ from onceflow.actors.services import Services, find_step
 from onceflow.actors.task_actor import TaskActor
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
-from onceflow.protocol.errors import NotFoundError, OnceflowError, WorkflowInvalidError
+from onceflow.protocol.errors import NotFoundError, OnceflowError, ShuttingDownError, WorkflowInvalidError
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store import participants, runs, workflows
@@ -77,6 +77,8 @@ class Runtime:
         try:
             parsed = command if isinstance(command, BaseModel) else decode_command(command)
             name = getattr(parsed, "type", type(parsed).__name__)
+            if self._closing:
+                raise ShuttingDownError("the runtime is shutting down")
             task_id = c.task_id_of(parsed)
             if task_id is None:
                 result = await self._handle_here(parsed, out)
@@ -93,8 +95,6 @@ class Runtime:
         return Reply(command=name, ok=True, result=result, events=out.events)
 
     def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
-        if self._closing:
-            raise OnceflowError("the runtime is shutting down")
         mailbox = self._mailboxes.get(task_id)
         if mailbox is None:
             mailbox = self._mailboxes[task_id] = Mailbox()

@@ -36,7 +36,7 @@ def configure_logging(verbose: bool) -> None:
     """Structured logs to stderr; identifying fields stay discrete keys."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call
         cache_logger_on_first_use=False,
     )
 

@@ -45,7 +45,7 @@ def validation_error(exc: ValidationError) -> ProtocolError:
     loc = [str(part) for part in first["loc"]]
     if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
         return ProtocolError(f"unknown or missing command type: {first['msg']}", field="type")
-    field = ".".join(loc[1:]) if len(loc) > 1 else ".".join(loc) or None
+    field = ".".join(loc[1:]) or None  # loc[0] is the command's type tag; a model-level error has no field
     return ProtocolError(f"{field}: {first['msg']}" if field else first["msg"], field=field)
 
 

@@ -42,6 +42,12 @@ class WorkflowInvalidError(OnceflowError):
     code = "workflow_invalid"
 
 
+class ShuttingDownError(OnceflowError):
+    """The runtime is closing or closed and accepts no more commands."""
+
+    code = "shutting_down"
+
+
 class ActionError(OnceflowError):
     """An action could not be executed (no target agent, unknown task, missing executor)."""
 

@@ -1,0 +1,54 @@
+"""Integration-test fixtures: a real SQLite file in tmp_path, a RecordingHost, a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import structlog
+from helpers import FakeClock, setup_office
+
+from onceflow.actors.host import RecordingHost
+from onceflow.actors.supervisor import Runtime, open_runtime
+
+SHARED_WORKFLOWS = Path(__file__).resolve().parents[2] / "shared" / "kandev-workflows"
+
+
+@pytest.fixture(autouse=True)
+def default_structlog() -> None:
+    """Start every test from structlog's defaults: the CLI tests configure it process-wide."""
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def shared_workflows() -> Path:
+    return SHARED_WORKFLOWS
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "onceflow.db"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def host() -> RecordingHost:
+    return RecordingHost()
+
+
+@pytest.fixture
+async def runtime(db_path: Path, host: RecordingHost, clock: FakeClock) -> AsyncIterator[Runtime]:
+    async with open_runtime(db_path, host=host, clock=clock) as rt:
+        yield rt
+
+
+@pytest.fixture
+async def office(runtime: Runtime, shared_workflows: Path) -> Runtime:
+    """The runtime with office-default.yml registered and rev-a, rev-b, boss seated."""
+    await setup_office(runtime, shared_workflows / "office-default.yml")
+    return runtime

@@ -1,0 +1,146 @@
+"""Protocol-level helpers for the integration tests: every call is a JSON message a host could send."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from onceflow.actors.supervisor import Runtime
+from onceflow.protocol.events import Reply
+
+OFFICE = "office-default"
+REVIEWERS = ("rev-a", "rev-b")
+APPROVER = "boss"
+START = 1_700_000_000.0
+
+
+@attrs.define
+class FakeClock:
+    """A settable wall clock for `open_runtime(clock=...)`; it stands still unless advanced."""
+
+    now: float = START
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def send(rt: Runtime, message: dict[str, Any] | str) -> Reply:
+    """Send one message as a JSON line (a dict is encoded first), as a host on the wire would."""
+    return await rt.send(message if isinstance(message, str) else json.dumps(message))
+
+
+async def ok(rt: Runtime, message: dict[str, Any] | str) -> Reply:
+    """Send and insist on success."""
+    reply = await send(rt, message)
+    assert reply.ok, reply.error
+    return reply
+
+
+async def register(rt: Runtime, yaml_text: str, source: str = "test.yml") -> Reply:
+    return await ok(rt, {"type": "register_workflow", "yaml": yaml_text, "source": source})
+
+
+async def add_participant(rt: Runtime, workflow_id: str, step_id: str, role: str, agent: str) -> int:
+    """A template-level participant row; returns its id."""
+    reply = await ok(
+        rt,
+        {
+            "type": "add_participant",
+            "workflow_id": workflow_id,
+            "step_id": step_id,
+            "role": role,
+            "agent_profile_id": agent,
+        },
+    )
+    return int(reply.result["participant_id"])
+
+
+async def setup_office(rt: Runtime, template: Path) -> None:
+    """Register an office template and seat rev-a, rev-b (review) and boss (approval) on it."""
+    await register(rt, template.read_text(encoding="utf-8"), template.name)
+    for reviewer in REVIEWERS:
+        await add_participant(rt, OFFICE, "review", "reviewer", reviewer)
+    await add_participant(rt, OFFICE, "approval", "approver", APPROVER)
+
+
+async def create_task(
+    rt: Runtime, task_id: str, *, workflow_id: str = OFFICE, step_id: str | None = "backlog"
+) -> Reply:
+    message: dict[str, Any] = {
+        "type": "create_task",
+        "task_id": task_id,
+        "workflow_id": workflow_id,
+        "session_id": f"session-{task_id}",
+        "primary_agent_id": "worker",
+    }
+    if step_id is not None:
+        message["step_id"] = step_id
+    return await ok(rt, message)
+
+
+async def move(rt: Runtime, task_id: str, step_id: str) -> Reply:
+    return await ok(rt, {"type": "move_task", "task_id": task_id, "step_id": step_id})
+
+
+async def turn_complete(rt: Runtime, task_id: str) -> Reply:
+    return await ok(rt, {"type": "turn_complete", "task_id": task_id})
+
+
+async def decide(
+    rt: Runtime, task_id: str, step_id: str, decider: str, decision: str, role: str = "reviewer", **extra: Any
+) -> Reply:
+    return await ok(
+        rt,
+        {
+            "type": "record_decision",
+            "task_id": task_id,
+            "step_id": step_id,
+            "decider_type": "agent",
+            "decider_id": decider,
+            "role": role,
+            "decision": decision,
+            **extra,
+        },
+    )
+
+
+async def step_of(rt: Runtime, task_id: str) -> str:
+    reply = await ok(rt, {"type": "get_task", "task_id": task_id})
+    return str(reply.result["step_id"])
+
+
+async def list_runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
+    reply = await ok(rt, {"type": "list_runs", **filters})
+    return list(reply.result)
+
+
+async def list_entries(rt: Runtime, task_id: str) -> list[dict[str, Any]]:
+    reply = await ok(rt, {"type": "list_step_entries", "task_id": task_id})
+    return list(reply.result)
+
+
+async def list_decisions(rt: Runtime, task_id: str, step_id: str) -> list[dict[str, Any]]:
+    reply = await ok(rt, {"type": "list_decisions", "task_id": task_id, "step_id": step_id})
+    return list(reply.result)
+
+
+async def to_review(rt: Runtime, task_id: str) -> Reply:
+    """Create a task in backlog, move it to work and complete the turn; returns the turn_complete reply."""
+    await create_task(rt, task_id)
+    await move(rt, task_id, "work")
+    return await turn_complete(rt, task_id)
+
+
+def events(reply: Reply, type_: str) -> list[Any]:
+    """The reply's events of one type, in emission order."""
+    return [event for event in reply.events if event.type == type_]
+
+
+def diagnostics(reply: Reply, code: str) -> list[Any]:
+    return [event for event in events(reply, "diagnostic") if event.code == code]

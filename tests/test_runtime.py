@@ -1,0 +1,234 @@
+"""The runtime as a whole: database ownership, failure isolation, concurrency, shutdown, events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from helpers import (
+    REVIEWERS,
+    FakeClock,
+    create_task,
+    diagnostics,
+    events,
+    list_entries,
+    list_runs,
+    move,
+    ok,
+    send,
+    setup_office,
+    step_of,
+    to_review,
+    turn_complete,
+)
+
+from onceflow.actors.host import RecordingHost, SessionActionRequest
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.protocol.events import Reply
+from onceflow.store.lock import DatabaseOwnedError
+
+
+@attrs.define
+class FailingHost(RecordingHost):
+    """Raises from every session action of the tasks in `broken`."""
+
+    broken: set[str] = attrs.field(factory=set)
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None:
+        if request.task_id in self.broken:
+            raise ConnectionError(f"session {request.session_id} is gone")
+        await super().perform_session_action(request)
+
+
+@attrs.define
+class GatedHost(RecordingHost):
+    """Holds every session action until `gate` is set; `entered` is set once one is waiting."""
+
+    entered: trio.Event = attrs.field(factory=trio.Event)
+    gate: trio.Event = attrs.field(factory=trio.Event)
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None:
+        self.entered.set()
+        await self.gate.wait()
+        await super().perform_session_action(request)
+
+
+@attrs.define
+class BreakingClock(FakeClock):
+    """A clock that raises once when armed: a fault outside onceflow's error types, inside a task actor."""
+
+    armed: bool = False
+
+    def __call__(self) -> float:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("clock hardware fault")
+        return self.now
+
+
+async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, clock: FakeClock) -> None:
+    async with open_runtime(db_path, clock=clock) as first:
+        await ok(first, {"type": "list_runs"})
+        with trio.fail_after(2), pytest.raises(DatabaseOwnedError, match="already owned"):
+            async with open_runtime(db_path, clock=clock):
+                pytest.fail("a second runtime opened the same database")
+        assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
+    async with open_runtime(db_path, clock=clock) as again:
+        assert (await ok(again, {"type": "list_runs"})).result == []
+
+
+async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(
+    db_path: Path, shared_workflows: Path, clock: FakeClock
+) -> None:
+    host = FailingHost(broken={"T1"})
+    async with open_runtime(db_path, host=host, clock=clock) as rt:
+        await setup_office(rt, shared_workflows / "office-default.yml")
+        await create_task(rt, "T1")
+        await create_task(rt, "T2")
+
+        broken = await move(rt, "T1", "work")
+        assert await step_of(rt, "T1") == "work"
+        assert events(broken, "transition") and not events(broken, "session_action")
+        [failure] = diagnostics(broken, "session_action_failed")
+        assert failure.level == "error"
+        assert (failure.fields["task_id"], failure.fields["action"]) == ("T1", "auto_start_agent")
+        assert "ConnectionError" in failure.fields["cause"]
+
+        healthy = await move(rt, "T2", "work")
+        assert [a.task_id for a in events(healthy, "session_action")] == ["T2"]
+        assert [r.task_id for r in host.session_actions] == ["T2"]
+        assert (await turn_complete(rt, "T1")).result["to_step"] == "review"
+        assert len(await list_runs(rt, task_id="T1")) == 2
+
+
+async def test_crashed_task_actor_is_restarted_and_other_tasks_keep_serving(
+    db_path: Path, shared_workflows: Path
+) -> None:
+    clock = BreakingClock()
+    async with open_runtime(db_path, clock=clock) as rt:
+        await setup_office(rt, shared_workflows / "office-default.yml")
+        await create_task(rt, "T1")
+        await create_task(rt, "T2")
+
+        clock.armed = True
+        crashed = await send(rt, {"type": "move_task", "task_id": "T1", "step_id": "work"})
+        assert not crashed.ok
+        assert crashed.error.code == "internal"
+        assert "clock hardware fault" in crashed.error.message
+
+        with trio.fail_after(5):  # a dead actor would leave T1's mailbox unserved: a hang, not an error
+            assert await step_of(rt, "T1") == "backlog"  # nothing of the failed command committed
+            await to_review(rt, "T3")
+            await move(rt, "T2", "work")
+            await move(rt, "T1", "work")  # the same task is served by its restarted actor
+            assert (await turn_complete(rt, "T1")).result["to_step"] == "review"
+        assert {r["task_id"] for r in await list_runs(rt)} == {"T1", "T3"}
+
+
+async def test_concurrent_commands_for_many_tasks(office: Runtime) -> None:
+    task_ids = [f"T{n:02d}" for n in range(30)]
+
+    async def drive(task_id: str) -> None:
+        await create_task(office, task_id)
+        await move(office, task_id, "work")
+        async with trio.open_nursery() as twice:  # a duplicate turn_complete must not re-enter Review
+            for _ in range(2):
+                twice.start_soon(turn_complete, office, task_id)
+
+    async with trio.open_nursery() as nursery:
+        for task_id in task_ids:
+            nursery.start_soon(drive, task_id)
+
+    runs = await list_runs(office)
+    assert len(runs) == 60
+    assert len({r["idempotency_key"] for r in runs}) == 60
+    for task_id in task_ids:
+        assert await step_of(office, task_id) == "review"
+        assert sorted(r["agent_profile_id"] for r in runs if r["task_id"] == task_id) == list(REVIEWERS)
+        assert [(e["step_id"], e["entry_seq"]) for e in await list_entries(office, task_id)] == [
+            ("review", 1)
+        ]
+
+
+async def test_commands_queued_at_shutdown_all_get_replies(
+    db_path: Path, shared_workflows: Path, clock: FakeClock
+) -> None:
+    host = GatedHost()
+    replies: dict[str, Reply] = {}
+
+    async def record(name: str, message: dict) -> None:
+        replies[name] = await send(rt, message)
+
+    async def open_gate_while_closing() -> None:
+        await trio.sleep(0.05)
+        replies["late"] = await send(rt, {"type": "get_task", "task_id": "T1"})
+        host.gate.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery, open_runtime(db_path, host=host, clock=clock) as rt:
+            await setup_office(rt, shared_workflows / "office-default.yml")
+            await create_task(rt, "T1")
+            await create_task(rt, "T2")
+            nursery.start_soon(record, "move_t1", {"type": "move_task", "task_id": "T1", "step_id": "work"})
+            await host.entered.wait()  # T1's actor is now busy; what follows queues behind it
+            queued = {
+                "turn_t1": {"type": "turn_complete", "task_id": "T1"},
+                "move_t2": {"type": "move_task", "task_id": "T2", "step_id": "work"},
+                "create_t3": {"type": "create_task", "task_id": "T3", "workflow_id": "office-default"},
+            }
+            for name, message in queued.items():
+                nursery.start_soon(record, name, message)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(open_gate_while_closing)
+
+    late = replies.pop("late")
+    assert not late.ok and "shutting down" in late.error.message
+    assert sorted(replies) == ["create_t3", "move_t1", "move_t2", "turn_t1"]
+    assert all(reply.ok for reply in replies.values()), {n: r.error for n, r in replies.items()}
+    assert replies["turn_t1"].result["to_step"] == "review"
+    async with open_runtime(db_path, clock=clock) as rt:
+        assert [await step_of(rt, t) for t in ("T1", "T2", "T3")] == ["review", "work", "work"]
+        assert len(await list_runs(rt, task_id="T1")) == 2
+
+
+async def test_subscribers_see_exactly_the_events_replies_carry(
+    db_path: Path, shared_workflows: Path, clock: FakeClock
+) -> None:
+    carried = []
+    async with open_runtime(db_path, clock=clock) as rt:
+        stream = rt.subscribe()
+        await setup_office(rt, shared_workflows / "office-default.yml")
+        for reply in (
+            await create_task(rt, "T1"),
+            await move(rt, "T1", "work"),
+            await turn_complete(rt, "T1"),
+            await send(rt, {"type": "turn_complete", "task_id": "ghost"}),
+            await send(
+                rt,
+                {
+                    "type": "record_decision",
+                    "task_id": "T1",
+                    "step_id": "review",
+                    "decider_type": "agent",
+                    "decider_id": "rev-a",
+                    "role": "reviewer",
+                    "decision": "rejected",
+                },
+            ),
+        ):
+            carried.extend(reply.events)
+    streamed = [event async for event in stream]  # the stream ends when the runtime closes
+    assert len(carried) > 10
+    assert streamed == carried
+
+
+async def test_send_after_close_replies_instead_of_raising(db_path: Path, clock: FakeClock) -> None:
+    async with open_runtime(db_path, clock=clock) as rt:
+        pass
+    task_reply = await send(rt, {"type": "get_task", "task_id": "T1"})
+    assert not task_reply.ok
+    runtime_reply = await send(rt, {"type": "list_runs"})
+    assert not runtime_reply.ok

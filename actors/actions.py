@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
 
 from onceflow.protocol.events import DecisionsCleared, Event, RunCoalesced, RunQueued, RunSuppressed
-from onceflow.protocol.workflow import ActionDecl
+from onceflow.protocol.workflow import SESSION_ACTION_TYPES, ActionDecl
 from onceflow.store import participants as participant_rows
 from onceflow.store import runs, tasks
 from onceflow.store.records import Participant, TaskRecord
@@ -268,19 +269,18 @@ def ensure_participant_seat(conn: sqlite3.Connection, ctx: ActionContext, action
     return Effect("done", "no seat for role", diagnostics=(note,))
 
 
-def run_database_action(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
-    """Dispatch one engine-owned action whose effect is a database write."""
-    if action.type == "clear_decisions":
-        return clear_decisions(conn, ctx)
-    if action.type == "queue_run_for_each_participant":
-        return queue_run_for_each_participant(conn, ctx, action)
-    if action.type == "queue_run":
-        return queue_run(conn, ctx, action)
-    if action.type == "ensure_participant_seat":
-        return ensure_participant_seat(conn, ctx, action)
-    raise ValueError(f"{action.type} is not a database action")
+Executor = Callable[[sqlite3.Connection, ActionContext, ActionDecl], Effect]
+"""An engine-owned action whose effect is a database write: runs inside one store transaction."""
 
-
-DATABASE_ACTIONS = frozenset(
-    {"clear_decisions", "queue_run_for_each_participant", "queue_run", "ensure_participant_seat"}
+DEFAULT_EXECUTORS: Mapping[str, Executor] = MappingProxyType(
+    {
+        "clear_decisions": lambda conn, ctx, action: clear_decisions(conn, ctx),
+        "queue_run_for_each_participant": queue_run_for_each_participant,
+        "queue_run": queue_run,
+        "ensure_participant_seat": ensure_participant_seat,
+    }
 )
+"""The built-in executors a runtime registers unless told otherwise."""
+
+HOST_ACTION_TYPES = SESSION_ACTION_TYPES | {"disable_plan_mode"}
+"""Action types the host performs (through `Host.perform_session_action`), never an executor."""

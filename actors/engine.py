@@ -10,20 +10,20 @@ Sources: kandev-engine-notes.md "Trigger handling", "Quorum guards"; on-enter-ac
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 import attrs
 import structlog
 
-from onceflow.actors.actions import DATABASE_ACTIONS, ActionContext, run_database_action
+from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext
 from onceflow.actors.on_enter import OnEnterDispatch, needs_entry_record
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
 from onceflow.actors.services import Services, find_step
 from onceflow.actors.session import request_session_action
-from onceflow.protocol.errors import ActionError
+from onceflow.protocol.errors import ActionError, ActionNotWiredError, TransitionRefusedError
 from onceflow.protocol.events import ActionOutcome, EntryPath, GuardEvaluated, StepEntered, Transition
 from onceflow.protocol.workflow import (
-    SESSION_ACTION_TYPES,
     TRANSITION_TYPES,
     ActionDecl,
     Step,
@@ -39,20 +39,37 @@ log = structlog.get_logger("onceflow.engine")
 
 @attrs.frozen
 class HandleInput:
-    """One trigger delivery for one task. An empty `operation_id` means the trigger carries none."""
+    """One trigger delivery for one task. An empty `operation_id` means the trigger carries none.
+
+    `evaluate_only`: evaluate and run the non-transition actions, but leave a chosen transition to the
+    caller (a deferred transition). `defer_operation_mark`: the caller owns the mark in every case (it
+    checks and marks around its own commit). Source: evaluate-only-operation-marking.md.
+    """
 
     task_id: str
     trigger: Trigger
     operation_id: str = ""
+    evaluate_only: bool = False
+    defer_operation_mark: bool = False
 
 
 @attrs.frozen
 class HandleResult:
-    """`idempotent`: the operation id was already applied and nothing ran. `to_step` is set on a move."""
+    """What one trigger evaluation decided and did.
+
+    `idempotent`: the operation id was already applied and nothing ran. `transitioned`: a target step other
+    than the current one was chosen (`to_step`); `applied` says whether this call committed it (False for a
+    deferred transition, or when the task moved meanwhile). `operation_mark_deferred`: the engine did not
+    mark a non-empty operation id because it deferred the transition; the caller owns the mark
+    (evaluate-only-operation-marking.md AC-EO-4).
+    """
 
     idempotent: bool = False
     from_step: str | None = None
     to_step: str | None = None
+    transitioned: bool = False
+    applied: bool = False
+    operation_mark_deferred: bool = False
 
 
 @attrs.define
@@ -66,19 +83,29 @@ class Engine:
         return await self.services.store.transact(lambda conn: tasks.get_task(conn, task_id))
 
     async def handle_trigger(self, inp: HandleInput, out: Outbox) -> HandleResult:
-        """Evaluate `inp.trigger` for the task and apply what it decides.
+        """Evaluate `inp.trigger` for the task's current step and apply what it decides.
+
+        The operation id (when non-empty) is checked first and marked only after every action succeeded
+        and the transition committed; it is also marked when the step declares no actions; it is never
+        marked on error, nor for a deferred transition, nor under `defer_operation_mark`
+        (evaluate-only-operation-marking.md AC-EO-1 ... AC-EO-7; operation-ledger-lifetime.md AC-S5).
 
         Raises:
-            NotFoundError: the task does not exist. ActionError: an action failed (the id stays unmarked).
+            NotFoundError: the task, its workflow or its step does not exist.
+            ActionNotWiredError: an operation-bearing trigger declares an action with no executor (none ran).
+            ActionError: an action failed (abort on first error, on-enter spec AC-C5); the id stays unmarked.
         """
         ledger = self.services.ledger
-        if inp.operation_id and await ledger.is_applied(inp.operation_id):
+        if inp.operation_id and not inp.defer_operation_mark and await ledger.is_applied(inp.operation_id):
             return HandleResult(idempotent=True)
         task = await self.load_task(inp.task_id)
         workflow = self.services.workflows.get(task.workflow_id)
         step = find_step(workflow, task.step_id)
+        actions = step.events.actions(inp.trigger)
+        if inp.operation_id:
+            self._check_executors(step, inp.trigger, actions)
         target: Step | None = None
-        for position, action in enumerate(step.events.actions(inp.trigger)):
+        for position, action in enumerate(actions):
             if action.type in TRANSITION_TYPES:
                 if target is None:
                     target = await self.evaluate_transition(task, workflow, step, action, out)
@@ -86,13 +113,28 @@ class Engine:
             await self._trigger_action(task, step, inp, position, action, out)
         result = HandleResult(from_step=step.id)
         if target is not None and target.id != step.id:
-            moved = await self.enter_step(
+            result = attrs.evolve(result, to_step=target.id, transitioned=True)
+            if inp.evaluate_only:
+                deferred = bool(inp.operation_id) and not inp.defer_operation_mark
+                return attrs.evolve(result, operation_mark_deferred=deferred)
+            applied = await self.enter_step(
                 task, workflow, target, path="E1", trigger=str(inp.trigger), out=out
             )
-            result = HandleResult(from_step=step.id, to_step=target.id if moved else None)
-        if inp.operation_id:
+            result = attrs.evolve(result, applied=applied)
+        if inp.operation_id and not inp.defer_operation_mark:
             await ledger.mark_applied(inp.operation_id)
         return result
+
+    def _check_executors(self, step: Step, trigger: Trigger, actions: Sequence[ActionDecl]) -> None:
+        """Every non-transition action must have an executor before any runs (ledger spec, Design)."""
+        for position, action in enumerate(actions):
+            if action.type in TRANSITION_TYPES or action.type in HOST_ACTION_TYPES:
+                continue
+            if action.type not in self.services.executors:
+                raise ActionNotWiredError(
+                    f"step {step.id!r} declares {action.type!r} for {trigger} but no executor is registered",
+                    field=f"events.{trigger}[{position}].type",
+                )
 
     async def evaluate_transition(
         self, task: TaskRecord, workflow: Workflow, step: Step, action: ActionDecl, out: Outbox
@@ -147,11 +189,15 @@ class Engine:
         self, task: TaskRecord, step: Step, inp: HandleInput, position: int, action: ActionDecl, out: Outbox
     ) -> None:
         """Run one non-transition action of a non-on_enter trigger; raise ActionError on failure."""
-        if action.type in SESSION_ACTION_TYPES or action.type == "disable_plan_mode":
+        if action.type in HOST_ACTION_TYPES:
             await request_session_action(self.services, task, step.id, action, None, out)
             return
-        if action.type not in DATABASE_ACTIONS:
-            raise ActionError(f"no executor for action {action.type!r}", field=f"events.{inp.trigger}")
+        executor = self.services.executors.get(action.type)
+        if executor is None:
+            raise ActionNotWiredError(
+                f"no executor is registered for {action.type!r}",
+                field=f"events.{inp.trigger}[{position}].type",
+            )
         op = inp.operation_id
         ctx = ActionContext(
             task=task,
@@ -162,7 +208,7 @@ class Engine:
             exclude_from_coalescing=inp.trigger == Trigger.on_comment,
             now=self.services.now(),
         )
-        effect = await self.services.store.transact(lambda conn: run_database_action(conn, ctx, action))
+        effect = await self.services.store.transact(lambda conn: executor(conn, ctx, action))
         for event in effect.events:
             out.emit(event)
         for note in effect.diagnostics:
@@ -199,6 +245,14 @@ class Engine:
         the target declares an engine-owned on_enter action) is allocated in the same transaction. If that
         transaction fails nothing lands and an ERROR names task and step (AC-B7); the error propagates.
         """
+        try:
+            await self.services.host.preflight_transition(
+                task_id=task.id, from_step=task.step_id, to_step=target.id
+            )
+        except Exception as exc:
+            raise TransitionRefusedError(
+                f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
+            ) from exc
         source_workflow = self.services.workflows.workflows.get(task.workflow_id)
         if source_workflow is not None and source_workflow.has_step(task.step_id):
             for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):

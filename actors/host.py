@@ -25,7 +25,11 @@ class SessionActionRequest:
 
 
 class Host(Protocol):
-    """Callbacks a host supplies. Raising from either marks that action failed; the runtime goes on."""
+    """Callbacks a host supplies.
+
+    A raising `perform_session_action` or `start_code_review` is reported and the runtime goes on; a
+    raising `preflight_transition` refuses the step change before anything commits.
+    """
 
     async def perform_session_action(self, request: SessionActionRequest) -> None: ...
 
@@ -33,10 +37,12 @@ class Host(Protocol):
         self, *, task_id: str, step_id: str, agent_profile_id: str | None
     ) -> None: ...
 
+    async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None: ...
+
 
 @attrs.define
 class RecordingHost:
-    """A host that performs nothing and remembers every request (the CLI and tests use it)."""
+    """A host that performs nothing, accepts every transition and remembers every request."""
 
     session_actions: list[SessionActionRequest] = attrs.field(factory=list)
     code_reviews: list[tuple[str, str, str | None]] = attrs.field(factory=list)
@@ -46,3 +52,6 @@ class RecordingHost:
 
     async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
         self.code_reviews.append((task_id, step_id, agent_profile_id))
+
+    async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None:
+        return None

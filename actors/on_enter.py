@@ -17,7 +17,7 @@ from typing import Literal
 import attrs
 import structlog
 
-from onceflow.actors.actions import DATABASE_ACTIONS, ActionContext, Effect, run_database_action
+from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.actors.session import request_session_action
@@ -159,13 +159,14 @@ class OnEnterDispatch:
             now=now,
         )
 
-        if action.type in DATABASE_ACTIONS:
+        executor = self.services.executors.get(action.type)
+        if executor is not None:
 
             def apply(conn: sqlite3.Connection) -> _Run:
                 claim = step_entries.claim_marker(conn, key, position, action.type, epoch, now)
                 if claim != "claimed":
                     return _Run(claim)
-                effect = run_database_action(conn, ctx, action)
+                effect = executor(conn, ctx, action)
                 step_entries.finish_marker(conn, key, position, action.type, effect.state, effect.detail, now)
                 return _Run(claim, effect)
 
@@ -202,7 +203,22 @@ class OnEnterDispatch:
         outcome = await self.services.store.transact(claim)
         if outcome != "claimed":
             return _Run(outcome)
-        effect = Effect("skipped", "unrecognised")
+        effect = Effect(
+            "skipped",
+            "no_executor",
+            diagnostics=(
+                DiagnosticNote(
+                    "warning",
+                    "action_not_executed",
+                    {
+                        "task_id": self.task.id,
+                        "step_id": self.step.id,
+                        "action": action.type,
+                        "reason": "no_executor",
+                    },
+                ),
+            ),
+        )
         if action.type == "run_code_review":
             agent: str | None = getattr(action.config, "agent_profile_id", None)
             try:

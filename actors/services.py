@@ -7,10 +7,11 @@ different one (operation-ledger-lifetime.md: reconfiguration never replaces the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 
+from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.host import Host
 from onceflow.actors.ledger import LedgerActor
 from onceflow.protocol.errors import NotFoundError
@@ -42,7 +43,8 @@ class Services:
     store: StoreActor
     ledger: LedgerActor
     host: Host
-    workflows: WorkflowRegistry = attrs.field(factory=WorkflowRegistry)
+    workflows: WorkflowRegistry
+    executors: Mapping[str, Executor] = DEFAULT_EXECUTORS
     clock: Callable[[], float] = time.time
 
     def now(self) -> float:

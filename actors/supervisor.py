@@ -10,9 +10,8 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,20 +21,29 @@ import structlog
 import trio
 from pydantic import BaseModel, ValidationError
 
+from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.engine import Engine
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
 from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
+from onceflow.actors.operation_locks import OperationLocks
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.recovery import recover_open_entries
-from onceflow.actors.services import Services, find_step
+from onceflow.actors.services import Services, WorkflowRegistry, find_step
 from onceflow.actors.task_actor import TaskActor
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
 from onceflow.protocol.errors import NotFoundError, OnceflowError, ShuttingDownError, WorkflowInvalidError
 from onceflow.protocol.events import ErrorInfo, Event, Reply
-from onceflow.protocol.workflow import WorkflowError, load_workflow_text
+from onceflow.protocol.workflow import (
+    ALLOWED_ACTIONS,
+    IMPORT_ALLOWED_ACTIONS,
+    Workflow,
+    WorkflowError,
+    load_workflow_text,
+)
 from onceflow.store import participants, runs, workflows
+from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import Durability, open_store
 
 log = structlog.get_logger("onceflow.supervisor")
@@ -104,10 +112,11 @@ class Runtime:
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
         """Run the task's actor; restart it after a crash, on the same mailbox."""
         while True:
-            actor = TaskActor(task_id, self.engine)
+            locks = OperationLocks()  # owned by this incarnation of the actor
             try:
                 async for envelope in mailbox.inbox:
-                    await self._serve(actor, envelope)
+                    # Each command pins the engine current at its start (a reconfiguration may follow).
+                    await self._serve(TaskActor(task_id, self.engine, locks), envelope)
                 return
             except _Restart as restart:
                 log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
@@ -129,7 +138,9 @@ class Runtime:
         store, now = self.services.store, self.services.now()
         match command:
             case c.RegisterWorkflow():
-                return await self.register_workflow(command.yaml, command.source)
+                return await self.register_workflow(
+                    command.yaml, command.source, import_path=command.import_path
+                )
             case c.AddParticipant():  # template-level (per-task ones are routed to the task)
                 workflow = self.services.workflows.get(command.workflow_id or "")
                 find_step(workflow, command.step_id)
@@ -177,33 +188,55 @@ class Runtime:
                 return [runs.run_as_dict(row) for row in rows]
         raise TypeError(f"unroutable command {type(command).__name__}")
 
-    async def register_workflow(self, text: str, source: str) -> dict[str, Any]:
-        """Validate and register (or replace) a workflow template; returns its id and step ids.
+    async def register_workflow(self, text: str, source: str, *, import_path: bool = False) -> dict[str, Any]:
+        """Validate, persist and register (or replace) a workflow template: a reconfiguration.
 
-        Raises:
-            WorkflowInvalidError: the template failed the loader; `field` names the offending field.
+        Returns its id and step ids. Raises WorkflowInvalidError (`field` names the offending field).
         """
-        try:
-            workflow = load_workflow_text(text, source)
-        except WorkflowError as exc:
-            raise WorkflowInvalidError(str(exc), field=exc.field) from None
+        stored = StoredWorkflow("", source, text, import_path)
+        workflow = _parse(stored)
         now = self.services.now()
-
-        def save(conn: sqlite3.Connection) -> None:
-            workflows.save_workflow(
-                conn, workflow_id=workflow.id, name=workflow.name, source=source, definition=text, now=now
+        stored = attrs.evolve(stored, workflow_id=workflow.id)
+        await self.services.store.transact(
+            lambda conn: workflows.save_workflow(
+                conn, workflow_id=workflow.id, name=workflow.name, stored=stored, now=now
             )
-
-        await self.services.store.transact(save)
-        self.services.workflows.put(workflow)
+        )
+        registry = WorkflowRegistry(dict(self.services.workflows.workflows))
+        registry.put(workflow)
+        self.reconfigure(workflows=registry)
         return {"workflow_id": workflow.id, "steps": [step.id for step in workflow.ordered_steps]}
 
+    def reconfigure(
+        self,
+        *,
+        host: Host | None = None,
+        executors: Mapping[str, Executor] | None = None,
+        workflows: WorkflowRegistry | None = None,
+    ) -> None:
+        """Rebuild the engine and its facade with a new host, executors or workflows.
+
+        Everything is rebuilt except the store and the ledger: the new `Services` receives this runtime's
+        ledger as a required argument, so a dispatch still holding the old facade marks into the same ledger
+        a later dispatch reads (operation-ledger-lifetime.md AC-L1, AC-R3, AC-B3).
+        """
+        old = self.services
+        self.services = Services(
+            store=old.store,
+            ledger=old.ledger,
+            host=host if host is not None else old.host,
+            workflows=workflows if workflows is not None else WorkflowRegistry(dict(old.workflows.workflows)),
+            executors=executors if executors is not None else old.executors,
+            clock=old.clock,
+        )
+        self.engine = Engine(self.services)
+
     async def _load_workflows(self) -> None:
-        for workflow_id, source, text in await self.services.store.transact(workflows.all_workflows):
+        for stored in await self.services.store.transact(workflows.all_workflows):
             try:
-                self.services.workflows.put(load_workflow_text(text, source))
-            except WorkflowError as exc:
-                log.error("stored_workflow_invalid", workflow_id=workflow_id, cause=str(exc))
+                self.services.workflows.put(_parse(stored))
+            except WorkflowInvalidError as exc:
+                log.error("stored_workflow_invalid", workflow_id=stored.workflow_id, cause=exc.message)
 
     def _close(self) -> None:
         self._closing = True
@@ -231,6 +264,14 @@ class _Restart(Exception):
         self.cause = cause
 
 
+def _parse(stored: StoredWorkflow) -> Workflow:
+    allowed = IMPORT_ALLOWED_ACTIONS if stored.import_path else ALLOWED_ACTIONS
+    try:
+        return load_workflow_text(stored.definition, stored.source, allowed_actions=allowed)
+    except WorkflowError as exc:
+        raise WorkflowInvalidError(str(exc), field=exc.field) from None
+
+
 def _error_info(exc: OnceflowError) -> ErrorInfo:
     return ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
 
@@ -242,23 +283,33 @@ async def open_runtime(
     host: Host | None = None,
     durability: Durability = Durability.FULL,
     clock: Callable[[], float] = time.time,
+    executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
-    `clock` returns Unix seconds for persisted timestamps. Raises DatabaseOwnedError at once when another
-    runtime owns the file.
+    `clock` returns Unix seconds for persisted timestamps; `executors` maps engine-owned action types to
+    their executors (an action type without one is reported, never silently skipped). The ledger is
+    created here, before the runtime object, and lives exactly as long as the runtime.
+    Raises DatabaseOwnedError at once when another runtime owns the file.
     """
     async with open_store(db_path, durability=durability) as store, trio.open_nursery() as nursery:
         ledger = LedgerActor()
         nursery.start_soon(ledger.run)
-        services = Services(store=store, ledger=ledger, host=host or RecordingHost(), clock=clock)
+        services = Services(
+            store=store,
+            ledger=ledger,
+            host=host or RecordingHost(),
+            workflows=WorkflowRegistry(),
+            executors=executors,
+            clock=clock,
+        )
         hub = EventHub()
         try:
             async with trio.open_nursery() as task_nursery:
                 runtime = Runtime(services, task_nursery, hub)
                 try:
                     await runtime._load_workflows()
-                    await recover_open_entries(services, Outbox(hub))
+                    await recover_open_entries(runtime.services, Outbox(hub))
                     yield runtime
                 finally:
                     runtime._close()  # the task nursery then waits for every actor to drain its mailbox

@@ -11,8 +11,9 @@ from typing import Any
 
 import attrs
 
-from onceflow.actors.engine import Engine, HandleInput
+from onceflow.actors.engine import Engine, HandleInput, HandleResult
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
+from onceflow.actors.operation_locks import OperationLocks
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import find_step
 from onceflow.protocol import commands as c
@@ -40,6 +41,7 @@ class TaskActor:
 
     task_id: str
     engine: Engine
+    locks: OperationLocks
 
     @property
     def _store(self) -> Any:
@@ -84,10 +86,79 @@ class TaskActor:
                 )
             case c.ListStepEntries():
                 return await self._store.transact(self._entries)
+        if isinstance(command, c.AgentError):
+            return await self._agent_error(command, out)
+        if isinstance(command, c.ChildrenCompleted):
+            return await self._children_completed(command, out)
         trigger = EVENT_TRIGGERS.get(type(command))
         if trigger is None:
             raise TypeError(f"task actor cannot handle {type(command).__name__}")
         return await self._trigger(trigger, operation_id(command), out)
+
+    async def _agent_error(self, command: c.AgentError, out: Outbox) -> Any:
+        """Evaluate on_agent_error evaluate-only; commit a deferred transition, then mark — iff it committed.
+
+        The operation's lock is held from before the task is loaded until after the mark, so a concurrent
+        delivery evaluates the committed state (evaluate-only-operation-marking.md AC-EO-10, AC-EO-11,
+        AC-EO-13, AC-EO-17).
+        """
+        op = operation_id(command)
+        async with self.locks.hold(op):
+            inp = HandleInput(self.task_id, Trigger.on_agent_error, op, evaluate_only=True)
+            result = await self.engine.handle_trigger(inp, out)
+            committed = False
+            if result.operation_mark_deferred:
+                committed = await self._commit_deferred(result, op, out)
+                if committed:
+                    await self.engine.services.ledger.mark_applied(op)
+        return {**attrs.asdict(result), "applied": result.applied or committed, "operation_id": op}
+
+    async def _children_completed(self, command: c.ChildrenCompleted, out: Outbox) -> Any:
+        """Check, evaluate, commit, then mark: the caller owns the mark (defer_operation_mark).
+
+        The same child rows always give the same operation id, so the structurally double delivery (a state
+        change plus a direct call) applies its transition once (operation-ledger-lifetime.md AC-B1, AC-R2).
+        """
+        op = operation_id(command)
+        ledger = self.engine.services.ledger
+        async with self.locks.hold(op):
+            if await ledger.is_applied(op):
+                return {"idempotent": True, "operation_id": op}
+            inp = HandleInput(
+                self.task_id, Trigger.on_children_completed, op, evaluate_only=True, defer_operation_mark=True
+            )
+            result = await self.engine.handle_trigger(inp, out)
+            committed = not result.transitioned or await self._commit_deferred(result, op, out)
+            if committed:
+                await ledger.mark_applied(op)
+        return {**attrs.asdict(result), "applied": result.transitioned and committed, "operation_id": op}
+
+    async def _commit_deferred(self, result: HandleResult, op: str, out: Outbox) -> bool:
+        """Commit a deferred transition; False (and a warning) on any of the non-committing paths.
+
+        Those are: the source step no longer loads, the target step is missing, the host's preflight
+        refuses, the write fails, or the task already left the source step (AC-EO-11).
+        """
+        services = self.engine.services
+        try:
+            task = await self.engine.load_task(self.task_id)
+            workflow = services.workflows.get(task.workflow_id)
+            source = find_step(workflow, result.from_step or "")
+            target = find_step(workflow, result.to_step or "")
+            at_source = attrs.evolve(task, step_id=source.id)
+            return await self.engine.enter_step(at_source, workflow, target, path="E1", trigger=op, out=out)
+        except Exception as exc:  # every failure leaves the operation retryable
+            out.diagnostic(
+                "warning",
+                "deferred_commit_failed",
+                task_id=self.task_id,
+                session_id=None,
+                operation_id=op,
+                from_step=result.from_step,
+                to_step=result.to_step,
+                cause=repr(exc),
+            )
+            return False
 
     async def _create(self, command: c.CreateTask, out: Outbox) -> Any:
         workflow = self.engine.services.workflows.get(command.workflow_id)
@@ -189,6 +260,7 @@ class TaskActor:
         return None
 
     async def _switch_workflow(self, command: c.SwitchWorkflow, out: Outbox) -> Any:
+        """Entry path E4, deduplicated on `<op>:switch_workflow:on_enter`; both phase keys marked after."""
         ledger = self.engine.services.ledger
         op = switch_workflow_operation_id(command.operation_id, "on_enter") if command.operation_id else ""
         if op and await ledger.is_applied(op):
@@ -202,6 +274,7 @@ class TaskActor:
             task, workflow, target, path="E4", trigger="switch_workflow", out=out
         )
         if op:
+            await ledger.mark_applied(switch_workflow_operation_id(command.operation_id or "", "on_exit"))
             await ledger.mark_applied(op)
         return {"moved": moved, "workflow_id": workflow.id, "step_id": target.id, "operation_id": op or None}
 

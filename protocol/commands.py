@@ -26,6 +26,9 @@ class RegisterWorkflow(_Command):
     type: Literal["register_workflow"] = "register_workflow"
     yaml: str
     source: str = "<protocol>"
+    import_path: bool = False
+    """Accept the import path's extra action types (run_code_review and configure_session under on_enter,
+    transitions under the event triggers); templates otherwise get the strict allow-lists."""
 
 
 class CreateTask(_Command):

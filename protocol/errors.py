@@ -42,6 +42,18 @@ class WorkflowInvalidError(OnceflowError):
     code = "workflow_invalid"
 
 
+class ActionNotWiredError(OnceflowError):
+    """A declared action has no registered executor; nothing ran and the operation id stays retryable."""
+
+    code = "action_not_wired"
+
+
+class TransitionRefusedError(OnceflowError):
+    """The host's preflight refused a step change; nothing was committed."""
+
+    code = "transition_refused"
+
+
 class ShuttingDownError(OnceflowError):
     """The runtime is closing or closed and accepts no more commands."""
 

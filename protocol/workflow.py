@@ -127,10 +127,16 @@ ALLOWED_ACTIONS: Mapping[Trigger, frozenset[str]] = MappingProxyType(
 """Per-trigger allow-list for templates (kandev-engine-notes.md, Template format)."""
 
 IMPORT_ALLOWED_ACTIONS: Mapping[Trigger, frozenset[str]] = MappingProxyType(
-    {**ALLOWED_ACTIONS, Trigger.on_enter: _ON_ENTER_ACTIONS | _IMPORT_ONLY_ACTIONS}
+    {
+        **ALLOWED_ACTIONS,
+        Trigger.on_enter: _ON_ENTER_ACTIONS | _IMPORT_ONLY_ACTIONS,
+        **{trigger: _EVENT_ACTIONS | TRANSITION_TYPES for trigger in _EVENT_TRIGGERS},
+    }
 )
-"""ALLOWED_ACTIONS plus the two on_enter types declarable only through the import/sync path
-(on-enter-action-dispatch.md: "the ten on_enter action types in scope"). Pass it as `allowed_actions`."""
+"""ALLOWED_ACTIONS plus what only the import/sync path declares: the two on_enter types of
+on-enter-action-dispatch.md ("the ten on_enter action types in scope"), and transitions under the event
+triggers (the engine evaluates them on any trigger; operation-ledger-lifetime.md's children-completed
+transition). Pass it as `allowed_actions`."""
 
 _ALLOWED_CONTEXT_KEY = "allowed_actions"
 

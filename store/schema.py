@@ -114,6 +114,10 @@ MIGRATIONS: tuple[str, ...] = (
             REFERENCES step_entries(task_id, step_id, entry_seq) ON DELETE CASCADE
     );
     """,
+    # 2: workflows registered through the import path keep their wider allow-lists on reload.
+    """
+    ALTER TABLE workflows ADD COLUMN import_path INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

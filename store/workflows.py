@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import sqlite3
 
+import attrs
+
+
+@attrs.frozen
+class StoredWorkflow:
+    """A registered template: its YAML `definition`, the `source` it was read from, and its allow-list."""
+
+    workflow_id: str
+    source: str
+    definition: str
+    import_path: bool
+
 
 def save_workflow(
-    conn: sqlite3.Connection, *, workflow_id: str, name: str, source: str, definition: str, now: float
+    conn: sqlite3.Connection, *, workflow_id: str, name: str, stored: StoredWorkflow, now: float
 ) -> None:
-    """Insert or replace a workflow's template text (`definition` is the YAML as registered)."""
+    """Insert or replace a workflow's template text."""
     conn.execute(
-        "INSERT INTO workflows (id, name, source, definition, registered_at) VALUES (?, ?, ?, ?, ?)"
+        "INSERT INTO workflows (id, name, source, definition, import_path, registered_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET name = excluded.name, source = excluded.source,"
-        " definition = excluded.definition, registered_at = excluded.registered_at",
-        (workflow_id, name, source, definition, now),
+        " definition = excluded.definition, import_path = excluded.import_path,"
+        " registered_at = excluded.registered_at",
+        (workflow_id, name, stored.source, stored.definition, int(stored.import_path), now),
     )
 
 
-def all_workflows(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
-    """Every stored workflow as (id, source, definition YAML), by id."""
-    rows = conn.execute("SELECT id, source, definition FROM workflows ORDER BY id").fetchall()
-    return [(row[0], row[1], row[2]) for row in rows]
+def all_workflows(conn: sqlite3.Connection) -> list[StoredWorkflow]:
+    """Every stored workflow, by id."""
+    rows = conn.execute("SELECT id, source, definition, import_path FROM workflows ORDER BY id").fetchall()
+    return [StoredWorkflow(row[0], row[1], row[2], bool(row[3])) for row in rows]

@@ -1,0 +1,44 @@
+"""Per-operation-id locks: created on first acquire, ref-counted, removed when the last holder releases.
+
+A caller that commits a deferred transition and then marks its operation id holds the id's lock from before
+it loads the task until after the mark, so a concurrent delivery of the same id waits and then sees the
+committed state and the mark (evaluate-only-operation-marking.md AC-EO-13). The ledger is a memo, not a
+mutex (operation-ledger-lifetime.md AC-S6): this is the mutex.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+
+@attrs.define
+class _Entry:
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    holders: int = 0
+
+
+class OperationLocks:
+    """A lock per operation id; the map holds only ids someone is holding or waiting for."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @asynccontextmanager
+    async def hold(self, operation_id: str) -> AsyncIterator[None]:
+        """Hold `operation_id`'s lock for the body; released (and forgotten when unused) even on cancel."""
+        entry = self._entries.setdefault(operation_id, _Entry())
+        entry.holders += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.holders -= 1
+            if entry.holders == 0:
+                del self._entries[operation_id]

@@ -269,7 +269,7 @@ def _parse(stored: StoredWorkflow) -> Workflow:
     try:
         return load_workflow_text(stored.definition, stored.source, allowed_actions=allowed)
     except WorkflowError as exc:
-        raise WorkflowInvalidError(str(exc), field=exc.field) from None
+        raise WorkflowInvalidError(str(exc), field=exc.field or None) from None
 
 
 def _error_info(exc: OnceflowError) -> ErrorInfo:

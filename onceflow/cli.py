@@ -42,14 +42,30 @@ def configure_logging(verbose: bool) -> None:
 
 
 def load_script(path: Path) -> list[Any]:
-    """Commands from a script: JSON lines (`.jsonl`/`.json`), or a YAML list (anything else)."""
+    """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
+
+    Raises:
+        OSError: the file cannot be read. ValueError: a line is not JSON, or the YAML is not a list
+        (the message names the file and line).
+    """
     text = path.read_text()
-    if path.suffix in (".jsonl", ".json"):
-        return [json.loads(line) for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    loaded = yaml.safe_load(text)
-    if not isinstance(loaded, list):
-        raise ValueError(f"{path}: a YAML script must be a list of commands")
-    return loaded
+    if path.suffix not in (".jsonl", ".json"):
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, list):
+            raise ValueError(f"{path}: a YAML script must be a list of commands")
+        return loaded
+    commands = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            commands.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    return commands
 
 
 async def replay(workflow: Path, script: Path, db: Path, as_json: bool) -> int:
@@ -66,6 +82,8 @@ async def replay(workflow: Path, script: Path, db: Path, as_json: bool) -> int:
                 continue
             kind = command.get("type", "?") if isinstance(command, dict) else "?"
             status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
+            if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
+                status = "ok, idempotent: already applied, nothing ran"
             print(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
             for event in reply.events:
                 print(f"    {describe(event)}")
@@ -121,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             return validate(args.files)
         print(json.dumps(command_schema(), indent=2))
         return 0
-    except DatabaseOwnedError as exc:
+    except (DatabaseOwnedError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -98,7 +98,7 @@ def second_half() -> list[dict[str, Any]]:
 
 
 def _label(command: dict[str, Any]) -> str:
-    details = {k: v for k, v in command.items() if k not in ("type", "yaml", "task_id", "decider_type")}
+    details = {k: v for k, v in command.items() if k not in ("type", "yaml", "decider_type")}
     return " ".join([str(command["type"]), *(f"{k}={v}" for k, v in details.items())])
 
 

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from onceflow.protocol import events as e
 
+ENTRY_PATHS = {
+    "E1": "transition",
+    "E2": "manual move",
+    "E3": "WIP promotion",
+    "E4": "switch_workflow",
+    "E5": "task update/start",
+    "recovery": "recovery",
+}
+"""How a task entered a step (the spec's entry paths E1-E5)."""
+
 
 def describe(event: e.Event) -> str:
     """A short human-readable description of an event."""
@@ -14,9 +24,9 @@ def describe(event: e.Event) -> str:
             return f"transition {event.from_step} -> {event.to_step} ({event.trigger})"
         case e.StepEntered():
             seq = f" entry #{event.entry_seq}" if event.entry_seq is not None else ""
-            return f"entered {event.step_id}{seq} via {event.entry_path}"
+            return f"entered {event.step_id}{seq} by {ENTRY_PATHS[event.entry_path]} ({event.entry_path})"
         case e.GuardEvaluated():
-            verdict = "passes" if event.satisfied else "holds"
+            verdict = "met" if event.satisfied else "not met"
             return (
                 f"guard {event.role} {event.threshold} -> {event.target_step}: {verdict}"
                 f" ({event.approvals}/{event.seats} approvals, {event.reason})"

@@ -43,8 +43,10 @@ def validation_error(exc: ValidationError) -> ProtocolError:
     """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped)."""
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
-    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        return ProtocolError(f"unknown or missing command type: {first['msg']}", field="type")
+    if first["type"] == "union_tag_not_found":
+        return ProtocolError("missing field 'type' (the command name)", field="type")
+    if first["type"] == "union_tag_invalid":
+        return ProtocolError(f"unknown command type {first['input'].get('type')!r}", field="type")
     field = ".".join(loc[1:]) or None  # loc[0] is the command's type tag; a model-level error has no field
     return ProtocolError(f"{field}: {first['msg']}" if field else first["msg"], field=field)
 

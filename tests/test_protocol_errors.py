@@ -114,7 +114,7 @@ async def test_invalid_workflow_is_refused_and_the_registered_one_stays(
 
 async def test_not_yaml_is_a_workflow_error_on_the_document(runtime: Runtime) -> None:
     reply = await send(runtime, {"type": "register_workflow", "yaml": "steps: [unclosed"})
-    assert (reply.ok, reply.error.code, reply.error.field) == (False, "workflow_invalid", "")
+    assert (reply.ok, reply.error.code, reply.error.field) == (False, "workflow_invalid", None)
 
 
 async def test_runtime_completes_the_cycle_after_a_burst_of_bad_messages(reviewing: Runtime) -> None:

@@ -3,7 +3,8 @@
 Once per start, after the store opens and before any command is served, one query selects every
 non-terminal entry in (task_id, step_id, entry_seq) order. An entry the task has left is closed
 skipped(step_left); an older entry of a step the task re-entered is closed skipped(superseded); an entry
-whose workflow or step no longer resolves is closed skipped(unresolvable); the rest are re-dispatched
+whose workflow or step no longer resolves is closed skipped(unresolvable); an entry whose clear_decisions
+failed is closed as it stands; the rest are re-dispatched
 (engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed by epoch).
 The scan never stops the runtime from starting: a failing record is logged at ERROR and left open.
 Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
@@ -70,22 +71,19 @@ async def _recover(
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
     task = await services.store.transact(lambda conn: tasks.find_task(conn, entry.task_id))
     workflow = services.workflows.workflows.get(entry.workflow_id)
-    if task is None or workflow is None or not workflow.has_step(entry.step_id):
-        declaration: tuple[ActionDecl, ...] = ()
-        if workflow is not None and workflow.has_step(entry.step_id):
-            declaration = tuple(workflow.step(entry.step_id).events.on_enter)
+    step = workflow.step(entry.step_id) if workflow is not None and workflow.has_step(entry.step_id) else None
+    declaration: tuple[ActionDecl, ...] = ()
+    if task is None or workflow is None or step is None:
         reason = "unresolvable"
+    elif task.step_id != entry.step_id or task.workflow_id != entry.workflow_id:
+        reason, declaration = "step_left", step.events.on_enter
+    elif latest[(entry.task_id, entry.step_id)] != entry.entry_seq:
+        reason, declaration = "superseded", step.events.on_enter
+    elif await _clear_failed(services, key, step.events.on_enter):
+        reason = "clear_failed"  # terminal as it stands: its later actions never reached a dispatcher (AC-C2)
     else:
-        declaration = tuple(workflow.step(entry.step_id).events.on_enter)
-        if task.step_id != entry.step_id or task.workflow_id != entry.workflow_id:
-            reason = "step_left"
-        elif latest[(entry.task_id, entry.step_id)] != entry.entry_seq:
-            reason = "superseded"
-        else:
-            await OnEnterDispatch(
-                services, task, workflow, workflow.step(entry.step_id), key, "recovery", out
-            ).run()
-            return 1
+        await OnEnterDispatch(services, task, workflow, step, key, "recovery", out).run()
+        return 1
     now = services.now()
     await services.store.transact(lambda conn: _close(conn, key, declaration, reason, now))
     level = "warning" if reason == "unresolvable" else "info"
@@ -93,3 +91,11 @@ async def _recover(
         level, f"recovery_{reason}", task_id=entry.task_id, step_id=entry.step_id, entry_seq=entry.entry_seq
     )
     return 0
+
+
+async def _clear_failed(services: Services, key: EntryKey, declaration: tuple[ActionDecl, ...]) -> bool:
+    marks = await services.store.transact(lambda conn: step_entries.markers(conn, key))
+    return any(
+        action.type == "clear_decisions" and position in marks and marks[position].state == "failed"
+        for position, action in enumerate(declaration)
+    )

@@ -16,13 +16,21 @@ import attrs
 import structlog
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext
-from onceflow.actors.on_enter import OnEnterDispatch, needs_entry_record
+from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
 from onceflow.actors.services import Services, find_step
 from onceflow.actors.session import request_session_action
+from onceflow.actors.wip import allocate_for, promote_one
 from onceflow.protocol.errors import ActionError, ActionNotWiredError, TransitionRefusedError
-from onceflow.protocol.events import ActionOutcome, EntryPath, GuardEvaluated, StepEntered, Transition
+from onceflow.protocol.events import (
+    ActionOutcome,
+    EntryPath,
+    GuardEvaluated,
+    StepEntered,
+    TaskQueued,
+    Transition,
+)
 from onceflow.protocol.workflow import (
     TRANSITION_TYPES,
     ActionDecl,
@@ -30,7 +38,7 @@ from onceflow.protocol.workflow import (
     Trigger,
     Workflow,
 )
-from onceflow.store import participants, step_entries, tasks
+from onceflow.store import participants, tasks, wip
 from onceflow.store.records import Decision, Participant, TaskRecord
 from onceflow.store.step_entries import EntryKey
 
@@ -257,12 +265,19 @@ class Engine:
         if source_workflow is not None and source_workflow.has_step(task.step_id):
             for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):
                 await request_session_action(self.services, task, task.step_id, action, path, out)
-        declaration = target.events.on_enter  # read once; the allocating code never parses YAML
-        digest = step_entries.declaration_digest([a.type for a in declaration])
-        record = needs_entry_record(declaration)
         now = self.services.now()
 
-        def admit(conn: sqlite3.Connection) -> tuple[bool, EntryKey | None]:
+        def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None]:
+            if not wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id):
+                placed = wip.place_queued(
+                    conn,
+                    task_id=task.id,
+                    expected_step_id=task.step_id,
+                    workflow_id=workflow.id,
+                    step_id=target.id,
+                    now=now,
+                )
+                return ("queued" if placed else "abandoned"), None
             moved = tasks.move_task_step(
                 conn,
                 task_id=task.id,
@@ -271,25 +286,20 @@ class Engine:
                 step_id=target.id,
                 now=now,
             )
-            if not moved or not record:
-                return moved, None
-            key = step_entries.allocate_entry(
-                conn,
-                task_id=task.id,
-                step_id=target.id,
-                workflow_id=workflow.id,
-                digest=digest,
-                entry_path=path,
-                now=now,
+            if not moved:
+                return "abandoned", None
+            # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
+            key = allocate_for(
+                conn, task_id=task.id, workflow_id=workflow.id, step=target, path=path, now=now
             )
-            return True, key
+            return "admitted", key
 
         try:
-            moved, key = await self.services.store.transact(admit)
+            outcome, key = await self.services.store.transact(admit)
         except Exception:
             log.error("step_entry_allocation_failed", task_id=task.id, step_id=target.id, entry_path=path)
             raise
-        if not moved:
+        if outcome == "abandoned":
             out.diagnostic(
                 "info",
                 "transition_abandoned",
@@ -307,11 +317,46 @@ class Engine:
                 trigger=trigger,
             )
         )
-        out.emit(
-            StepEntered(
-                task_id=task.id, step_id=target.id, entry_seq=key.entry_seq if key else None, entry_path=path
+        if outcome == "queued":
+            out.emit(TaskQueued(task_id=task.id, step_id=target.id))
+        else:
+            out.emit(
+                StepEntered(
+                    task_id=task.id,
+                    step_id=target.id,
+                    entry_seq=key.entry_seq if key else None,
+                    entry_path=path,
+                )
             )
-        )
-        entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
-        await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
+            entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
+            await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
+        await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
+
+    async def promote_after_move(
+        self, task: TaskRecord, workflow: Workflow, admitted_to: Step | None
+    ) -> None:
+        """A slot freed at the task's former step; a step the task now feeds got work (E3)."""
+        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
+        if source_workflow is not None and source_workflow.has_step(task.step_id) and task.wip_admitted:
+            await self.promote(source_workflow, source_workflow.step(task.step_id))
+        if admitted_to is not None:
+            for step in workflow.ordered_steps:
+                if step.pull_from_step_id == admitted_to.id:
+                    await self.promote(workflow, step)
+
+    async def promote(self, workflow: Workflow, step: Step) -> int:
+        """Admit candidates into `step` while it has room; each admitted task's actor dispatches its entry.
+
+        Returns how many were promoted. Each claim is its own transaction with its step-entry record.
+        """
+        promoted = 0
+        while True:
+            now = self.services.now()
+            promotion = await self.services.store.transact(
+                lambda conn: promote_one(conn, workflow, step, now)  # noqa: B023 - called at once
+            )
+            if promotion is None:
+                return promoted
+            promoted += 1
+            self.services.announce_promotion(promotion)

@@ -49,11 +49,6 @@ def dispatch_order(declaration: Sequence[ActionDecl], path: EntryPath) -> list[t
     return [pa for pa in (*leading, *middle, trailing) if pa is not None]
 
 
-def needs_entry_record(declaration: Sequence[ActionDecl]) -> bool:
-    """A record is allocated only when on_enter declares an engine-owned action (AC-E5)."""
-    return any(action.type in ENGINE_ACTION_TYPES for action in declaration)
-
-
 @attrs.frozen
 class _Run:
     """What one engine-action transaction found: the claim outcome and, if it ran, its effect."""

@@ -6,14 +6,17 @@ different one (operation-ledger-lifetime.md: reconfiguration never replaces the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 
 import attrs
+import trio
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.host import Host
 from onceflow.actors.ledger import LedgerActor
+from onceflow.actors.wip import Promotion
 from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.workflow import Step, Workflow
 from onceflow.store.writer import StoreActor
@@ -44,11 +47,21 @@ class Services:
     ledger: LedgerActor
     host: Host
     workflows: WorkflowRegistry
+    promotions: trio.MemorySendChannel[Promotion]
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS
     clock: Callable[[], float] = time.time
 
     def now(self) -> float:
         return self.clock()
+
+    def announce_promotion(self, promotion: Promotion) -> None:
+        """Hand a committed promotion to the runtime, which routes it to the promoted task's actor.
+
+        During shutdown the channel is closed; the entry is committed, so the next start's recovery scan
+        finishes it.
+        """
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            self.promotions.send_nowait(promotion)
 
 
 def find_step(workflow: Workflow, step_id: str) -> Step:

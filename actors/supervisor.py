@@ -9,6 +9,8 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,6 +33,7 @@ from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services, WorkflowRegistry, find_step
 from onceflow.actors.task_actor import TaskActor
+from onceflow.actors.wip import Promotion
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
 from onceflow.protocol.errors import NotFoundError, OnceflowError, ShuttingDownError, WorkflowInvalidError
@@ -226,10 +229,30 @@ class Runtime:
             ledger=old.ledger,
             host=host if host is not None else old.host,
             workflows=workflows if workflows is not None else WorkflowRegistry(dict(old.workflows.workflows)),
+            promotions=old.promotions,
             executors=executors if executors is not None else old.executors,
             clock=old.clock,
         )
         self.engine = Engine(self.services)
+
+    async def promote_all(self) -> int:
+        """Start-up promotion: every step with a WIP limit admits while it has room (E3)."""
+        promoted = 0
+        for workflow in list(self.services.workflows.workflows.values()):
+            for step in workflow.ordered_steps:
+                if step.wip_limit > 0:
+                    promoted += await self.engine.promote(workflow, step)
+        return promoted
+
+    async def _forward_promotions(self, promotions: trio.MemoryReceiveChannel[Promotion]) -> None:
+        """Route each committed promotion to its task's actor, which dispatches the entry's on_enter."""
+        async for promotion in promotions:
+            if not self._closing:  # after shutdown starts, the next start's recovery scan finishes it
+                self._nursery.start_soon(self._deliver_promotion, promotion)
+
+    async def _deliver_promotion(self, promotion: Promotion) -> None:
+        with contextlib.suppress(OnceflowError, _Refused, _ActorFailure, trio.ClosedResourceError):
+            await self._mailbox(promotion.task_id).ask(_TaskMessage(promotion))
 
     async def _load_workflows(self) -> None:
         for stored in await self.services.store.transact(workflows.all_workflows):
@@ -295,11 +318,13 @@ async def open_runtime(
     async with open_store(db_path, durability=durability) as store, trio.open_nursery() as nursery:
         ledger = LedgerActor()
         nursery.start_soon(ledger.run)
+        promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
         services = Services(
             store=store,
             ledger=ledger,
             host=host or RecordingHost(),
             workflows=WorkflowRegistry(),
+            promotions=promotions,
             executors=executors,
             clock=clock,
         )
@@ -307,12 +332,15 @@ async def open_runtime(
         try:
             async with trio.open_nursery() as task_nursery:
                 runtime = Runtime(services, task_nursery, hub)
+                task_nursery.start_soon(runtime._forward_promotions, promoted)
                 try:
                     await runtime._load_workflows()
                     await recover_open_entries(runtime.services, Outbox(hub))
+                    await runtime.promote_all()
                     yield runtime
                 finally:
                     runtime._close()  # the task nursery then waits for every actor to drain its mailbox
+                    promotions.close()
         finally:
             ledger.close()
             hub.close()

@@ -12,15 +12,17 @@ from typing import Any
 import attrs
 
 from onceflow.actors.engine import Engine, HandleInput, HandleResult
+from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.actors.operation_locks import OperationLocks
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import find_step
+from onceflow.actors.wip import Promotion
 from onceflow.protocol import commands as c
-from onceflow.protocol.errors import NotFoundError
-from onceflow.protocol.events import DecisionRecorded, EntryPath, TaskCreated
+from onceflow.protocol.errors import WipLimitError
+from onceflow.protocol.events import DecisionRecorded, EntryPath, StepEntered, TaskCreated, TaskQueued
 from onceflow.protocol.workflow import Trigger
-from onceflow.store import participants, step_entries, tasks
+from onceflow.store import participants, step_entries, tasks, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
 
@@ -67,10 +69,9 @@ class TaskActor:
             case c.StartTask():
                 return await self._start(command, out)
             case c.DeleteTask():
-                deleted = await self._store.transact(lambda conn: tasks.delete_task(conn, self.task_id))
-                if not deleted:
-                    raise NotFoundError(f"task {self.task_id!r} does not exist", field="task_id")
-                return {"deleted": True}
+                return await self._delete()
+            case Promotion():
+                return await self._promoted(command, out)
             case c.AddParticipant():
                 return await self._add_participant(command)
             case c.GetTask():
@@ -161,25 +162,72 @@ class TaskActor:
             return False
 
     async def _create(self, command: c.CreateTask, out: Outbox) -> Any:
+        """Create the task (not an entry). Into a full step it is queued there, or, when the step has a
+        feeder with room, placed in the feeder tagged for the step (kandev-engine-notes.md, WIP limits).
+
+        Raises WipLimitError (field step_id) when the step and its feeder are both full.
+        """
         workflow = self.engine.services.workflows.get(command.workflow_id)
-        step = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
+        target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
         now = self.engine.services.now()
-        task = await self._store.transact(
-            lambda conn: tasks.insert_task(
+
+        def insert(conn: sqlite3.Connection) -> TaskRecord:
+            step, admitted, queued_for = target.id, True, None
+            if not wip.has_room(conn, workflow.id, target.id, target.wip_limit):
+                feeder = target.pull_from_step_id
+                if feeder is None:
+                    admitted, queued_for = False, target.id
+                elif wip.has_room(conn, workflow.id, feeder, workflow.step(feeder).wip_limit):
+                    step, queued_for = feeder, target.id
+                else:
+                    occupancy = wip.occupancy(conn, workflow.id, target.id)
+                    raise WipLimitError(
+                        f"step {target.id!r} is at its WIP limit {target.wip_limit} ({occupancy} admitted)"
+                        f" and so is its feeder {feeder!r}",
+                        field="step_id",
+                    )
+            return tasks.insert_task(
                 conn,
                 task_id=command.task_id,
                 workflow_id=workflow.id,
-                step_id=step.id,
+                step_id=step,
                 title=command.title,
                 session_id=command.session_id,
                 primary_agent_id=command.primary_agent_id,
                 ceo_agent_id=command.ceo_agent_id,
                 priority=command.priority,
                 now=now,
+                admitted=admitted,
+                queued_for_step_id=queued_for,
             )
-        )
+
+        task = await self._store.transact(insert)
+        step = workflow.step(task.step_id)
         out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=step.id))
+        if not task.wip_admitted:
+            out.emit(TaskQueued(task_id=task.id, step_id=step.id))
         return tasks.task_as_dict(task)
+
+    async def _delete(self) -> Any:
+        """Delete the task (its rows cascade); a slot it held is freed for promotion."""
+        task = await self.engine.load_task(self.task_id)
+        await self._store.transact(lambda conn: tasks.delete_task(conn, self.task_id))
+        workflow = self.engine.services.workflows.workflows.get(task.workflow_id)
+        if workflow is not None and workflow.has_step(task.step_id) and task.wip_admitted:
+            await self.engine.promote(workflow, workflow.step(task.step_id))
+        return {"deleted": True}
+
+    async def _promoted(self, promotion: Promotion, out: Outbox) -> Any:
+        """Dispatch the on_enter of an entry a WIP promotion committed for this task (E3)."""
+        task = await self.engine.load_task(self.task_id)
+        if task.step_id != promotion.step_id or not task.wip_admitted:
+            return {"dispatched": False}  # it moved on; an open entry is closed by the next recovery scan
+        workflow = self.engine.services.workflows.get(promotion.workflow_id)
+        step = find_step(workflow, promotion.step_id)
+        seq = promotion.key.entry_seq if promotion.key else None
+        out.emit(StepEntered(task_id=task.id, step_id=step.id, entry_seq=seq, entry_path="E3"))
+        await OnEnterDispatch(self.engine.services, task, workflow, step, promotion.key, "E3", out).run()
+        return {"dispatched": True}
 
     async def _trigger(self, trigger: Trigger, op: str, out: Outbox) -> Any:
         result = await self.engine.handle_trigger(HandleInput(self.task_id, trigger, op), out)

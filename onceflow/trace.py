@@ -25,6 +25,8 @@ def describe(event: e.Event) -> str:
         case e.StepEntered():
             seq = f" entry #{event.entry_seq}" if event.entry_seq is not None else ""
             return f"entered {event.step_id}{seq} by {ENTRY_PATHS[event.entry_path]} ({event.entry_path})"
+        case e.TaskQueued():
+            return f"queued at {event.step_id}: the step is at its WIP limit (not an entry yet)"
         case e.GuardEvaluated():
             verdict = "met" if event.satisfied else "not met"
             return (

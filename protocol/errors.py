@@ -48,6 +48,12 @@ class ActionNotWiredError(OnceflowError):
     code = "action_not_wired"
 
 
+class WipLimitError(OnceflowError):
+    """A task cannot be placed: the step and its feeder are both at their WIP limit."""
+
+    code = "wip_limit"
+
+
 class TransitionRefusedError(OnceflowError):
     """The host's preflight refused a step change; nothing was committed."""
 

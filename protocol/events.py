@@ -46,6 +46,14 @@ class StepEntered(_Event):
     entry_path: EntryPath
 
 
+class TaskQueued(_Event):
+    """The task landed at a full step without being admitted (a queued placement: not an entry)."""
+
+    type: Literal["task_queued"] = "task_queued"
+    task_id: str
+    step_id: str
+
+
 class GuardEvaluated(_Event):
     type: Literal["guard_evaluated"] = "guard_evaluated"
     task_id: str
@@ -143,6 +151,7 @@ Event = Annotated[
     TaskCreated
     | Transition
     | StepEntered
+    | TaskQueued
     | GuardEvaluated
     | ActionOutcome
     | RunQueued

@@ -68,6 +68,7 @@ class TaskRecord:
     ceo_agent_id: str | None
     priority: str
     wip_admitted: bool
+    queued_for_step_id: str | None
     created_at: float
     updated_at: float
 

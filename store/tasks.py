@@ -13,7 +13,7 @@ from onceflow.store.records import TaskRecord
 
 _COLUMNS = (
     "id, workflow_id, workflow_step_id, title, session_id, primary_agent_id, ceo_agent_id, priority,"
-    " wip_admitted, created_at, updated_at"
+    " wip_admitted, queued_for_step_id, created_at, updated_at"
 )
 
 
@@ -28,8 +28,9 @@ def _task(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
         ceo_agent_id=row[6],
         priority=row[7],
         wip_admitted=bool(row[8]),
-        created_at=row[9],
-        updated_at=row[10],
+        queued_for_step_id=row[9],
+        created_at=row[10],
+        updated_at=row[11],
     )
 
 
@@ -58,13 +59,17 @@ def insert_task(
     ceo_agent_id: str | None,
     priority: str,
     now: float,
+    admitted: bool = True,
+    queued_for_step_id: str | None = None,
 ) -> TaskRecord:
-    """Insert an admitted task. Raises ConflictError (field task_id) if the id is taken."""
+    """Insert a task at `step_id`, admitted or (with `admitted` False) queued there; `queued_for_step_id`
+    names the step it waits for. Raises ConflictError (field task_id) if the id is taken."""
     if find_task(conn, task_id) is not None:
         raise ConflictError(f"task {task_id!r} already exists", field="task_id")
     conn.execute(
         "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
-        " ceo_agent_id, priority, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id,
             workflow_id,
@@ -74,6 +79,9 @@ def insert_task(
             primary_agent_id,
             ceo_agent_id,
             priority,
+            int(admitted),
+            queued_for_step_id,
+            None if queued_for_step_id is None else now,
             now,
             now,
         ),
@@ -133,4 +141,5 @@ def task_as_dict(task: TaskRecord) -> dict[str, Any]:
         "ceo_agent_id": task.ceo_agent_id,
         "priority": task.priority,
         "wip_admitted": task.wip_admitted,
+        "queued_for_step_id": task.queued_for_step_id,
     }

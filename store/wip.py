@@ -1,0 +1,95 @@
+"""WIP-limit bookkeeping on task rows: occupancy, queued placement and the three promotion claims.
+
+A slot at a step is taken by a task there with `wip_admitted` set; queued tasks take none. Every claim
+re-counts inside its transaction and updates only a row still in its expected state, so one task is never
+promoted twice. Source: kandev-engine-notes.md, "WIP limits (entry path E3)".
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+# Candidate order: position, priority critical > high > medium > low, queued_at, created_at, id.
+_ORDER = (
+    " ORDER BY position, CASE priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'medium' THEN 2"
+    " ELSE 3 END, queued_at, created_at, id LIMIT 1"
+)
+
+
+def occupancy(
+    conn: sqlite3.Connection, workflow_id: str, step_id: str, *, excluding: str | None = None
+) -> int:
+    """Admitted tasks at the step, not counting `excluding` (a task being moved does not block itself)."""
+    (count,) = conn.execute(
+        "SELECT COUNT(*) FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
+        " AND id IS NOT ?",
+        (workflow_id, step_id, excluding),
+    ).fetchone()
+    return int(count)
+
+
+def has_room(
+    conn: sqlite3.Connection, workflow_id: str, step_id: str, limit: int, *, excluding: str | None = None
+) -> bool:
+    """Whether the step admits one more task; a limit <= 0 is unlimited."""
+    return limit <= 0 or occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
+
+
+def place_queued(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    expected_step_id: str,
+    workflow_id: str,
+    step_id: str,
+    now: float,
+) -> bool:
+    """Land the task at a full step without admitting it (a queued placement: not an entry)."""
+    cur = conn.execute(
+        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 0, queued_for_step_id = ?,"
+        " queued_at = ?, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
+        (workflow_id, step_id, step_id, now, now, task_id, expected_step_id),
+    )
+    return cur.rowcount == 1
+
+
+def queued_in_place(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> str | None:
+    """The next task waiting at `step_id` for `step_id` itself, if any."""
+    row = conn.execute(
+        "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 0"
+        " AND queued_for_step_id = ?" + _ORDER,
+        (workflow_id, step_id, step_id),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def feeder_candidate(
+    conn: sqlite3.Connection, workflow_id: str, feeder_id: str, target_id: str
+) -> str | None:
+    """The next task admitted at the feeder that may be pulled into `target_id`."""
+    row = conn.execute(
+        "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
+        " AND (queued_for_step_id IS NULL OR queued_for_step_id = ?)" + _ORDER,
+        (workflow_id, feeder_id, target_id),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def admit(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    from_step_id: str,
+    expected_admitted: bool,
+    step_id: str,
+    queued_for_step_id: str | None,
+    now: float,
+) -> bool:
+    """Claim one promotion: only a row still at `from_step_id` with the expected admitted flag moves."""
+    cur = conn.execute(
+        "UPDATE tasks SET workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = ?,"
+        " queued_at = CASE WHEN ? IS NULL THEN NULL ELSE queued_at END, updated_at = ?"
+        " WHERE id = ? AND workflow_step_id = ? AND wip_admitted = ?",
+        (step_id, queued_for_step_id, queued_for_step_id, now, task_id, from_step_id, int(expected_admitted)),
+    )
+    return cur.rowcount == 1

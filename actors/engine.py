@@ -329,7 +329,16 @@ class Engine:
                 )
             )
             entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
-            await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
+            try:
+                await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
+            except Exception as exc:  # the transition stands (AC-C4); an open entry is resumed at next start
+                log.error(
+                    "on_enter_dispatch_failed",
+                    task_id=task.id,
+                    step_id=target.id,
+                    entry_seq=key.entry_seq if key else None,
+                    cause=repr(exc),
+                )
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
 

@@ -42,3 +42,12 @@ class OperationLocks:
             entry.holders -= 1
             if entry.holders == 0:
                 del self._entries[operation_id]
+
+
+@attrs.define
+class TaskLocks:
+    """A task actor's per-operation locks: one table per deferring caller, so the two triggers' ids and
+    lock lifetimes never couple (evaluate-only-operation-marking.md AC-EO-13)."""
+
+    agent_error: OperationLocks = attrs.field(factory=OperationLocks)
+    child_completion: OperationLocks = attrs.field(factory=OperationLocks)

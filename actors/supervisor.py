@@ -28,7 +28,7 @@ from onceflow.actors.engine import Engine
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
 from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
-from onceflow.actors.operation_locks import OperationLocks
+from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services, WorkflowRegistry, find_step
@@ -115,7 +115,7 @@ class Runtime:
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
         """Run the task's actor; restart it after a crash, on the same mailbox."""
         while True:
-            locks = OperationLocks()  # owned by this incarnation of the actor
+            locks = TaskLocks()  # owned by this incarnation of the actor
             try:
                 async for envelope in mailbox.inbox:
                     # Each command pins the engine current at its start (a reconfiguration may follow).

@@ -14,7 +14,7 @@ import attrs
 from onceflow.actors.engine import Engine, HandleInput, HandleResult
 from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
-from onceflow.actors.operation_locks import OperationLocks
+from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import find_step
 from onceflow.actors.wip import Promotion
@@ -43,7 +43,7 @@ class TaskActor:
 
     task_id: str
     engine: Engine
-    locks: OperationLocks
+    locks: TaskLocks
 
     @property
     def _store(self) -> Any:
@@ -104,12 +104,12 @@ class TaskActor:
         AC-EO-13, AC-EO-17).
         """
         op = operation_id(command)
-        async with self.locks.hold(op):
+        async with self.locks.agent_error.hold(op):
             inp = HandleInput(self.task_id, Trigger.on_agent_error, op, evaluate_only=True)
             result = await self.engine.handle_trigger(inp, out)
             committed = False
             if result.operation_mark_deferred:
-                committed = await self._commit_deferred(result, op, out)
+                committed = await self._commit_deferred(result, op, inp.trigger, out)
                 if committed:
                     await self.engine.services.ledger.mark_applied(op)
         return {**attrs.asdict(result), "applied": result.applied or committed, "operation_id": op}
@@ -122,19 +122,19 @@ class TaskActor:
         """
         op = operation_id(command)
         ledger = self.engine.services.ledger
-        async with self.locks.hold(op):
+        async with self.locks.child_completion.hold(op):
             if await ledger.is_applied(op):
                 return {"idempotent": True, "operation_id": op}
             inp = HandleInput(
                 self.task_id, Trigger.on_children_completed, op, evaluate_only=True, defer_operation_mark=True
             )
             result = await self.engine.handle_trigger(inp, out)
-            committed = not result.transitioned or await self._commit_deferred(result, op, out)
+            committed = not result.transitioned or await self._commit_deferred(result, op, inp.trigger, out)
             if committed:
                 await ledger.mark_applied(op)
         return {**attrs.asdict(result), "applied": result.transitioned and committed, "operation_id": op}
 
-    async def _commit_deferred(self, result: HandleResult, op: str, out: Outbox) -> bool:
+    async def _commit_deferred(self, result: HandleResult, op: str, trigger: Trigger, out: Outbox) -> bool:
         """Commit a deferred transition; False (and a warning) on any of the non-committing paths.
 
         Those are: the source step no longer loads, the target step is missing, the host's preflight
@@ -147,7 +147,9 @@ class TaskActor:
             source = find_step(workflow, result.from_step or "")
             target = find_step(workflow, result.to_step or "")
             at_source = attrs.evolve(task, step_id=source.id)
-            return await self.engine.enter_step(at_source, workflow, target, path="E1", trigger=op, out=out)
+            return await self.engine.enter_step(
+                at_source, workflow, target, path="E1", trigger=str(trigger), out=out
+            )
         except Exception as exc:  # every failure leaves the operation retryable
             out.diagnostic(
                 "warning",

@@ -83,16 +83,19 @@ def step_participants(
 
 
 def _dedupe(rows: Iterable[Participant]) -> list[Participant]:
-    # One run per (role, agent); rows without an agent are never merged (each is its own failure).
-    seen: set[tuple[str, str]] = set()
-    out: list[Participant] = []
-    for row in rows:
-        if row.agent_profile_id:
-            if (row.role, row.agent_profile_id) in seen:
-                continue
-            seen.add((row.role, row.agent_profile_id))
-        out.append(row)
-    return out
+    """One row per (role, agent), the per-task row winning a collision, kept in (role, position, id) order.
+
+    Rows without an agent are never merged (each is its own failure). Source: on-enter spec AC-A5, AC-E2.
+    """
+    ordered = list(rows)
+    winners: dict[tuple[str, str], Participant] = {}
+    for row in ordered:
+        pair = (row.role, row.agent_profile_id)
+        if row.agent_profile_id and (pair not in winners or (winners[pair].task_id is None and row.task_id)):
+            winners[pair] = row
+    return [
+        row for row in ordered if not row.agent_profile_id or winners[(row.role, row.agent_profile_id)] is row
+    ]
 
 
 def _enqueue(
@@ -128,6 +131,23 @@ def _enqueue(
     return result, event
 
 
+def _participant_failed(
+    task: TaskRecord, step_id: str, participant: Participant, cause: str
+) -> DiagnosticNote:
+    """The AC-C1 ERROR for one participant of a fan-out."""
+    return DiagnosticNote(
+        "error",
+        "fan_out_participant_failed",
+        {
+            "task_id": task.id,
+            "step_id": step_id,
+            "participant_id": participant.id,
+            "agent_profile_id": participant.agent_profile_id,
+            "cause": cause,
+        },
+    )
+
+
 def queue_run_for_each_participant(
     conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl
 ) -> Effect:
@@ -159,19 +179,7 @@ def queue_run_for_each_participant(
         if not agent:
             cause = "participant has no agent_profile_id"
             failures.append(cause)
-            notes.append(
-                DiagnosticNote(
-                    "error",
-                    "fan_out_participant_failed",
-                    {
-                        "task_id": task.id,
-                        "step_id": step_id,
-                        "participant_id": participant.id,
-                        "agent_profile_id": agent,
-                        "cause": cause,
-                    },
-                )
-            )
+            notes.append(_participant_failed(task, step_id, participant, cause))
             continue
         request = runs.RunRequest(
             agent_profile_id=agent,
@@ -182,7 +190,16 @@ def queue_run_for_each_participant(
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
         )
-        result, event = _enqueue(conn, request, ctx.now)
+        try:
+            conn.execute("SAVEPOINT participant")  # one participant's failure rolls back only itself
+            result, event = _enqueue(conn, request, ctx.now)
+            conn.execute("RELEASE participant")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK TO participant")
+            conn.execute("RELEASE participant")
+            failures.append(repr(exc))
+            notes.append(_participant_failed(task, step_id, participant, repr(exc)))
+            continue
         events.append(event)
         enqueued += 1
         suppressed += result.outcome == "suppressed"

@@ -41,8 +41,9 @@ def dispatch_order(declaration: Sequence[ActionDecl], path: EntryPath) -> list[t
     indexed = list(enumerate(declaration))
     if path == "recovery":
         return [(p, a) for p, a in indexed if a.type in ENGINE_ACTION_TYPES]
-    if path == "E4":
-        return indexed
+    if path == "E4":  # declared order, no hoisting (AC-A13); reset/configure still at most once (AC-H8)
+        firsts = {kind: next((p for p, a in indexed if a.type == kind), None) for kind in _LEADING}
+        return [(p, a) for p, a in indexed if a.type not in _LEADING or firsts[a.type] == p]
     leading = [next(((p, a) for p, a in indexed if a.type == kind), None) for kind in _LEADING]
     middle = [(p, a) for p, a in indexed if a.type not in (*_LEADING, "auto_start_agent")]
     trailing = next(((p, a) for p, a in indexed if a.type == "auto_start_agent"), None)
@@ -125,16 +126,26 @@ class OnEnterDispatch:
         )
         return False
 
+    def not_executed(self, action: ActionDecl, reason: str) -> DiagnosticNote:
+        """The AC-A6 WARNING for an action that reaches no executor on this entry path."""
+        return DiagnosticNote(
+            "warning",
+            "action_not_executed",
+            {
+                "workflow_id": self.workflow.id,
+                "step_id": self.step.id,
+                "step_name": self.step.name,
+                "action_type": action.type,
+                "task_id": self.task.id,
+                "entry_path": self.path,
+                "reason": reason,
+            },
+        )
+
     async def _session_action(self, position: int, action: ActionDecl) -> None:
-        if self.path == "E4" and action.type == "configure_session":
-            self.out.diagnostic(
-                "warning",
-                "action_not_executed",
-                task_id=self.task.id,
-                step_id=self.step.id,
-                action=action.type,
-                entry_path=self.path,
-            )
+        if self.path == "E4" and action.type == "configure_session":  # no owner on E4 (AC-A2(i), AC-A6)
+            note = self.not_executed(action, "no_owner_on_entry_path")
+            self.out.diagnostic(note.level, note.code, **note.fields)
             return
         await request_session_action(self.services, self.task, self.step.id, action, self.path, self.out)
 
@@ -167,16 +178,18 @@ class OnEnterDispatch:
 
             try:
                 run = await self.services.store.transact(apply)
-            except Exception as exc:  # transient: the entry stays open and the next start retries it
-                log.error(
-                    "on_enter_action_error",
-                    task_id=key.task_id,
+            except Exception as exc:  # transient: nothing committed, the entry stays open for the next start
+                self.out.diagnostic(
+                    "error",
+                    "on_enter_action_failed",
+                    workflow_id=self.workflow.id,
                     step_id=key.step_id,
-                    position=position,
+                    task_id=key.task_id,
                     action_type=action.type,
+                    position=position,
                     cause=repr(exc),
                 )
-                return "stop" if action.type == "clear_decisions" else "next"
+                return "stop" if action.type == "clear_decisions" else "next"  # AC-C2 vs AC-C3
         else:
             run = await self._external_action(key, position, action, epoch)
         if run.claim == "live_peer":
@@ -198,22 +211,7 @@ class OnEnterDispatch:
         outcome = await self.services.store.transact(claim)
         if outcome != "claimed":
             return _Run(outcome)
-        effect = Effect(
-            "skipped",
-            "no_executor",
-            diagnostics=(
-                DiagnosticNote(
-                    "warning",
-                    "action_not_executed",
-                    {
-                        "task_id": self.task.id,
-                        "step_id": self.step.id,
-                        "action": action.type,
-                        "reason": "no_executor",
-                    },
-                ),
-            ),
-        )
+        effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
         if action.type == "run_code_review":
             agent: str | None = getattr(action.config, "agent_profile_id", None)
             try:
@@ -238,7 +236,7 @@ class OnEnterDispatch:
             self.out.emit(event)
         for note in effect.diagnostics:
             self.out.diagnostic(note.level, note.code, **note.fields)
-        if effect.state == "failed":
+        if effect.state == "failed" and action.type != "queue_run_for_each_participant":
             self.out.diagnostic(
                 "error",
                 "on_enter_action_failed",

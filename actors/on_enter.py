@@ -23,7 +23,7 @@ from onceflow.actors.services import Services
 from onceflow.actors.session import request_session_action
 from onceflow.protocol.events import ActionOutcome, EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
-from onceflow.store import step_entries
+from onceflow.store import review_runs, step_entries
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
 
@@ -202,28 +202,54 @@ class OnEnterDispatch:
         return "next"
 
     async def _external_action(self, key: EntryKey, position: int, action: ActionDecl, epoch: str) -> _Run:
-        """Claim first, act outside the database, then complete (run_code_review)."""
+        """Claim first, act outside the database, then complete.
+
+        run_code_review records its review-run row with the claim, then asks the host to start the pass; a
+        failed start is recorded on the row and warned, and neither blocks the entry nor fails the action
+        (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
+        warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
+        """
         now = self.services.now()
+        reviewing = action.type == "run_code_review"
 
-        def claim(conn: sqlite3.Connection) -> step_entries.ClaimOutcome:
-            return step_entries.claim_marker(conn, key, position, action.type, epoch, now)
+        def claim(conn: sqlite3.Connection) -> tuple[step_entries.ClaimOutcome, int | None]:
+            outcome = step_entries.claim_marker(conn, key, position, action.type, epoch, now)
+            if outcome != "claimed" or not reviewing:
+                return outcome, None
+            return outcome, review_runs.record_review_run(
+                conn, task_id=key.task_id, step_id=key.step_id, now=now
+            )
 
-        outcome = await self.services.store.transact(claim)
+        outcome, review_run = await self.services.store.transact(claim)
         if outcome != "claimed":
             return _Run(outcome)
         effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
-        if action.type == "run_code_review":
+        start_failure: str | None = None
+        if reviewing:
             agent: str | None = getattr(action.config, "agent_profile_id", None)
             try:
                 await self.services.host.start_code_review(
                     task_id=self.task.id, step_id=self.step.id, agent_profile_id=agent
                 )
                 effect = Effect("done")
-            except Exception as exc:  # a failed start neither blocks the entry nor fails the action
-                effect = Effect("done", f"start failed: {exc!r}")
+            except Exception as exc:
+                start_failure = repr(exc)
+                effect = Effect(
+                    "done",
+                    "start_failed",
+                    diagnostics=(
+                        DiagnosticNote(
+                            "warning",
+                            "code_review_start_failed",
+                            {"task_id": self.task.id, "step_id": self.step.id, "cause": start_failure},
+                        ),
+                    ),
+                )
         final = effect
 
         def complete(conn: sqlite3.Connection) -> None:
+            if review_run is not None and start_failure is not None:
+                review_runs.mark_start_failed(conn, review_run, start_failure)
             step_entries.finish_marker(
                 conn, key, position, action.type, final.state, final.detail, self.services.now()
             )

@@ -24,12 +24,14 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
+from onceflow.actors.coordinator import Coordinator
 from onceflow.actors.engine import Engine
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
 from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
 from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.outcome import OutcomeSupervisor
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services, WorkflowRegistry, find_step
 from onceflow.actors.task_actor import TaskActor
@@ -60,8 +62,11 @@ class _TaskMessage:
 class Runtime:
     """The embedding API: `await rt.send(command)` returns a `Reply`; `rt.subscribe()` streams events."""
 
-    def __init__(self, services: Services, nursery: trio.Nursery, hub: EventHub) -> None:
+    def __init__(
+        self, services: Services, nursery: trio.Nursery, hub: EventHub, outcomes: OutcomeSupervisor
+    ) -> None:
         self.services = services
+        self._outcomes = outcomes
         self.engine = Engine(services)
         self._nursery = nursery
         self._hub = hub
@@ -189,6 +194,8 @@ class Runtime:
                     )
                 )
                 return [runs.run_as_dict(row) for row in rows]
+            case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
+                return await self._outcomes.handle(command, out)
         raise TypeError(f"unroutable command {type(command).__name__}")
 
     async def register_workflow(self, text: str, source: str, *, import_path: bool = False) -> dict[str, Any]:
@@ -307,13 +314,17 @@ async def open_runtime(
     durability: Durability = Durability.FULL,
     clock: Callable[[], float] = time.time,
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
+    coordinator: Coordinator | None = None,
+    redelivery_interval: float = 60.0,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
     `clock` returns Unix seconds for persisted timestamps; `executors` maps engine-owned action types to
     their executors (an action type without one is reported, never silently skipped). The ledger is
     created here, before the runtime object, and lives exactly as long as the runtime.
-    Raises DatabaseOwnedError at once when another runtime owns the file.
+    `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
+    until acknowledged; unfinished outcomes resume at once. Without one, outcomes are stored, pending.
+    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0.
     """
     async with open_store(db_path, durability=durability) as store, trio.open_nursery() as nursery:
         ledger = LedgerActor()
@@ -329,9 +340,13 @@ async def open_runtime(
             clock=clock,
         )
         hub = EventHub()
+        outcome_supervisor = OutcomeSupervisor(
+            store, hub, coordinator, redelivery_interval=redelivery_interval, clock=clock
+        )
         try:
+            await nursery.start(outcome_supervisor.run)
             async with trio.open_nursery() as task_nursery:
-                runtime = Runtime(services, task_nursery, hub)
+                runtime = Runtime(services, task_nursery, hub, outcome_supervisor)
                 task_nursery.start_soon(runtime._forward_promotions, promoted)
                 try:
                     await runtime._load_workflows()
@@ -342,5 +357,6 @@ async def open_runtime(
                     runtime._close()  # the task nursery then waits for every actor to drain its mailbox
                     promotions.close()
         finally:
+            outcome_supervisor.close()
             ledger.close()
             hub.close()

@@ -11,6 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from onceflow.protocol.outcome import CoordinatorAck as CoordinatorAck  # re-exported: the outcome commands
+from onceflow.protocol.outcome import GetOutcome as GetOutcome
+from onceflow.protocol.outcome import OutcomeReady as OutcomeReady
+
 Id = Annotated[str, Field(min_length=1)]
 Role = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
 Priority = Literal["critical", "high", "medium", "low"]
@@ -296,7 +300,10 @@ Command = Annotated[
     | GetTask
     | ListRuns
     | ListDecisions
-    | ListStepEntries,
+    | ListStepEntries
+    | OutcomeReady
+    | CoordinatorAck
+    | GetOutcome,
     Field(discriminator="type"),
 ]
 

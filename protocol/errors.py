@@ -70,3 +70,9 @@ class ActionError(OnceflowError):
     """An action could not be executed (no target agent, unknown task, missing executor)."""
 
     code = "action_failed"
+
+
+class BusyError(OnceflowError):
+    """The target cannot take the message now (an outcome's acknowledgement inbox is full); retry later."""
+
+    code = "busy"

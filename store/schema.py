@@ -118,6 +118,48 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE workflows ADD COLUMN import_path INTEGER NOT NULL DEFAULT 0;
     """,
+    # 3: coordinator outcome delivery (coordinator-outcome-delivery.md): one bounded row per outcome, and a
+    # small inbox of acknowledgements waiting for the outcome's actor (store/outcomes.py).
+    """
+    CREATE TABLE outcomes (
+        outcome_id             TEXT PRIMARY KEY,
+        envelope               TEXT NOT NULL,
+        behavior_version       INTEGER NOT NULL,
+        phase                  TEXT NOT NULL
+                               CHECK (phase IN ('pending', 'needs-coordinator-ack', 'acknowledged')),
+        delivery_attempts      INTEGER NOT NULL DEFAULT 0,
+        duplicate_signals      INTEGER NOT NULL DEFAULT 0,
+        stale_acknowledgements INTEGER NOT NULL DEFAULT 0,
+        delivery_ref           TEXT,
+        coordinator_fence      TEXT,
+        delivered_at           REAL,
+        acknowledged_at        REAL,
+        last_delivery_error    TEXT
+    );
+
+    CREATE TABLE outcome_acks (
+        seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+        outcome_id        TEXT NOT NULL REFERENCES outcomes(outcome_id) ON DELETE CASCADE,
+        store_ref         TEXT NOT NULL,
+        work_id           TEXT NOT NULL,
+        coordinator_fence TEXT NOT NULL,
+        copies            INTEGER NOT NULL DEFAULT 1,
+        UNIQUE (outcome_id, store_ref, work_id, coordinator_fence)
+    );
+    """,
+    # 4: code-review passes started by on_enter run_code_review (on-enter-action-dispatch.md AC-A8).
+    """
+    CREATE TABLE task_review_runs (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id          TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        workflow_step_id TEXT NOT NULL,
+        trigger          TEXT NOT NULL,
+        status           TEXT NOT NULL CHECK (status IN ('started', 'start_failed')),
+        detail           TEXT NOT NULL DEFAULT '',
+        created_at       REAL NOT NULL
+    );
+    CREATE INDEX task_review_runs_by_task ON task_review_runs(task_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,326 @@
+"""Durable coordinator outcome delivery: one actor per outcome, and the supervisor that runs them.
+
+Gas City's `CoordinatorOutcomeWorkflow` (coordinator-outcome-delivery.md) without a Temporal server: the
+state lives in one SQLite row per outcome (`onceflow.store.outcomes`), the signals are the `outcome_ready`
+and `coordinator_ack` commands, the query is `get_outcome`, the durable timer is a Trio timer, and the two
+activities are the host's `Coordinator` callables. The spec has no acceptance-criterion ids; these are the
+ids the code and tests use:
+
+- AC-CO-1  an envelope is validated field by field and every rejection names the field.
+- AC-CO-2  the outcome id is derived from the envelope's content; a mismatching id is rejected.
+- AC-CO-3  the state is queryable; phase pending -> needs-coordinator-ack -> acknowledged, and it stays in
+           needs-coordinator-ack until the exact current delivery is acknowledged.
+- AC-CO-4  delivery goes through the host's `deliver`, retried inside one cycle (1 s, x2, cap 10 s,
+           5 attempts) under the stable id `deliver/<outcome_id>/cycle-NNNNNN`, N counting every cycle.
+- AC-CO-5  a receipt for another outcome or work id, or with a malformed fence or ref, fails the cycle.
+- AC-CO-6  a successful delivery sets the phase to needs-coordinator-ack with that delivery's fence and
+           ref (a new delivery may carry a new fence) and clears the last error; delivered_at is set once.
+- AC-CO-7  a failed cycle records `local-delivery-failed`, waits one interval and redelivers, next cycle id.
+- AC-CO-8  after a delivery the actor waits for an ack or the redelivery interval (default 60 s); when the
+           timer fires it first drains acks that already arrived, and only then redelivers.
+- AC-CO-9  an ack matches only if store ref, outcome id, work id and the current fence all match; any
+           other ack is counted stale and never completes the outcome.
+- AC-CO-10 a matching ack is committed through the host's `acknowledge` (same retry policy, id
+           `ack/<outcome_id>/cycle-N`, N the delivery cycle); if that fails, `canonical-acknowledgement-
+           failed` is recorded, the actor waits one interval and redelivers.
+- AC-CO-11 a repeated identical outcome_ready counts a duplicate; a different envelope under the same id
+           records `conflicting-outcome-ready-signal` and changes nothing else.
+- AC-CO-12 (the spec's GetVersion patch) from behaviour version 1, while a redelivery is failing an ack for
+           the last successful delivery still completes the outcome; version-0 records only sleep.
+- AC-CO-13 the record is bounded: counters, never a row per attempt (the spec's Continue-As-New).
+- AC-CO-14 a restart resumes every unfinished outcome from its stored state, draining the acks that
+           arrived before it first, then redelivering at once.
+- AC-CO-15 a committed acknowledgement sets phase acknowledged and acknowledged_at; the actor ends.
+
+Without a `Coordinator` the runtime still accepts and stores outcomes (phase pending, a warning diagnostic)
+as Temporal accepts a workflow no worker polls yet; the next runtime opened with a coordinator delivers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import trio
+
+from onceflow.actors.coordinator import RETRY, AcknowledgeRequest, Coordinator, DeliveryRequest, cycle_label
+from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.protocol.errors import ConflictError
+from onceflow.protocol.outcome import (
+    CoordinatorAck,
+    GetOutcome,
+    OutcomeDelivery,
+    OutcomeEnvelope,
+    OutcomeReady,
+)
+from onceflow.store import outcomes
+from onceflow.store.outcomes import OutcomeRecord, PendingAck
+from onceflow.store.writer import StoreActor
+
+log = structlog.get_logger("onceflow.outcome")
+
+BEHAVIOR_VERSION = 1
+"""Stored with every new outcome; a record keeps the rules of the version it was created under."""
+
+ACK_DURING_FAILED_REDELIVERY = 1
+"""The version from which an ack is awaited while a redelivery fails (AC-CO-12; 0 = spec DefaultVersion)."""
+
+
+class OutcomeActor:
+    """Delivers one outcome until its current delivery is acknowledged (AC-CO-3 .. AC-CO-15).
+
+    `interval` is the redelivery interval in seconds; `clock` returns Unix seconds for delivered_at and
+    acknowledged_at. Timers are Trio timers, so `trio.testing.MockClock` drives them.
+    """
+
+    def __init__(
+        self,
+        outcome_id: str,
+        *,
+        store: StoreActor,
+        coordinator: Coordinator,
+        hub: EventHub,
+        interval: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.outcome_id = outcome_id
+        self._store = store
+        self._coordinator = coordinator
+        self._hub = hub
+        self._interval = interval
+        self._clock = clock
+        self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """An acknowledgement was committed to the inbox: look at it now rather than at the timer."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Deliver until acknowledged, resuming from the stored record; return once acknowledged (AC-CO-14).
+
+        Raises whatever the store or the clock raise (the supervisor restarts the actor); the host's
+        callables never make it raise.
+        """
+        self._record = await self._store.transact(lambda conn: outcomes.get(conn, self.outcome_id))
+        if self._record.phase == outcomes.ACKNOWLEDGED:
+            return
+        self._envelope = OutcomeEnvelope.model_validate(self._record.envelope)
+        ack = await self._take()  # acks that arrived before this start (AC-CO-14)
+        if ack is not None and await self._complete(ack):
+            return
+        while True:
+            if not await self._deliver() and not self._awaits_ack_while_redelivery_fails():
+                await trio.sleep(self._interval)  # AC-CO-7
+                continue
+            ack = await self._await_ack()
+            if ack is None:
+                continue  # the timer fired: redeliver (AC-CO-8)
+            if await self._complete(ack):
+                return
+            await trio.sleep(self._interval)  # AC-CO-10
+
+    def _awaits_ack_while_redelivery_fails(self) -> bool:
+        """AC-CO-12: after a successful delivery, a failing redelivery still waits for that delivery's ack."""
+        return (
+            self._record.behavior_version >= ACK_DURING_FAILED_REDELIVERY
+            and self._record.phase == outcomes.NEEDS_ACK
+        )
+
+    async def _update(self, fn: Callable[..., OutcomeRecord], *args: Any) -> None:
+        self._record = await self._store.transact(lambda conn: fn(conn, self.outcome_id, *args))
+
+    async def _deliver(self) -> bool:
+        """One delivery cycle (AC-CO-4 .. AC-CO-7); True if the coordinator returned a valid receipt."""
+        await self._update(outcomes.begin_cycle)
+        cycle = cycle_label(self._record.delivery_attempts)
+        cycle_id = f"deliver/{self.outcome_id}/{cycle}"
+        try:
+            raw = await RETRY.run(
+                lambda attempt: self._coordinator.deliver(
+                    DeliveryRequest(self._envelope, cycle, cycle_id, attempt)
+                ),
+                cycle_id=cycle_id,
+            )
+            receipt = OutcomeDelivery.model_validate(raw, context={"envelope": self._envelope})
+        except Exception as exc:
+            await self._update(outcomes.record_error, outcomes.DELIVERY_FAILED)
+            self._emit("warning", "outcome_delivery_failed", cycle_id=cycle_id, error=repr(exc))
+            return False
+        await self._update(
+            outcomes.record_delivery, receipt.delivery_ref, receipt.coordinator_fence, self._clock()
+        )
+        self._emit(
+            "info",
+            "outcome_delivered",
+            cycle_id=cycle_id,
+            coordinator_fence=receipt.coordinator_fence,
+            delivery_ref=receipt.delivery_ref,
+        )
+        return True
+
+    async def _await_ack(self) -> PendingAck | None:
+        """Wait up to one interval for the matching ack; None when the timer fired without one (AC-CO-8).
+
+        No timer is pending while the inbox is read, so a store round trip never counts against it.
+        """
+        deadline = trio.current_time() + self._interval
+        while trio.current_time() < deadline:
+            self._wake = trio.Event()
+            ack = await self._take()
+            if ack is not None:
+                return ack
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+        return await self._take()  # acks that arrived just as the timer fired
+
+    async def _take(self) -> PendingAck | None:
+        return await self._store.transact(lambda conn: outcomes.take_matching_ack(conn, self.outcome_id))
+
+    async def _complete(self, ack: PendingAck) -> bool:
+        """Commit a matching ack through the host (AC-CO-10); True once acknowledged (AC-CO-15)."""
+        cycle_id = f"ack/{self.outcome_id}/{cycle_label(self._record.delivery_attempts)}"
+        acknowledgement = CoordinatorAck(
+            store_ref=ack.store_ref,
+            outcome_id=ack.outcome_id,
+            work_id=ack.work_id,
+            coordinator_fence=ack.coordinator_fence,
+        )
+        try:
+            await RETRY.run(
+                lambda attempt: self._coordinator.acknowledge(
+                    AcknowledgeRequest(acknowledgement, cycle_id, attempt)
+                ),
+                cycle_id=cycle_id,
+            )
+        except Exception as exc:
+            self._record = await self._store.transact(lambda conn: outcomes.consume_ack(conn, ack))
+            self._emit("warning", "outcome_acknowledgement_failed", cycle_id=cycle_id, error=repr(exc))
+            return False
+        await self._update(outcomes.record_acknowledged, self._clock())
+        self._emit("info", "outcome_acknowledged", cycle_id=cycle_id, coordinator_fence=ack.coordinator_fence)
+        return True
+
+    def _emit(self, level: str, code: str, **fields: Any) -> None:
+        Outbox(self._hub).diagnostic(level, code, outcome_id=self.outcome_id, **fields)
+
+
+class OutcomeSupervisor:
+    """Routes the outcome commands and runs one `OutcomeActor` per unfinished outcome.
+
+    `coordinator` None stores outcomes without delivering them (see the module docstring).
+    `redelivery_interval` is in seconds; `clock` returns Unix seconds.
+    """
+
+    def __init__(
+        self,
+        store: StoreActor,
+        hub: EventHub,
+        coordinator: Coordinator | None,
+        *,
+        redelivery_interval: float,
+        clock: Callable[[], float],
+    ) -> None:
+        if redelivery_interval <= 0:
+            raise ValueError(f"redelivery_interval must be positive seconds, got {redelivery_interval}")
+        self._store = store
+        self._hub = hub
+        self._coordinator = coordinator
+        self._interval = redelivery_interval
+        self._clock = clock
+        self._actors: dict[str, OutcomeActor] = {}
+        self._cancel = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Resume every unfinished outcome (AC-CO-14), report started, and run actors until `close`."""
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self._coordinator is not None:
+                    for outcome_id in await self._store.transact(outcomes.unfinished):
+                        self._spawn(outcome_id)
+                task_status.started()
+                await trio.sleep_forever()
+
+    def close(self) -> None:
+        """Stop every actor (what they committed stays; the next start resumes the rest)."""
+        self._cancel.cancel()
+
+    async def handle(
+        self, command: OutcomeReady | CoordinatorAck | GetOutcome, out: Outbox
+    ) -> dict[str, Any]:
+        """Apply one outcome command and return its reply result.
+
+        - outcome_ready -> `{outcome_id, received: started|duplicate, phase}` (AC-CO-11).
+        - coordinator_ack -> `{outcome_id, queued, phase}`; queued False when already acknowledged.
+        - get_outcome -> the outcome's state (`OutcomeRecord.as_dict`, AC-CO-3).
+
+        Raises:
+            ConflictError: outcome_ready with a different envelope under a known id (field envelope); the
+                conflict is recorded as the outcome's last error (AC-CO-11).
+            NotFoundError: coordinator_ack or get_outcome for an unknown outcome (field outcome_id).
+            BusyError: the outcome's acknowledgement inbox is full (field outcome_id).
+        """
+        store = self._store
+        match command:
+            case OutcomeReady(envelope=envelope):
+                data = envelope.model_dump(mode="json")
+                received, record = await store.transact(
+                    lambda conn: outcomes.record_ready(conn, envelope.outcome_id, data, BEHAVIOR_VERSION)
+                )
+                if received == "conflict":
+                    raise ConflictError(
+                        f"outcome {envelope.outcome_id} was received with a different envelope",
+                        field="envelope",
+                    )
+                if received == "started" and self._coordinator is None:
+                    out.diagnostic(
+                        "warning", "outcome_waiting_for_coordinator", outcome_id=envelope.outcome_id
+                    )
+                elif received == "started":
+                    self._spawn(envelope.outcome_id)
+                return {"outcome_id": envelope.outcome_id, "received": received, "phase": record.phase}
+            case CoordinatorAck():
+                queued, record = await store.transact(
+                    lambda conn: outcomes.enqueue_ack(
+                        conn,
+                        store_ref=command.store_ref,
+                        outcome_id=command.outcome_id,
+                        work_id=command.work_id,
+                        coordinator_fence=command.coordinator_fence,
+                    )
+                )
+                actor = self._actors.get(command.outcome_id)
+                if queued and actor is not None:
+                    actor.wake()
+                return {"outcome_id": command.outcome_id, "queued": queued, "phase": record.phase}
+            case GetOutcome():
+                found = await store.transact(lambda conn: outcomes.get(conn, command.outcome_id))
+                return found.as_dict()
+
+    def _spawn(self, outcome_id: str) -> None:
+        assert self._nursery is not None and self._coordinator is not None
+        if outcome_id in self._actors:
+            return
+        actor = self._actors[outcome_id] = OutcomeActor(
+            outcome_id,
+            store=self._store,
+            coordinator=self._coordinator,
+            hub=self._hub,
+            interval=self._interval,
+            clock=self._clock,
+        )
+        self._nursery.start_soon(self._supervise, actor)
+
+    async def _supervise(self, actor: OutcomeActor) -> None:
+        """Run the actor until acknowledged; after a crash, log it and restart it one interval later."""
+        while True:
+            try:
+                await actor.run()
+            except Exception as exc:
+                log.error("outcome_actor_crashed", outcome_id=actor.outcome_id, cause=repr(exc))
+                await trio.sleep(self._interval)
+            else:
+                del self._actors[actor.outcome_id]
+                return

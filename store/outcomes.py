@@ -1,0 +1,243 @@
+"""The durable outcome record and its acknowledgement inbox (coordinator-outcome-delivery.md).
+
+One `outcomes` row per outcome holds its whole queryable state (the spec's `CoordinatorOutcomeState`) as
+counters, never a row per attempt, so a record does not grow with the number of attempts (AC-CO-13, the
+spec's Continue-As-New). `outcome_acks` is a small inbox: an acknowledgement is committed there before its
+command is answered and the outcome's actor drains it, so an ack that arrives while the actor is delivering,
+just as its timer fires, or before a crash is not lost (AC-CO-8, AC-CO-14). Identical acks share one row
+(`copies`); at most MAX_PENDING_ACKS distinct acks wait per outcome. Functions run inside a store
+transaction (`StoreActor.transact`); times are Unix seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Literal
+
+import attrs
+
+from onceflow.protocol.errors import BusyError, NotFoundError
+
+Phase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
+PENDING: Phase = "pending"
+NEEDS_ACK: Phase = "needs-coordinator-ack"
+ACKNOWLEDGED: Phase = "acknowledged"
+
+# The spec's last_delivery_error values.
+DELIVERY_FAILED = "local-delivery-failed"
+ACK_FAILED = "canonical-acknowledgement-failed"
+CONFLICTING_READY = "conflicting-outcome-ready-signal"
+
+MAX_PENDING_ACKS = 16
+
+_COLUMNS = (
+    "outcome_id, envelope, behavior_version, phase, delivery_attempts, duplicate_signals,"
+    " stale_acknowledgements, delivery_ref, coordinator_fence, delivered_at, acknowledged_at,"
+    " last_delivery_error"
+)
+
+
+@attrs.frozen
+class OutcomeRecord:
+    """One outcome's durable state; `as_dict` is the `get_outcome` result (AC-CO-3).
+
+    `envelope` is the validated envelope as JSON data. `delivery_attempts` counts delivery cycles, all
+    runtimes together; `delivery_ref` and `coordinator_fence` are those of the last successful delivery;
+    `delivered_at` is the first success only. `behavior_version` selects the rules the record runs under
+    (AC-CO-12).
+    """
+
+    outcome_id: str
+    envelope: dict[str, Any]
+    behavior_version: int
+    phase: Phase
+    delivery_attempts: int
+    duplicate_signals: int
+    stale_acknowledgements: int
+    delivery_ref: str | None
+    coordinator_fence: str | None
+    delivered_at: float | None
+    acknowledged_at: float | None
+    last_delivery_error: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field as JSON data."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class PendingAck:
+    """An acknowledgement waiting in the inbox; `seq` orders arrival."""
+
+    seq: int
+    store_ref: str
+    outcome_id: str
+    work_id: str
+    coordinator_fence: str
+
+
+def load(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord | None:
+    """The record, or None when there is none."""
+    row = conn.execute(f"SELECT {_COLUMNS} FROM outcomes WHERE outcome_id = ?", (outcome_id,)).fetchone()
+    if row is None:
+        return None
+    return OutcomeRecord(row[0], json.loads(row[1]), *row[2:])
+
+
+def get(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+    """The record. Raises NotFoundError (field outcome_id) when there is none."""
+    record = load(conn, outcome_id)
+    if record is None:
+        raise NotFoundError(f"no outcome {outcome_id}", field="outcome_id")
+    return record
+
+
+def unfinished(conn: sqlite3.Connection) -> list[str]:
+    """Ids of every outcome not yet acknowledged, oldest first (resumed at start, AC-CO-14)."""
+    rows = conn.execute("SELECT outcome_id FROM outcomes WHERE phase != ? ORDER BY rowid", (ACKNOWLEDGED,))
+    return [row[0] for row in rows]
+
+
+def record_ready(
+    conn: sqlite3.Connection, outcome_id: str, envelope: dict[str, Any], behavior_version: int
+) -> tuple[Literal["started", "duplicate", "conflict"], OutcomeRecord]:
+    """Create the outcome's record (phase pending), or count a repeat of it (AC-CO-11).
+
+    An identical envelope under an existing id adds one to `duplicate_signals`; a different one sets
+    `last_delivery_error` to `conflicting-outcome-ready-signal` and changes nothing else.
+    """
+    existing = load(conn, outcome_id)
+    if existing is None:
+        conn.execute(
+            "INSERT INTO outcomes (outcome_id, envelope, behavior_version, phase) VALUES (?, ?, ?, ?)",
+            (outcome_id, json.dumps(envelope), behavior_version, PENDING),
+        )
+        return "started", get(conn, outcome_id)
+    if existing.envelope == envelope:
+        conn.execute(
+            "UPDATE outcomes SET duplicate_signals = duplicate_signals + 1 WHERE outcome_id = ?",
+            (outcome_id,),
+        )
+        return "duplicate", get(conn, outcome_id)
+    return "conflict", record_error(conn, outcome_id, CONFLICTING_READY)
+
+
+def begin_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+    """Count one more delivery cycle; the new `delivery_attempts` is the cycle's number (AC-CO-4)."""
+    conn.execute(
+        "UPDATE outcomes SET delivery_attempts = delivery_attempts + 1 WHERE outcome_id = ?", (outcome_id,)
+    )
+    return get(conn, outcome_id)
+
+
+def record_delivery(
+    conn: sqlite3.Connection, outcome_id: str, delivery_ref: str, coordinator_fence: str, now: float
+) -> OutcomeRecord:
+    """A delivery succeeded: phase needs-coordinator-ack under its fence and ref, error cleared (AC-CO-6)."""
+    conn.execute(
+        "UPDATE outcomes SET phase = ?, delivery_ref = ?, coordinator_fence = ?,"
+        " delivered_at = COALESCE(delivered_at, ?), last_delivery_error = NULL WHERE outcome_id = ?",
+        (NEEDS_ACK, delivery_ref, coordinator_fence, now, outcome_id),
+    )
+    return get(conn, outcome_id)
+
+
+def record_error(conn: sqlite3.Connection, outcome_id: str, error: str) -> OutcomeRecord:
+    """Set `last_delivery_error` (one of the spec's values above); nothing else changes."""
+    conn.execute("UPDATE outcomes SET last_delivery_error = ? WHERE outcome_id = ?", (error, outcome_id))
+    return get(conn, outcome_id)
+
+
+def enqueue_ack(
+    conn: sqlite3.Connection, *, store_ref: str, outcome_id: str, work_id: str, coordinator_fence: str
+) -> tuple[bool, OutcomeRecord]:
+    """Put an acknowledgement in the outcome's inbox; return whether it was queued, and the record.
+
+    An ack for an acknowledged outcome is not queued (the outcome is finished). An ack identical to one
+    already waiting adds a copy.
+
+    Raises:
+        NotFoundError: no such outcome (field outcome_id).
+        BusyError: MAX_PENDING_ACKS distinct acks already wait (field outcome_id); retry later.
+    """
+    record = get(conn, outcome_id)
+    if record.phase == ACKNOWLEDGED:
+        return False, record
+    key = (outcome_id, store_ref, work_id, coordinator_fence)
+    updated = conn.execute(
+        "UPDATE outcome_acks SET copies = copies + 1"
+        " WHERE outcome_id = ? AND store_ref = ? AND work_id = ? AND coordinator_fence = ?",
+        key,
+    )
+    if updated.rowcount == 0:
+        (waiting,) = conn.execute(
+            "SELECT COUNT(*) FROM outcome_acks WHERE outcome_id = ?", (outcome_id,)
+        ).fetchone()
+        if waiting >= MAX_PENDING_ACKS:
+            raise BusyError(
+                f"outcome {outcome_id} already has {waiting} acknowledgements waiting",
+                field="outcome_id",
+            )
+        conn.execute(
+            "INSERT INTO outcome_acks (outcome_id, store_ref, work_id, coordinator_fence)"
+            " VALUES (?, ?, ?, ?)",
+            key,
+        )
+    return True, record
+
+
+def matches(record: OutcomeRecord, ack: PendingAck) -> bool:
+    """AC-CO-9: store ref, outcome id, work id and the current coordinator fence all equal."""
+    return (
+        ack.store_ref == record.envelope["store_ref"]
+        and ack.outcome_id == record.outcome_id
+        and ack.work_id == record.envelope["work_id"]
+        and ack.coordinator_fence == record.coordinator_fence
+    )
+
+
+def take_matching_ack(conn: sqlite3.Connection, outcome_id: str) -> PendingAck | None:
+    """Drain the inbox in arrival order up to the first ack matching the current delivery (AC-CO-9).
+
+    Each ack before it that does not match is removed and counted in `stale_acknowledgements` (once per
+    copy). The matching ack stays in the inbox until `record_acknowledged` or `consume_ack` removes it, so
+    a crash before its commit finishes loses nothing.
+    """
+    record = get(conn, outcome_id)
+    rows = conn.execute(
+        "SELECT seq, store_ref, outcome_id, work_id, coordinator_fence, copies FROM outcome_acks"
+        " WHERE outcome_id = ? ORDER BY seq",
+        (outcome_id,),
+    ).fetchall()
+    stale = 0
+    found = None
+    for row in rows:
+        ack = PendingAck(*row[:5])
+        if matches(record, ack):
+            found = ack
+            break
+        stale += row[5]
+        conn.execute("DELETE FROM outcome_acks WHERE seq = ?", (ack.seq,))
+    conn.execute(
+        "UPDATE outcomes SET stale_acknowledgements = stale_acknowledgements + ? WHERE outcome_id = ?",
+        (stale, outcome_id),
+    )
+    return found
+
+
+def consume_ack(conn: sqlite3.Connection, ack: PendingAck) -> OutcomeRecord:
+    """Committing `ack` failed: remove one copy of it and record `canonical-acknowledgement-failed`."""
+    conn.execute("UPDATE outcome_acks SET copies = copies - 1 WHERE seq = ?", (ack.seq,))
+    conn.execute("DELETE FROM outcome_acks WHERE seq = ? AND copies <= 0", (ack.seq,))
+    return record_error(conn, ack.outcome_id, ACK_FAILED)
+
+
+def record_acknowledged(conn: sqlite3.Connection, outcome_id: str, now: float) -> OutcomeRecord:
+    """The acknowledgement was committed: phase acknowledged at `now`; the inbox is emptied (AC-CO-15)."""
+    conn.execute(
+        "UPDATE outcomes SET phase = ?, acknowledged_at = ? WHERE outcome_id = ?",
+        (ACKNOWLEDGED, now, outcome_id),
+    )
+    conn.execute("DELETE FROM outcome_acks WHERE outcome_id = ?", (outcome_id,))
+    return get(conn, outcome_id)

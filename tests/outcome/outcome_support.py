@@ -1,0 +1,180 @@
+"""Shared by the outcome tests: valid envelopes, a scriptable fake coordinator, diagnostic waits.
+
+The fake coordinator is the host side (coordinator-outcome-delivery.md's activities), so faking it is fine;
+the store is always a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+from helpers import ok
+
+from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
+from onceflow.actors.supervisor import Runtime
+from onceflow.protocol.events import Diagnostic, Event
+from onceflow.protocol.outcome import OutcomeDelivery, ProducerFence, derive_outcome_id
+
+SHA = "0123456789abcdef" * 4
+REAL_SECONDS = 20.0
+
+T = TypeVar("T")
+
+
+async def within_real_time(wait: Callable[[], Awaitable[T]]) -> T:
+    """`await wait()`, failing after REAL_SECONDS of wall-clock time instead of hanging the suite.
+
+    A MockClock deadline would not do: the clock autojumps to the nearest deadline whenever every task is
+    blocked, including on a store transaction, so a virtual-time limit could fire while the runtime works.
+    The watchdog is a thread the wait never hops through, so the waiter wakes exactly as it would without.
+    """
+    done = threading.Event()
+
+    async def watchdog() -> None:
+        if not await trio.to_thread.run_sync(done.wait, REAL_SECONDS, abandon_on_cancel=True):
+            raise AssertionError(f"still waiting after {REAL_SECONDS} s of real time")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watchdog)
+        result = await wait()
+        done.set()
+        nursery.cancel_scope.cancel()
+    return result
+
+
+def envelope(**overrides: Any) -> dict[str, Any]:
+    """A valid envelope as JSON data; `outcome_id` is derived after the overrides unless one is given."""
+    data: dict[str, Any] = {
+        "contract_version": 1,
+        "producer": "direct-worker",
+        "store_ref": "city:gascity",
+        "work_id": "gc-1234",
+        "source_root_id": "gc-1000",
+        "step_key": "implement",
+        "summary": "Implemented the parser.",
+        "impact": "Commands are parsed strictly.",
+        "state": "terminal",
+        "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": SHA}],
+        "producer_fence": {"producer_id": "worker-7", "generation": 3, "token": "tok-9"},
+        "occurred_at": 1_700_000_000.5,
+    }
+    data.update(overrides)
+    if "outcome_id" not in data:
+        data["outcome_id"] = derive_outcome_id(
+            producer=data["producer"],
+            store_ref=data["store_ref"],
+            work_id=data["work_id"],
+            state=data["state"],
+            producer_fence=ProducerFence.model_validate(data["producer_fence"]),
+        )
+    return data
+
+
+def ack(env: dict[str, Any], fence: str, **overrides: Any) -> dict[str, Any]:
+    """A coordinator_ack message for `env` under `fence`."""
+    message = {
+        "type": "coordinator_ack",
+        "store_ref": env["store_ref"],
+        "outcome_id": env["outcome_id"],
+        "work_id": env["work_id"],
+        "coordinator_fence": fence,
+    }
+    return {**message, **overrides}
+
+
+async def ready(rt: Runtime, env: dict[str, Any]) -> dict[str, Any]:
+    return dict((await ok(rt, json.dumps({"type": "outcome_ready", "envelope": env}))).result)
+
+
+async def state(rt: Runtime, outcome_id: str) -> dict[str, Any]:
+    return dict((await ok(rt, {"type": "get_outcome", "outcome_id": outcome_id})).result)
+
+
+@attrs.define
+class FakeCoordinator:
+    """A scriptable coordinator. Every call is recorded with `trio.current_time()`.
+
+    `fence` is returned in receipts (change it to model a coordinator restart); `down` makes every delivery
+    raise; `failing_deliveries` / `failing_acks` make that many next attempts raise; `hanging_deliveries` /
+    `hanging_acks` make that many next attempts wait forever; `receipt` overrides fields of every receipt;
+    `during_delivery` is awaited inside every delivery attempt, before it returns its receipt;
+    `receipt_model` returns the receipt as an unvalidated `OutcomeDelivery` instead of a mapping.
+    """
+
+    fence: str = "coord-1"
+    down: bool = False
+    failing_deliveries: int = 0
+    failing_acks: int = 0
+    hanging_deliveries: int = 0
+    hanging_acks: int = 0
+    receipt: dict[str, Any] = attrs.field(factory=dict)
+    during_delivery: Callable[[DeliveryRequest], Awaitable[object]] | None = None
+    receipt_model: bool = False
+    deliveries: list[tuple[float, DeliveryRequest]] = attrs.field(factory=list)
+    acks: list[tuple[float, AcknowledgeRequest]] = attrs.field(factory=list)
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def deliver(self, request: DeliveryRequest) -> OutcomeDelivery | dict[str, Any]:
+        self._record(self.deliveries, request)
+        if self.hanging_deliveries > 0:
+            self.hanging_deliveries -= 1
+            await trio.sleep_forever()
+        if self.down or self.failing_deliveries > 0:
+            self.failing_deliveries = max(0, self.failing_deliveries - 1)
+            raise ConnectionError("coordinator unreachable")
+        if self.during_delivery is not None:
+            await self.during_delivery(request)
+        receipt = {
+            "outcome_id": request.envelope.outcome_id,
+            "work_id": request.envelope.work_id,
+            "delivery_ref": f"mail-{len(self.deliveries)}",
+            "coordinator_fence": self.fence,
+            **self.receipt,
+        }
+        return OutcomeDelivery.model_construct(**receipt) if self.receipt_model else receipt
+
+    async def acknowledge(self, request: AcknowledgeRequest) -> None:
+        self._record(self.acks, request)
+        if self.hanging_acks > 0:
+            self.hanging_acks -= 1
+            await trio.sleep_forever()
+        if self.failing_acks > 0:
+            self.failing_acks -= 1
+            raise ConnectionError("canonical store unreachable")
+
+    def _record(self, calls: list[Any], request: Any) -> None:
+        calls.append((trio.current_time(), request))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Wait (no virtual-time timer) until `predicate()` holds after some call."""
+
+        async def wait() -> None:
+            while not predicate():
+                await self._changed.wait()
+
+        await within_real_time(wait)
+
+    def delivery_ids(self) -> list[tuple[str, int]]:
+        return [(request.cycle_id, request.attempt) for _, request in self.deliveries]
+
+    def ack_ids(self) -> list[tuple[str, int]]:
+        return [(request.cycle_id, request.attempt) for _, request in self.acks]
+
+
+async def diagnostic(events: trio.MemoryReceiveChannel[Event], code: str) -> Diagnostic:
+    """The next `diagnostic` event with `code` on a subscription (others are skipped)."""
+
+    async def wait() -> Diagnostic:
+        async for event in events:
+            if isinstance(event, Diagnostic) and event.code == code:
+                return event
+        raise AssertionError(f"the runtime closed before a {code} diagnostic")
+
+    return await within_real_time(wait)

@@ -1,0 +1,225 @@
+"""Outcomes across runtime restarts, the behaviour version, bounded records, crashes (AC-CO-12 .. AC-CO-14).
+
+Ids AC-CO-n are listed in onceflow.actors.outcome. A "crash" is leaving the runtime while an outcome is in
+flight: its actor is cancelled where it stands and only what was committed survives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import structlog
+from helpers import START, FakeClock, ok, send
+from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state
+from structlog.testing import capture_logs
+from trio.testing import MockClock
+
+from onceflow.actors.supervisor import open_runtime
+from onceflow.protocol.outcome import OutcomeEnvelope
+from onceflow.store import outcomes
+from onceflow.store.outcomes import MAX_PENDING_ACKS
+from onceflow.store.writer import open_store
+
+
+async def test_ac_co_14_a_restart_between_delivery_and_ack_redelivers_under_the_new_fence(
+    db_path: Path, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    clock = FakeClock()
+    async with open_runtime(db_path, clock=clock, coordinator=FakeCoordinator(fence="coord-1")) as rt:
+        events = rt.subscribe()
+        await ready(rt, env)
+        await diagnostic(events, "outcome_delivered")
+    clock.advance(300)
+    restarted = FakeCoordinator(fence="coord-2")
+    async with open_runtime(db_path, clock=clock, coordinator=restarted) as rt:
+        events = rt.subscribe()
+        await restarted.until(lambda: len(restarted.deliveries) == 1)  # resumed at once, cycle 2
+        assert restarted.delivery_ids() == [(f"deliver/{env['outcome_id']}/cycle-000002", 1)]
+        await ok(rt, ack(env, "coord-1"))  # the coordinator session before the restart
+        await ok(rt, ack(env, "coord-2"))
+        await diagnostic(events, "outcome_acknowledged")
+        got = await state(rt, env["outcome_id"])
+    assert [request.acknowledgement.coordinator_fence for _, request in restarted.acks] == ["coord-2"]
+    # cycle 2, or 3 if the timer fired while the acks were being stored: the ack names its delivery's cycle
+    assert got["delivery_attempts"] in (2, 3)
+    assert restarted.ack_ids() == [(f"ack/{env['outcome_id']}/cycle-{got['delivery_attempts']:06d}", 1)]
+    assert (got["phase"], got["stale_acknowledgements"]) == ("acknowledged", 1)
+    assert (got["delivered_at"], got["acknowledged_at"]) == (START, START + 300)
+
+
+async def test_ac_co_14_an_ack_that_arrived_before_a_crash_is_not_lost(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    crashed = FakeCoordinator(hanging_acks=100)
+    async with open_runtime(db_path, clock=clock, coordinator=crashed) as rt:
+        events = rt.subscribe()
+        await ready(rt, env)
+        await diagnostic(events, "outcome_delivered")
+        await ok(rt, ack(env, "coord-1"))
+        await crashed.until(lambda: len(crashed.acks) == 1)  # committing the ack when the runtime goes
+    after = FakeCoordinator(fence="coord-2")
+    async with open_runtime(db_path, clock=clock, coordinator=after) as rt:
+        await after.until(lambda: len(after.acks) == 1)
+        got = await state(rt, env["outcome_id"])
+    assert after.deliveries == []  # the stored ack matched the stored delivery: nothing redelivered
+    assert after.ack_ids() == [(f"ack/{env['outcome_id']}/cycle-000001", 1)]
+    assert (got["phase"], got["delivery_attempts"], got["coordinator_fence"]) == (
+        "acknowledged",
+        1,
+        "coord-1",
+    )
+
+
+async def test_ac_co_14_without_a_coordinator_an_outcome_waits_pending_until_one_is_supplied(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    async with open_runtime(db_path, clock=clock) as rt:
+        reply = await ok(rt, {"type": "outcome_ready", "envelope": env})
+        assert reply.result["phase"] == "pending"
+        assert [(e.code, e.level) for e in reply.events] == [("outcome_waiting_for_coordinator", "warning")]
+        got = await state(rt, env["outcome_id"])
+        assert (got["phase"], got["delivery_attempts"]) == ("pending", 0)
+    coordinator = FakeCoordinator()
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        events = rt.subscribe()
+        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        await ok(rt, ack(env, "coord-1"))
+        await diagnostic(events, "outcome_acknowledged")
+        assert (await state(rt, env["outcome_id"]))["phase"] == "acknowledged"
+
+
+async def test_ac_co_13_identical_acks_share_an_inbox_row_and_distinct_ones_are_bounded(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    async with open_runtime(db_path, clock=clock) as rt:  # no coordinator: acks wait in the inbox
+        await ready(rt, env)
+        for _ in range(100):
+            await ok(rt, ack(env, "coord-0"))
+        for n in range(1, MAX_PENDING_ACKS):
+            await ok(rt, ack(env, f"coord-old-{n}"))
+        full = await send(rt, ack(env, "coord-one-too-many"))
+        assert full.error is not None and (full.error.code, full.error.field) == ("busy", "outcome_id")
+        await ok(rt, ack(env, "coord-0"))  # a copy of a waiting ack still fits
+        rows = await rt.services.store.transact(
+            lambda conn: conn.execute("SELECT COUNT(*), SUM(copies) FROM outcome_acks").fetchone()
+        )
+        assert rows == (MAX_PENDING_ACKS, 101 + MAX_PENDING_ACKS - 1)
+    coordinator = FakeCoordinator()
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        got = await state(rt, env["outcome_id"])
+    # never delivered before the restart, so none of them matched: each copy counted stale once
+    assert got["stale_acknowledgements"] == 101 + MAX_PENDING_ACKS - 1
+
+
+async def test_ac_co_13_the_record_does_not_grow_with_the_number_of_attempts(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    coordinator = FakeCoordinator(down=True)
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        events = rt.subscribe()
+        await ready(rt, env)
+        for _ in range(12):
+            await diagnostic(events, "outcome_delivery_failed")
+        counts = await rt.services.store.transact(
+            lambda conn: [
+                conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                for table in ("outcomes", "outcome_acks")
+            ]
+        )
+        got = await state(rt, env["outcome_id"])
+    assert len(coordinator.deliveries) >= 12 * 5
+    assert counts == [1, 0]
+    assert got["delivery_attempts"] >= 12 and got["last_delivery_error"] == "local-delivery-failed"
+
+
+async def _seed(db_path: Path, behavior_version: int) -> dict[str, object]:
+    """An outcome record written as a runtime of `behavior_version` would have (before an upgrade)."""
+    env = envelope()
+    data = OutcomeEnvelope.model_validate(env).model_dump(mode="json")
+    async with open_store(db_path) as store:
+        await store.transact(
+            lambda conn: outcomes.record_ready(conn, env["outcome_id"], data, behavior_version)
+        )
+    return env
+
+
+async def test_ac_co_12_a_version_1_record_commits_an_ack_that_arrives_while_redelivery_fails(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = await _seed(db_path, behavior_version=1)
+    coordinator = FakeCoordinator()
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        events = rt.subscribe()
+        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        coordinator.down = True
+        await diagnostic(events, "outcome_delivery_failed")  # cycle 2
+        await ok(rt, ack(env, "coord-1"))
+        await diagnostic(events, "outcome_acknowledged")
+        got = await state(rt, str(env["outcome_id"]))
+    assert (got["behavior_version"], got["phase"], got["delivery_attempts"]) == (1, "acknowledged", 2)
+
+
+async def test_ac_co_12_a_version_0_record_keeps_the_old_rule_and_only_sleeps_while_redelivery_fails(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    env = await _seed(db_path, behavior_version=0)
+    coordinator = FakeCoordinator()
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        events = rt.subscribe()
+        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        coordinator.down = True
+        await diagnostic(events, "outcome_delivery_failed")  # cycle 2
+        await ok(rt, ack(env, "coord-1"))
+        await diagnostic(events, "outcome_delivery_failed")  # cycle 3: the ack was not looked at
+        assert coordinator.acks == []
+        assert (await state(rt, str(env["outcome_id"])))["phase"] == "needs-coordinator-ack"
+        coordinator.down = False
+        await diagnostic(events, "outcome_acknowledged")  # drained after the next successful delivery
+        got = await state(rt, str(env["outcome_id"]))
+    assert (got["behavior_version"], got["phase"]) == (0, "acknowledged")
+    assert got["delivery_attempts"] >= 4
+
+
+@attrs.define
+class BreakingClock(FakeClock):
+    """Raises once when armed: a fault outside the host's callables, inside an outcome actor."""
+
+    armed: bool = False
+
+    def __call__(self) -> float:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("clock hardware fault")
+        return self.now
+
+
+async def test_ac_co_14_a_crashed_outcome_actor_is_logged_and_resumed_one_interval_later(
+    db_path: Path, autojump_clock: MockClock
+) -> None:
+    env = envelope()
+    coordinator = FakeCoordinator()
+    structlog.reset_defaults()
+    clock = BreakingClock()
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        events = rt.subscribe()
+        with capture_logs() as logs:
+            await ready(rt, env)
+            clock.armed = True  # the actor has not run yet: its first delivery's record will fail
+            await diagnostic(events, "outcome_delivered")
+        delivered = list(coordinator.deliveries)  # before the next timer can fire
+        got = await state(rt, env["outcome_id"])
+    crashes = [entry for entry in logs if entry["event"] == "outcome_actor_crashed"]
+    assert [(c["outcome_id"], c["log_level"]) for c in crashes] == [(env["outcome_id"], "error")]
+    assert [request.cycle_id.rsplit("/", 1)[1] for _, request in delivered] == [
+        "cycle-000001",
+        "cycle-000002",
+    ]
+    assert delivered[1][0] - delivered[0][0] == 60.0
+    assert (got["phase"], got["delivery_attempts"]) == ("needs-coordinator-ack", 2)

@@ -22,7 +22,12 @@ from onceflow.actors.quorum import evaluate_quorum, parse_threshold
 from onceflow.actors.services import Services, find_step
 from onceflow.actors.session import request_session_action
 from onceflow.actors.wip import allocate_for, promote_one
-from onceflow.protocol.errors import ActionError, ActionNotWiredError, TransitionRefusedError
+from onceflow.protocol.errors import (
+    ActionError,
+    ActionNotWiredError,
+    TransitionFailedError,
+    TransitionRefusedError,
+)
 from onceflow.protocol.events import (
     ActionOutcome,
     EntryPath,
@@ -261,10 +266,6 @@ class Engine:
             raise TransitionRefusedError(
                 f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
             ) from exc
-        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
-        if source_workflow is not None and source_workflow.has_step(task.step_id):
-            for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):
-                await request_session_action(self.services, task, task.step_id, action, path, out)
         now = self.services.now()
 
         def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None]:
@@ -296,9 +297,14 @@ class Engine:
 
         try:
             outcome, key = await self.services.store.transact(admit)
-        except Exception:
-            log.error("step_entry_allocation_failed", task_id=task.id, step_id=target.id, entry_path=path)
-            raise
+        except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
+            log.error(
+                "step_admission_failed", task_id=task.id, step_id=target.id, entry_path=path, cause=repr(exc)
+            )
+            raise TransitionFailedError(
+                f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
+                field="step_id",
+            ) from exc
         if outcome == "abandoned":
             out.diagnostic(
                 "info",
@@ -317,6 +323,10 @@ class Engine:
                 trigger=trigger,
             )
         )
+        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
+        if source_workflow is not None and source_workflow.has_step(task.step_id):  # left it: on_exit
+            for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):
+                await request_session_action(self.services, task, task.step_id, action, path, out)
         if outcome == "queued":
             out.emit(TaskQueued(task_id=task.id, step_id=target.id))
         else:

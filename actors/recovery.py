@@ -37,6 +37,8 @@ def _close(
             marker is None or marker.state not in step_entries.TERMINAL_STATES
         ):
             step_entries.finish_marker(conn, key, position, action.type, "skipped", reason, now)
+    if reason != "clear_failed":  # a claim left by a dead runtime on a position no longer declared
+        step_entries.skip_claimed_markers(conn, key, reason, now)
     step_entries.mark_terminal(conn, key)
 
 
@@ -47,11 +49,8 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     except Exception as exc:
         log.error("recovery_scan_query_failed", cause=repr(exc))
         return 0
-    latest: dict[tuple[str, str], int] = {}
-    for entry in entries:
-        latest[(entry.task_id, entry.step_id)] = entry.entry_seq  # ordered, so the last wins
     redispatched = 0
-    for entry in entries:
+    for entry, latest in entries:
         try:
             redispatched += await _recover(services, entry, latest, out)
         except Exception as exc:
@@ -65,9 +64,7 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     return redispatched
 
 
-async def _recover(
-    services: Services, entry: StepEntry, latest: dict[tuple[str, str], int], out: Outbox
-) -> int:
+async def _recover(services: Services, entry: StepEntry, latest: int, out: Outbox) -> int:
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
     task = await services.store.transact(lambda conn: tasks.find_task(conn, entry.task_id))
     workflow = services.workflows.workflows.get(entry.workflow_id)
@@ -77,7 +74,7 @@ async def _recover(
         reason = "unresolvable"
     elif task.step_id != entry.step_id or task.workflow_id != entry.workflow_id:
         reason, declaration = "step_left", step.events.on_enter
-    elif latest[(entry.task_id, entry.step_id)] != entry.entry_seq:
+    elif latest != entry.entry_seq:  # the greatest over every entry of the pair, open or not
         reason, declaration = "superseded", step.events.on_enter
     elif await _clear_failed(services, key, step.events.on_enter):
         reason = "clear_failed"  # terminal as it stands: its later actions never reached a dispatcher (AC-C2)

@@ -1,7 +1,8 @@
 """onceflow: an embeddable Trio runtime that dispatches workflow-step triggers exactly once.
 
 The public API: `open_runtime` (an async context manager yielding a `Runtime`), the `Host` protocol and
-`RecordingHost`, the `Coordinator` protocol (outcome delivery), `Durability`, and the typed errors. Commands and events live in `onceflow.protocol`.
+`RecordingHost`, the `Coordinator` protocol (outcome delivery), `Durability`, and the typed errors.
+Commands and events live in `onceflow.protocol`.
 """
 
 from onceflow.actors.coordinator import Coordinator

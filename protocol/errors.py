@@ -54,6 +54,12 @@ class WipLimitError(OnceflowError):
     code = "wip_limit"
 
 
+class TransitionFailedError(OnceflowError):
+    """A step change (with its step-entry record) failed to commit; nothing landed and it may be replayed."""
+
+    code = "transition_failed"
+
+
 class TransitionRefusedError(OnceflowError):
     """The host's preflight refused a step change; nothing was committed."""
 

@@ -95,12 +95,15 @@ def entries_for_task(conn: sqlite3.Connection, task_id: str) -> list[StepEntry]:
     return [_entry(row) for row in rows]
 
 
-def open_entries(conn: sqlite3.Connection) -> list[StepEntry]:
-    """Every non-terminal entry, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9)."""
+def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int]]:
+    """Every non-terminal entry with the greatest entry_seq of its (task, step) over ALL its entries,
+    open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2))."""
     rows = conn.execute(
-        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
+        f"SELECT {_ENTRY_COLUMNS}, (SELECT MAX(entry_seq) FROM step_entries AS later"
+        " WHERE later.task_id = open.task_id AND later.step_id = open.step_id)"
+        " FROM step_entries AS open WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
     ).fetchall()
-    return [_entry(row) for row in rows]
+    return [(_entry(row), int(row[-1])) for row in rows]
 
 
 def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:
@@ -163,6 +166,15 @@ def finish_marker(
         " DO UPDATE SET state = excluded.state, epoch = NULL, detail = excluded.detail,"
         " updated_at = excluded.updated_at",
         (key.task_id, key.step_id, key.entry_seq, position, kind, state, detail, now),
+    )
+
+
+def skip_claimed_markers(conn: sqlite3.Connection, key: EntryKey, reason: str, now: float) -> None:
+    """Close every in_progress marker of the entry as skipped(reason) (an entry closed without dispatch)."""
+    conn.execute(
+        "UPDATE step_entry_markers SET state = 'skipped', epoch = NULL, detail = ?, updated_at = ?"
+        " WHERE task_id = ? AND step_id = ? AND entry_seq = ? AND state = 'in_progress'",
+        (reason, now, key.task_id, key.step_id, key.entry_seq),
     )
 
 

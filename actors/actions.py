@@ -79,7 +79,7 @@ def step_participants(
 ) -> list[Participant]:
     """The merged template + per-task rows of `role` at `step_id`, in (role, position, id) order."""
     rows = participant_rows.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
-    return [p for p in rows if p.step_id == step_id and p.role == role]
+    return [p for p in rows if p.workflow_id == task.workflow_id and p.step_id == step_id and p.role == role]
 
 
 def _dedupe(rows: Iterable[Participant]) -> list[Participant]:

@@ -339,18 +339,31 @@ class Engine:
                 )
             )
             entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
-            try:
-                await OnEnterDispatch(self.services, entered, workflow, target, key, path, out).run()
-            except Exception as exc:  # the transition stands (AC-C4); an open entry is resumed at next start
-                log.error(
-                    "on_enter_dispatch_failed",
-                    task_id=task.id,
-                    step_id=target.id,
-                    entry_seq=key.entry_seq if key else None,
-                    cause=repr(exc),
-                )
+            await self.dispatch_entry(entered, workflow, target, key, path, out)
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
+
+    async def dispatch_entry(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        step: Step,
+        key: EntryKey | None,
+        path: EntryPath,
+        out: Outbox,
+    ) -> None:
+        """Run the on_enter of a committed entry. Never raises: the transition stands whatever its actions
+        do (AC-C4), and an entry left open is resumed by the next start's recovery scan."""
+        try:
+            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run()
+        except Exception as exc:
+            log.error(
+                "on_enter_dispatch_failed",
+                task_id=task.id,
+                step_id=step.id,
+                entry_seq=key.entry_seq if key else None,
+                cause=repr(exc),
+            )
 
     async def promote_after_move(
         self, task: TaskRecord, workflow: Workflow, admitted_to: Step | None

@@ -111,8 +111,12 @@ class Runtime:
         return Reply(command=name, ok=True, result=result, events=out.events)
 
     def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
+        """The task's mailbox, its actor spawned on first use — never once shutdown has begun, since a
+        mailbox opened then would never be closed and the supervisor would wait on it forever."""
         mailbox = self._mailboxes.get(task_id)
         if mailbox is None:
+            if self._closing:
+                raise ShuttingDownError("the runtime is shutting down")
             mailbox = self._mailboxes[task_id] = Mailbox()
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
         return mailbox

@@ -12,7 +12,6 @@ from typing import Any
 import attrs
 
 from onceflow.actors.engine import Engine, HandleInput, HandleResult
-from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import Outbox
@@ -228,7 +227,7 @@ class TaskActor:
         step = find_step(workflow, promotion.step_id)
         seq = promotion.key.entry_seq if promotion.key else None
         out.emit(StepEntered(task_id=task.id, step_id=step.id, entry_seq=seq, entry_path="E3"))
-        await OnEnterDispatch(self.engine.services, task, workflow, step, promotion.key, "E3", out).run()
+        await self.engine.dispatch_entry(task, workflow, step, promotion.key, "E3", out)
         return {"dispatched": True}
 
     async def _trigger(self, trigger: Trigger, op: str, out: Outbox) -> Any:

@@ -269,16 +269,7 @@ class Engine:
         now = self.services.now()
 
         def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None]:
-            if not wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id):
-                placed = wip.place_queued(
-                    conn,
-                    task_id=task.id,
-                    expected_step_id=task.step_id,
-                    workflow_id=workflow.id,
-                    step_id=target.id,
-                    now=now,
-                )
-                return ("queued" if placed else "abandoned"), None
+            admitted = wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id)
             moved = tasks.move_task_step(
                 conn,
                 task_id=task.id,
@@ -286,9 +277,12 @@ class Engine:
                 workflow_id=workflow.id,
                 step_id=target.id,
                 now=now,
+                admitted=admitted,
             )
             if not moved:
                 return "abandoned", None
+            if not admitted:  # a queued placement: not an entry, nothing allocated
+                return "queued", None
             # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
             key = allocate_for(
                 conn, task_id=task.id, workflow_id=workflow.id, step=target, path=path, now=now

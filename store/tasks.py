@@ -97,15 +97,18 @@ def move_task_step(
     workflow_id: str,
     step_id: str,
     now: float,
+    admitted: bool = True,
 ) -> bool:
     """Compare-and-set the task's step: only if it is still at `expected_step_id`. True when it moved.
 
-    The admitted flag is set and queue fields cleared: the task occupies `step_id`.
+    Admitted, the task occupies `step_id` (queue fields cleared); not admitted, it waits there queued for
+    it (a queued placement at a step at its WIP limit).
     """
+    queued_for, queued_at = (None, None) if admitted else (step_id, now)
     cur = conn.execute(
-        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = NULL,"
-        " queued_at = NULL, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
-        (workflow_id, step_id, now, task_id, expected_step_id),
+        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
+        " queued_at = ?, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
+        (workflow_id, step_id, int(admitted), queued_for, queued_at, now, task_id, expected_step_id),
     )
     return cur.rowcount == 1
 

@@ -1,4 +1,4 @@
-"""WIP-limit bookkeeping on task rows: occupancy, queued placement and the three promotion claims.
+"""WIP-limit bookkeeping on task rows: occupancy and the promotion claims.
 
 A slot at a step is taken by a task there with `wip_admitted` set; queued tasks take none. Every claim
 re-counts inside its transaction and updates only a row still in its expected state, so one task is never
@@ -33,24 +33,6 @@ def has_room(
 ) -> bool:
     """Whether the step admits one more task; a limit <= 0 is unlimited."""
     return limit <= 0 or occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
-
-
-def place_queued(
-    conn: sqlite3.Connection,
-    *,
-    task_id: str,
-    expected_step_id: str,
-    workflow_id: str,
-    step_id: str,
-    now: float,
-) -> bool:
-    """Land the task at a full step without admitting it (a queued placement: not an entry)."""
-    cur = conn.execute(
-        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 0, queued_for_step_id = ?,"
-        " queued_at = ?, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
-        (workflow_id, step_id, step_id, now, now, task_id, expected_step_id),
-    )
-    return cur.rowcount == 1
 
 
 def queued_in_place(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> str | None:

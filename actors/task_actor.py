@@ -245,6 +245,12 @@ class TaskActor:
         return {"moved": moved, "step_id": target.id if moved else task.step_id}
 
     async def _record_decision(self, command: c.RecordDecision, out: Outbox) -> Any:
+        """Record a decision and apply the first satisfied guarded transition of its step.
+
+        In-process redeliveries are stopped by the ledger (`decision:<task>:<step>:<id>`, marked after the
+        in-call commit: AC-EO-9); across restarts the durable receipt keeps a redelivered vote out of a
+        later round, and the guards are simply re-evaluated.
+        """
         op = (
             decision_operation_id(self.task_id, command.step_id, command.decision_id)
             if command.decision_id
@@ -255,9 +261,9 @@ class TaskActor:
             return {"idempotent": True, "operation_id": op}
         now = self.engine.services.now()
 
-        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, int]:
+        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, tuple[int, bool]]:
             task = tasks.get_task(conn, self.task_id)
-            decision_id = participants.record_decision(
+            recorded = participants.record_decision(
                 conn,
                 task_id=self.task_id,
                 step_id=command.step_id,
@@ -268,23 +274,31 @@ class TaskActor:
                 decision=command.decision,
                 comment=command.comment,
                 now=now,
+                external_id=command.decision_id,
             )
-            return task, decision_id
+            return task, recorded
 
-        task, decision_id = await self._store.transact(insert)
-        out.emit(
-            DecisionRecorded(
-                decision_id=decision_id,
-                task_id=self.task_id,
-                step_id=command.step_id,
-                decider_id=command.decider_id,
-                decision=command.decision,
+        task, (decision_id, inserted) = await self._store.transact(insert)
+        if inserted:
+            out.emit(
+                DecisionRecorded(
+                    decision_id=decision_id,
+                    task_id=self.task_id,
+                    step_id=command.step_id,
+                    decider_id=command.decider_id,
+                    decision=command.decision,
+                )
             )
-        )
+        # Re-evaluated either way: a redelivery may follow a first delivery whose transition failed.
         moved_to = await self._reevaluate(task, command.step_id, out)
         if op:
             await ledger.mark_applied(op)
-        return {"decision_id": decision_id, "moved_to": moved_to, "operation_id": op or None}
+        return {
+            "decision_id": decision_id,
+            "recorded": inserted,
+            "moved_to": moved_to,
+            "operation_id": op or None,
+        }
 
     async def _reevaluate(self, task: TaskRecord, step_id: str, out: Outbox) -> str | None:
         """Apply the first satisfied guarded on_turn_complete transition of the decision's step.

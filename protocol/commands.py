@@ -98,8 +98,9 @@ class MoveTask(_Command):
 class RecordDecision(_Command):
     """Record a reviewer/approver decision; re-evaluates the step's guarded on_turn_complete transitions.
 
-    With `decision_id` the operation id is `decision:<task>:<step>:<decision_id>` and a redelivery is
-    idempotent; without it every delivery records a new decision.
+    With `decision_id` the operation id is `decision:<task>:<step>:<decision_id>`: a redelivery is
+    idempotent, and after a restart it records nothing (a durable receipt) and only re-evaluates the
+    guards. Without it every delivery records a new decision.
     """
 
     type: Literal["record_decision"] = "record_decision"

@@ -90,13 +90,33 @@ def record_decision(
     decision: str,
     comment: str,
     now: float,
-) -> int:
+    external_id: str | None = None,
+) -> tuple[int, bool]:
+    """Record a decision; returns (decision row id, inserted).
+
+    With the host's `external_id` a durable receipt makes the record idempotent: a redelivery of the same
+    (task, step, external_id) inserts nothing and returns the first delivery's id — even after
+    clear_decisions deleted that decision, so an old vote never counts in a later round.
+    """
+    if external_id is not None:
+        row = conn.execute(
+            "SELECT decision_id FROM decision_receipts WHERE task_id = ? AND step_id = ? AND external_id = ?",
+            (task_id, step_id, external_id),
+        ).fetchone()
+        if row is not None:
+            return int(row[0]), False
     cur = conn.execute(
         "INSERT INTO decisions (task_id, step_id, participant_id, role, decider_type, decider_id, decision,"
         " comment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (task_id, step_id, participant_id, role, decider_type, decider_id, decision, comment, now),
     )
-    return int(cur.lastrowid or 0)
+    decision_id = int(cur.lastrowid or 0)
+    if external_id is not None:
+        conn.execute(
+            "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id) VALUES (?, ?, ?, ?)",
+            (task_id, step_id, external_id, decision_id),
+        )
+    return decision_id, True
 
 
 def decisions_for(conn: sqlite3.Connection, *, task_id: str, step_id: str | None = None) -> list[Decision]:

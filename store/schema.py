@@ -160,6 +160,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX task_review_runs_by_task ON task_review_runs(task_id);
     """,
+    # 5: a durable receipt per host decision id, kept when clear_decisions deletes the decision itself, so a
+    # decision redelivered after a restart (the ledger starts empty) is never counted in a later round.
+    """
+    CREATE TABLE decision_receipts (
+        task_id     TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        step_id     TEXT NOT NULL,
+        external_id TEXT NOT NULL,
+        decision_id INTEGER NOT NULL,
+        PRIMARY KEY (task_id, step_id, external_id)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -261,12 +261,16 @@ class TaskActor:
             return {"idempotent": True, "operation_id": op}
         now = self.engine.services.now()
 
-        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, tuple[int, bool]]:
+        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, int, bool]:
             task = tasks.get_task(conn, self.task_id)
-            recorded = participants.record_decision(
+            where = {"task_id": self.task_id, "step_id": command.step_id}
+            if command.decision_id is not None:
+                earlier = participants.decision_receipt(conn, **where, external_id=command.decision_id)
+                if earlier is not None:
+                    return task, earlier, False
+            decision_id = participants.record_decision(
                 conn,
-                task_id=self.task_id,
-                step_id=command.step_id,
+                **where,
                 participant_id=command.participant_id,
                 role=command.role,
                 decider_type=command.decider_type,
@@ -274,11 +278,14 @@ class TaskActor:
                 decision=command.decision,
                 comment=command.comment,
                 now=now,
-                external_id=command.decision_id,
             )
-            return task, recorded
+            if command.decision_id is not None:
+                participants.add_decision_receipt(
+                    conn, **where, external_id=command.decision_id, decision_id=decision_id
+                )
+            return task, decision_id, True
 
-        task, (decision_id, inserted) = await self._store.transact(insert)
+        task, decision_id, inserted = await self._store.transact(insert)
         if inserted:
             out.emit(
                 DecisionRecorded(

@@ -90,33 +90,36 @@ def record_decision(
     decision: str,
     comment: str,
     now: float,
-    external_id: str | None = None,
-) -> tuple[int, bool]:
-    """Record a decision; returns (decision row id, inserted).
-
-    With the host's `external_id` a durable receipt makes the record idempotent: a redelivery of the same
-    (task, step, external_id) inserts nothing and returns the first delivery's id — even after
-    clear_decisions deleted that decision, so an old vote never counts in a later round.
-    """
-    if external_id is not None:
-        row = conn.execute(
-            "SELECT decision_id FROM decision_receipts WHERE task_id = ? AND step_id = ? AND external_id = ?",
-            (task_id, step_id, external_id),
-        ).fetchone()
-        if row is not None:
-            return int(row[0]), False
+) -> int:
+    """Insert a decision row; returns its id."""
     cur = conn.execute(
         "INSERT INTO decisions (task_id, step_id, participant_id, role, decider_type, decider_id, decision,"
         " comment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (task_id, step_id, participant_id, role, decider_type, decider_id, decision, comment, now),
     )
-    decision_id = int(cur.lastrowid or 0)
-    if external_id is not None:
-        conn.execute(
-            "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id) VALUES (?, ?, ?, ?)",
-            (task_id, step_id, external_id, decision_id),
-        )
-    return decision_id, True
+    return int(cur.lastrowid or 0)
+
+
+def decision_receipt(conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str) -> int | None:
+    """The decision row id first recorded under the host's `external_id`, if any.
+
+    Receipts outlive clear_decisions, so a decision redelivered after a restart (the ledger starts empty)
+    is recognised and never counted in a later round.
+    """
+    row = conn.execute(
+        "SELECT decision_id FROM decision_receipts WHERE task_id = ? AND step_id = ? AND external_id = ?",
+        (task_id, step_id, external_id),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def add_decision_receipt(
+    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int
+) -> None:
+    conn.execute(
+        "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id) VALUES (?, ?, ?, ?)",
+        (task_id, step_id, external_id, decision_id),
+    )
 
 
 def decisions_for(conn: sqlite3.Connection, *, task_id: str, step_id: str | None = None) -> list[Decision]:

@@ -316,6 +316,7 @@ async def open_runtime(
     *,
     host: Host | None = None,
     durability: Durability = Durability.FULL,
+    max_batch: int = 64,
     clock: Callable[[], float] = time.time,
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
     coordinator: Coordinator | None = None,
@@ -323,14 +324,19 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
-    `clock` returns Unix seconds for persisted timestamps; `executors` maps engine-owned action types to
+    `max_batch` bounds group commit: up to that many queued transactions share one COMMIT, each in its own
+    savepoint, and none is answered before the COMMIT is durable. `clock` returns Unix seconds for persisted
+    timestamps; `executors` maps engine-owned action types to
     their executors (an action type without one is reported, never silently skipped). The ledger is
     created here, before the runtime object, and lives exactly as long as the runtime.
     `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
     until acknowledged; unfinished outcomes resume at once. Without one, outcomes are stored, pending.
     Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0.
     """
-    async with open_store(db_path, durability=durability) as store, trio.open_nursery() as nursery:
+    async with (
+        open_store(db_path, durability=durability, max_batch=max_batch) as store,
+        trio.open_nursery() as nursery,
+    ):
         ledger = LedgerActor()
         nursery.start_soon(ledger.run)
         promotions, promoted = trio.open_memory_channel[Promotion](math.inf)

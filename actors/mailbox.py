@@ -16,10 +16,18 @@ import trio
 M = TypeVar("M")
 
 
+@attrs.define
+class ReplySlot:
+    """Where the actor puts its answer to one envelope; the asker waits on `answered`."""
+
+    answered: trio.Event = attrs.field(factory=trio.Event)
+    result: outcome.Outcome[Any] | None = None
+
+
 @attrs.frozen
 class Envelope(Generic[M]):
     message: M
-    reply: trio.MemorySendChannel[outcome.Outcome[Any]]
+    reply: ReplySlot
 
 
 class Mailbox(Generic[M]):
@@ -33,24 +41,23 @@ class Mailbox(Generic[M]):
     async def ask(self, message: M) -> Any:
         """Deliver `message` and return the actor's reply value, re-raising its exception.
 
+        A cancelled asker stops waiting; the actor still handles the message (and its answer is dropped).
+
         Raises:
             trio.ClosedResourceError: the mailbox was closed (the runtime is shutting down).
         """
-        reply_send, reply_receive = trio.open_memory_channel[outcome.Outcome[Any]](1)
-        self._send.send_nowait(Envelope(message, reply_send))
-        with reply_receive:
-            result = await reply_receive.receive()
-        return result.unwrap()
+        slot = ReplySlot()
+        self._send.send_nowait(Envelope(message, slot))
+        await slot.answered.wait()
+        assert slot.result is not None
+        return slot.result.unwrap()
 
     def close(self) -> None:
         self._send.close()
 
 
 def reply_to(envelope: Envelope[Any], result: outcome.Outcome[Any]) -> None:
-    """Answer an envelope; an asker that stopped waiting (cancelled) is not an error."""
-    try:
-        envelope.reply.send_nowait(result)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        envelope.reply.close()
+    """Answer an envelope (at most once)."""
+    if not envelope.reply.answered.is_set():
+        envelope.reply.result = result
+        envelope.reply.answered.set()

@@ -1,0 +1,242 @@
+"""Dispatch throughput: N tasks entering a review step that clears decisions and fans out to 3 reviewers.
+
+Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--durability FULL|NORMAL] [--max-batch B]
+
+The inline workflow has steps work → review; review declares on_enter
+[clear_decisions, queue_run_for_each_participant{role: reviewer}] and the template seats 3 reviewers.
+N tasks are created in work (not timed), then C concurrent Trio tasks move each into review with
+`move_task` (timed: one latency sample per entry, around its first send). With probability R a move is
+sent again at once (a redelivery: a move to the current step is a no-op) — replayed entries must not fan
+out twice. Transactions and average batch size are counted by wrapping the store actor's commit method.
+
+After the runtime closes the database is checked with plain SQL (issue 7): no idempotency key twice, runs ==
+entries x 3, one committed clear per entry (its clear_decisions marker done), every entry terminal, one
+entry per task. A violated invariant prints VIOLATION and exits 1; the figures are then not valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.store.writer import Durability
+
+WORKFLOW = """\
+id: bench
+name: Bench
+steps:
+  - id: work
+    name: Work
+    position: 0
+    is_start_step: true
+  - id: review
+    name: Review
+    position: 1
+    events:
+      on_enter:
+        - type: clear_decisions
+        - type: queue_run_for_each_participant
+          config: {role: reviewer}
+"""
+WF, REVIEW = "bench", "review"
+REVIEWERS = ("rev-1", "rev-2", "rev-3")
+
+
+async def _send(rt: Runtime, message: dict[str, Any]) -> Any:
+    reply = await rt.send(message)
+    if not reply.ok:
+        raise RuntimeError(f"{message['type']} failed: {reply.error}")
+    return reply.result
+
+
+async def setup(rt: Runtime, n: int, concurrency: int) -> None:
+    await _send(rt, {"type": "register_workflow", "yaml": WORKFLOW, "source": "bench.yml"})
+    for agent in REVIEWERS:
+        await _send(
+            rt,
+            {
+                "type": "add_participant",
+                "workflow_id": WF,
+                "step_id": REVIEW,
+                "role": "reviewer",
+                "agent_profile_id": agent,
+            },
+        )
+
+    async def create(offset: int) -> None:
+        for i in range(offset, n, concurrency):
+            await _send(rt, {"type": "create_task", "task_id": f"T-{i}", "workflow_id": WF})
+
+    async with trio.open_nursery() as nursery:
+        for offset in range(concurrency):
+            nursery.start_soon(create, offset)
+
+
+def check(db: Path, n: int) -> tuple[dict[str, int], list[str]]:
+    """The invariants over the closed database, by plain SQL."""
+    conn = sqlite3.connect(db)
+    try:
+        one = lambda sql: int(conn.execute(sql).fetchone()[0])  # noqa: E731
+        figures = {
+            "entries": one("SELECT COUNT(*) FROM step_entries WHERE step_id = 'review'"),
+            "open_entries": one("SELECT COUNT(*) FROM step_entries WHERE terminal = 0"),
+            "runs": one("SELECT COUNT(*) FROM runs"),
+            "dup_keys": one(
+                "SELECT COUNT(*) FROM (SELECT idempotency_key FROM runs"
+                " GROUP BY idempotency_key HAVING COUNT(*) > 1)"
+            ),
+            "null_keys": one("SELECT COUNT(*) FROM runs WHERE idempotency_key IS NULL"),
+            "clears_done": one(
+                "SELECT COUNT(*) FROM step_entry_markers WHERE kind = 'clear_decisions' AND state = 'done'"
+            ),
+            "entries_without_one_clear": one(
+                "SELECT COUNT(*) FROM step_entries e WHERE (SELECT COUNT(*) FROM step_entry_markers m"
+                " WHERE m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
+                " AND m.kind = 'clear_decisions' AND m.state = 'done') != 1"
+            ),
+            "tasks_in_review": one("SELECT COUNT(*) FROM tasks WHERE workflow_step_id = 'review'"),
+        }
+    finally:
+        conn.close()
+    violations = []
+    if figures["entries"] != n:
+        violations.append(f"{figures['entries']} review entries, expected one per task ({n})")
+    if figures["open_entries"]:
+        violations.append(f"{figures['open_entries']} entries not terminal")
+    if figures["dup_keys"] or figures["null_keys"]:
+        violations.append(f"duplicate runs: {figures['dup_keys']} keys twice, {figures['null_keys']} unkeyed")
+    if figures["runs"] != figures["entries"] * len(REVIEWERS):
+        violations.append(f"{figures['runs']} runs, expected {figures['entries']} x {len(REVIEWERS)}")
+    if figures["entries_without_one_clear"] or figures["clears_done"] != figures["entries"]:
+        violations.append(f"{figures['entries_without_one_clear']} entries without exactly one clear")
+    if figures["tasks_in_review"] != n:
+        violations.append(f"{figures['tasks_in_review']} tasks in review, expected {n}")
+    return figures, violations
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def run_dispatch(
+    db: Path, n: int, concurrency: int, dup_rate: float, durability: Durability, max_batch: int, seed: int
+) -> dict[str, Any]:
+    """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench."""
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    counts = {"transactions": 0, "requests": 0, "dup_sends": 0}
+    async with open_runtime(db, durability=durability, max_batch=max_batch) as rt:
+        await setup(rt, n, concurrency)
+        store = rt.services.store
+        commit = store._commit
+
+        def counting_commit(conn: sqlite3.Connection, batch: list[Any]) -> None:
+            counts["transactions"] += 1  # only the writer thread touches these
+            counts["requests"] += len(batch)
+            commit(conn, batch)
+
+        store._commit = counting_commit  # type: ignore[method-assign]
+        dups = [rng.random() < dup_rate for _ in range(n)]
+
+        async def mover(offset: int) -> None:
+            for i in range(offset, n, concurrency):
+                move = {"type": "move_task", "task_id": f"T-{i}", "step_id": REVIEW}
+                began = time.perf_counter()
+                await _send(rt, move)
+                latencies.append(time.perf_counter() - began)
+                if dups[i]:
+                    counts["dup_sends"] += 1
+                    await _send(rt, move)
+
+        began = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for offset in range(concurrency):
+                nursery.start_soon(mover, offset)
+        elapsed = time.perf_counter() - began
+        store._commit = commit  # type: ignore[method-assign]
+        listed = len(await _send(rt, {"type": "list_runs"}))
+    figures, violations = check(db, n)
+    if listed != figures["runs"]:
+        violations.append(f"list_runs returned {listed}, the table holds {figures['runs']}")
+    latencies.sort()
+    return {
+        "n": n,
+        "concurrency": concurrency,
+        "durability": durability.value,
+        "seconds": elapsed,
+        "entries_per_s": n / elapsed,
+        "runs_per_s": figures["runs"] / elapsed,
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "transactions": counts["transactions"],
+        "avg_batch": counts["requests"] / max(1, counts["transactions"]),
+        "dup_sends": counts["dup_sends"],
+        **figures,
+        "violations": violations,
+    }
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def print_figures(result: dict[str, Any]) -> None:
+    print(
+        f"{'N':>7}{'C':>5}{'dur':>7}{'entries/s':>11}{'runs/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'txns':>7}{'avg batch':>10}{'dups':>6}{'RSS MB':>8}"
+    )
+    print(
+        f"{result['n']:>7}{result['concurrency']:>5}{result['durability']:>7}{result['entries_per_s']:>11,.0f}"
+        f"{result['runs_per_s']:>9,.0f}{result['p50_ms']:>8.2f}{result['p99_ms']:>8.2f}"
+        f"{result['transactions']:>7}{result['avg_batch']:>10.1f}{result['dup_sends']:>6}{peak_rss_mb():>8.0f}"
+    )
+    print(
+        f"invariants: entries={result['entries']} runs={result['runs']} clears_done={result['clears_done']}"
+        f" open={result['open_entries']} dup_keys={result['dup_keys']}"
+        f" -> {'OK' if not result['violations'] else 'FAILED'}"
+    )
+    for violation in result["violations"]:
+        print(f"VIOLATION: {violation}")
+    print("(transactions/avg batch count every commit of the move phase: moves, redeliveries, dispatch)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-n", "--tasks", type=int, default=10000)
+    parser.add_argument("-c", "--concurrency", type=int, default=64)
+    parser.add_argument("--dup-rate", type=float, default=0.1, help="fraction of moves redelivered")
+    parser.add_argument("--durability", choices=[d.value for d in Durability], default="FULL")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    with tempfile.TemporaryDirectory(prefix="onceflow-dispatch-", dir=args.dir) as tmp:
+        result = trio.run(
+            run_dispatch,
+            Path(tmp) / "dispatch.db",
+            args.tasks,
+            args.concurrency,
+            args.dup_rate,
+            Durability(args.durability),
+            args.max_batch,
+            args.seed,
+        )
+    print(f"sqlite {sqlite3.sqlite_version}; move phase {result['seconds']:.2f} s")
+    print_figures(result)
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,15 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow.protocol.events import DecisionsCleared, Event, RunCoalesced, RunQueued, RunSuppressed
+from onceflow.actors.outbox import Outbox
+from onceflow.protocol.events import (
+    ActionOutcome,
+    DecisionsCleared,
+    Event,
+    RunCoalesced,
+    RunQueued,
+    RunSuppressed,
+)
 from onceflow.protocol.workflow import SESSION_ACTION_TYPES, ActionDecl
 from onceflow.store import participants as participant_rows
 from onceflow.store import runs, tasks
@@ -58,6 +66,38 @@ class ActionContext:
     key_for: KeyFor
     exclude_from_coalescing: bool
     now: float
+
+
+def publish_effect(
+    out: Outbox,
+    effect: Effect,
+    *,
+    task_id: str,
+    step_id: str,
+    trigger: str,
+    position: int,
+    kind: str,
+    failure: DiagnosticNote | None = None,
+) -> None:
+    """Publish a committed action's events and diagnostics, its `failure` record when it failed, then its
+    `action_outcome` event (in that order)."""
+    for event in effect.events:
+        out.emit(event)
+    for note in effect.diagnostics:
+        out.diagnostic(note.level, note.code, **note.fields)
+    if effect.state == "failed" and failure is not None:
+        out.diagnostic(failure.level, failure.code, **failure.fields)
+    out.emit(
+        ActionOutcome(
+            task_id=task_id,
+            step_id=step_id,
+            trigger=trigger,
+            position=position,
+            kind=kind,
+            outcome=effect.state,
+            detail=effect.detail,
+        )
+    )
 
 
 def config_digest(config: dict[str, Any]) -> str:

@@ -9,13 +9,14 @@ Sources: kandev-engine-notes.md "Trigger handling", "Quorum guards"; on-enter-ac
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 
 import attrs
 import structlog
 
-from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext
+from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
 from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
@@ -29,7 +30,6 @@ from onceflow.protocol.errors import (
     TransitionRefusedError,
 )
 from onceflow.protocol.events import (
-    ActionOutcome,
     EntryPath,
     GuardEvaluated,
     StepEntered,
@@ -222,20 +222,14 @@ class Engine:
             now=self.services.now(),
         )
         effect = await self.services.store.transact(lambda conn: executor(conn, ctx, action))
-        for event in effect.events:
-            out.emit(event)
-        for note in effect.diagnostics:
-            out.diagnostic(note.level, note.code, **note.fields)
-        out.emit(
-            ActionOutcome(
-                task_id=task.id,
-                step_id=step.id,
-                trigger=str(inp.trigger),
-                position=position,
-                kind=action.type,
-                outcome=effect.state,
-                detail=effect.detail,
-            )
+        publish_effect(
+            out,
+            effect,
+            task_id=task.id,
+            step_id=step.id,
+            trigger=str(inp.trigger),
+            position=position,
+            kind=action.type,
         )
         if effect.state == "failed":
             raise ActionError(
@@ -380,7 +374,7 @@ class Engine:
         while True:
             now = self.services.now()
             promotion = await self.services.store.transact(
-                lambda conn: promote_one(conn, workflow, step, now)  # noqa: B023 - called at once
+                functools.partial(promote_one, workflow=workflow, step=step, now=now)
             )
             if promotion is None:
                 return promoted

@@ -17,11 +17,11 @@ from typing import Literal
 import attrs
 import structlog
 
-from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect
+from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect, publish_effect
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.actors.session import request_session_action
-from onceflow.protocol.events import ActionOutcome, EntryPath
+from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
 from onceflow.store import review_runs, step_entries
 from onceflow.store.records import TaskRecord
@@ -48,6 +48,21 @@ def dispatch_order(declaration: Sequence[ActionDecl], path: EntryPath) -> list[t
     middle = [(p, a) for p, a in indexed if a.type not in (*_LEADING, "auto_start_agent")]
     trailing = next(((p, a) for p, a in indexed if a.type == "auto_start_agent"), None)
     return [pa for pa in (*leading, *middle, trailing) if pa is not None]
+
+
+def close_entry(
+    conn: sqlite3.Connection, key: EntryKey, declaration: Sequence[ActionDecl], reason: str, now: float
+) -> None:
+    """End an entry without executing it: every engine-owned position of `declaration` (as read now) not
+    yet terminal is marked skipped(reason), and the entry is flagged terminal (Execution model)."""
+    marks = step_entries.markers(conn, key)
+    for position, action in enumerate(declaration):
+        marker = marks.get(position)
+        if action.type in ENGINE_ACTION_TYPES and (
+            marker is None or marker.state not in step_entries.TERMINAL_STATES
+        ):
+            step_entries.finish_marker(conn, key, position, action.type, "skipped", reason, now)
+    step_entries.mark_terminal(conn, key)
 
 
 @attrs.frozen
@@ -95,21 +110,7 @@ class OnEnterDispatch:
             entry = step_entries.get_entry(conn, key)
             if entry is None or entry.declaration_digest == current:
                 return None
-            done = step_entries.markers(conn, key)
-            for position, action in enumerate(declaration):
-                marker = done.get(position)
-                is_terminal = marker is not None and marker.state in step_entries.TERMINAL_STATES
-                if action.type in ENGINE_ACTION_TYPES and not is_terminal:
-                    step_entries.finish_marker(
-                        conn,
-                        key,
-                        position,
-                        action.type,
-                        "skipped",
-                        "declaration_changed",
-                        self.services.now(),
-                    )
-            step_entries.mark_terminal(conn, key)
+            close_entry(conn, key, declaration, "declaration_changed", self.services.now())
             return entry.declaration_digest
 
         recorded = await self.services.store.transact(check)
@@ -258,30 +259,28 @@ class OnEnterDispatch:
         return _Run(outcome, effect)
 
     def _publish(self, position: int, action: ActionDecl, effect: Effect) -> None:
-        for event in effect.events:
-            self.out.emit(event)
-        for note in effect.diagnostics:
-            self.out.diagnostic(note.level, note.code, **note.fields)
-        if effect.state == "failed" and action.type != "queue_run_for_each_participant":
-            self.out.diagnostic(
+        failure = None
+        if action.type != "queue_run_for_each_participant":  # the fan-out's contract is AC-C1 alone
+            failure = DiagnosticNote(
                 "error",
                 "on_enter_action_failed",
-                workflow_id=self.workflow.id,
-                step_id=self.step.id,
-                task_id=self.task.id,
-                action_type=action.type,
-                cause=effect.detail,
+                {
+                    "workflow_id": self.workflow.id,
+                    "step_id": self.step.id,
+                    "task_id": self.task.id,
+                    "action_type": action.type,
+                    "cause": effect.detail,
+                },
             )
-        self.out.emit(
-            ActionOutcome(
-                task_id=self.task.id,
-                step_id=self.step.id,
-                trigger="on_enter",
-                position=position,
-                kind=action.type,
-                outcome=effect.state,
-                detail=effect.detail,
-            )
+        publish_effect(
+            self.out,
+            effect,
+            task_id=self.task.id,
+            step_id=self.step.id,
+            trigger="on_enter",
+            position=position,
+            kind=action.type,
+            failure=failure,
         )
 
     async def _finish_if_terminal(self, key: EntryKey, declaration: Sequence[ActionDecl]) -> None:

@@ -16,10 +16,10 @@ import sqlite3
 
 import structlog
 
-from onceflow.actors.on_enter import OnEnterDispatch
+from onceflow.actors.on_enter import OnEnterDispatch, close_entry
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
-from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, ActionDecl
+from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
 from onceflow.store.records import StepEntry
 from onceflow.store.step_entries import EntryKey
@@ -30,16 +30,9 @@ log = structlog.get_logger("onceflow.recovery")
 def _close(
     conn: sqlite3.Connection, key: EntryKey, declaration: tuple[ActionDecl, ...], reason: str, now: float
 ) -> None:
-    marks = step_entries.markers(conn, key)
-    for position, action in enumerate(declaration):
-        marker = marks.get(position)
-        if action.type in ENGINE_ACTION_TYPES and (
-            marker is None or marker.state not in step_entries.TERMINAL_STATES
-        ):
-            step_entries.finish_marker(conn, key, position, action.type, "skipped", reason, now)
+    close_entry(conn, key, declaration, reason, now)
     if reason != "clear_failed":  # a claim left by a dead runtime on a position no longer declared
         step_entries.skip_claimed_markers(conn, key, reason, now)
-    step_entries.mark_terminal(conn, key)
 
 
 async def recover_open_entries(services: Services, out: Outbox) -> int:

@@ -14,6 +14,7 @@ on-enter-action-dispatch.md, write-site inventory sites 4-7 and "Allocation inpu
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 
 import attrs
 
@@ -53,22 +54,26 @@ def allocate_for(
     )
 
 
-def promote_one(conn: sqlite3.Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:
-    """Admit the next candidate into `step` (rules 1-3 of the module doc) inside the caller's transaction."""
-    if not wip.has_room(conn, workflow.id, step.id, step.wip_limit):
-        return None
-    claims: list[tuple[str | None, str, bool, str | None]] = [  # (candidate, from step, admitted?, tag)
-        (wip.queued_in_place(conn, workflow.id, step.id), step.id, False, None)
-    ]
+def _claims(
+    conn: sqlite3.Connection, workflow: Workflow, step: Step
+) -> Iterator[tuple[str, str, bool, str | None]]:
+    """Candidates in rule order, as (task, from step, admitted there?, queued_for tag); queried lazily."""
+    yield wip.queued_in_place(conn, workflow.id, step.id) or "", step.id, False, None
     if step.pull_from_step_id:
         feeder = step.pull_from_step_id
-        claims.append((wip.feeder_candidate(conn, workflow.id, feeder, step.id), feeder, True, None))
+        yield wip.feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
     for target in workflow.ordered_steps:
         if target.pull_from_step_id == step.id and not wip.has_room(
             conn, workflow.id, target.id, target.wip_limit
         ):
-            claims.append((wip.queued_in_place(conn, workflow.id, target.id), target.id, False, target.id))
-    for task_id, from_step, admitted, tag in claims:
+            yield wip.queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id
+
+
+def promote_one(conn: sqlite3.Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:
+    """Admit the next candidate into `step` (rules 1-3 of the module doc) inside the caller's transaction."""
+    if not wip.has_room(conn, workflow.id, step.id, step.wip_limit):
+        return None
+    for task_id, from_step, admitted, tag in _claims(conn, workflow, step):
         if task_id and wip.admit(
             conn,
             task_id=task_id,

@@ -9,6 +9,7 @@ kandev-engine-notes.md "Runs queue".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
@@ -102,6 +103,18 @@ def publish_effect(
 
 def config_digest(config: dict[str, Any]) -> str:
     """16 hex of a SHA-256 over the canonical JSON (sorted keys) of an action's config (AC-H7)."""
+    try:  # a config without a payload recurs on every entry of its step: hash it once
+        return _cached_digest(tuple(sorted(config.items())))
+    except TypeError:  # an unhashable value (a payload mapping)
+        return _digest(config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_digest(items: tuple[tuple[str, Any], ...]) -> str:
+    return _digest(dict(items))
+
+
+def _digest(config: dict[str, Any]) -> str:
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -230,13 +243,9 @@ def queue_run_for_each_participant(
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
         )
-        try:
-            conn.execute("SAVEPOINT participant")  # one participant's failure rolls back only itself
+        try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
             result, event = _enqueue(conn, request, ctx.now)
-            conn.execute("RELEASE participant")
         except sqlite3.Error as exc:
-            conn.execute("ROLLBACK TO participant")
-            conn.execute("RELEASE participant")
             failures.append(repr(exc))
             notes.append(_participant_failed(task, step_id, participant, repr(exc)))
             continue

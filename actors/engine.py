@@ -359,7 +359,9 @@ class Engine:
         """A slot freed at the task's former step; a step the task now feeds got work (E3)."""
         source_workflow = self.services.workflows.workflows.get(task.workflow_id)
         if source_workflow is not None and source_workflow.has_step(task.step_id) and task.wip_admitted:
-            await self.promote(source_workflow, source_workflow.step(task.step_id))
+            source = source_workflow.step(task.step_id)
+            if source.wip_limit > 0 or any(s.pull_from_step_id == source.id for s in source_workflow.steps):
+                await self.promote(source_workflow, source)  # else no task can be waiting for this slot
         if admitted_to is not None:
             for step in workflow.ordered_steps:
                 if step.pull_from_step_id == admitted_to.id:

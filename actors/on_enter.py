@@ -10,6 +10,7 @@ Source: on-enter-action-dispatch.md, "The ownership partition" and "Execution mo
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from typing import Literal
@@ -24,7 +25,8 @@ from onceflow.actors.session import request_session_action
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
 from onceflow.store import review_runs, step_entries
-from onceflow.store.records import TaskRecord
+from onceflow.store.records import Marker, StepEntry, TaskRecord
+from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
 log = structlog.get_logger("onceflow.on_enter")
@@ -65,17 +67,54 @@ def close_entry(
     step_entries.mark_terminal(conn, key)
 
 
-@attrs.frozen
-class _Run:
-    """What one engine-action transaction found: the claim outcome and, if it ran, its effect."""
+def finish_if_terminal(conn: sqlite3.Connection, key: EntryKey, declaration: Sequence[ActionDecl]) -> None:
+    """Flag the entry terminal once every engine-owned position of `declaration` has a terminal marker."""
+    marks = step_entries.markers(conn, key)
+    if all(
+        p in marks and marks[p].state in step_entries.TERMINAL_STATES
+        for p, a in enumerate(declaration)
+        if a.type in ENGINE_ACTION_TYPES
+    ):
+        step_entries.mark_terminal(conn, key)
 
-    claim: step_entries.ClaimOutcome
+
+@attrs.frozen
+class ActionRun:
+    """One engine action of a segment: its claim outcome and, when this dispatcher ran it, its effect;
+    `claim` None means the executor raised (`error`) and only its savepoint was rolled back."""
+
+    position: int
+    action: ActionDecl
+    claim: step_entries.ClaimOutcome | None
     effect: Effect | None = None
+    error: str = ""
+
+
+@attrs.frozen
+class SegmentResult:
+    """What one segment transaction did. `mismatch` is the recorded digest when the entry was closed
+    declaration_changed instead; `stopped` means the entry's later positions must not run (stop rule,
+    AC-C2); `finish_error` is why the terminal flag could not be written (the actions stand, the entry
+    stays open for the next start, AC-B9(f))."""
+
+    runs: tuple[ActionRun, ...] = ()
+    mismatch: str | None = None
+    stopped: bool = False
+    finish_error: str = ""
+
+
+ChunkKind = Literal["session", "segment", "external"]
 
 
 @attrs.define
 class OnEnterDispatch:
-    """Runs the on_enter declaration of `step` for one entry of `task` (key None: no engine actions)."""
+    """Runs the on_enter declaration of `step` for one entry of `task` (key None: no engine actions).
+
+    Consecutive engine actions that have executors form a segment: one store request claims, applies and
+    completes each (each in its own savepoint), with the digest check before the first and the terminal
+    flag after the last when nothing external follows. Session actions and external engine actions
+    (no executor, run_code_review) split segments, since they wait on the host.
+    """
 
     services: Services
     task: TaskRecord
@@ -87,45 +126,197 @@ class OnEnterDispatch:
 
     async def run(self) -> None:
         declaration = self.step.events.on_enter  # read once for the whole dispatch
-        if self.key is not None and not await self._digest_matches(declaration):
-            return
-        for position, action in dispatch_order(declaration, self.path):
-            if action.type in SESSION_ACTION_TYPES:
-                await self._session_action(position, action)
-                continue
-            if self.key is None:
-                continue
-            outcome = await self._engine_action(self.key, position, action)
-            if outcome == "stop":
+        chunks = self.chunks(dispatch_order(declaration, self.path))
+        engine_chunks = [i for i, (kind, _) in enumerate(chunks) if kind != "session"]
+        last_engine = engine_chunks[-1] if engine_chunks else -1
+        digest_pending = self.key is not None
+        if digest_pending and (not chunks or chunks[0][0] != "segment"):
+            if not await self._digest_matches(declaration):
                 return
-        if self.key is not None:
+            digest_pending = False
+        for index, (kind, actions) in enumerate(chunks):
+            if kind == "session":
+                await self._session_action(*actions[0])
+                continue
+            assert self.key is not None
+            if kind == "external":
+                if await self._external_action(self.key, *actions[0]) == "stop":
+                    return
+                continue
+            finish = index == last_engine
+            now, key = self.services.now(), self.key
+            segment = functools.partial(
+                self.segment, key=key, actions=actions, now=now, check_digest=digest_pending, finish=finish
+            )
+            result = await self.services.store.transact(segment)
+            digest_pending = False
+            if not self.publish_segment(result):
+                return
+        if self.key is not None and (last_engine < 0 or chunks[last_engine][0] == "external"):
             await self._finish_if_terminal(self.key, declaration)
+
+    def chunks(
+        self, order: Sequence[tuple[int, ActionDecl]]
+    ) -> list[tuple[ChunkKind, list[tuple[int, ActionDecl]]]]:
+        """Split the dispatch order into session actions, segments and external engine actions (each
+        session or external chunk holds one action). Engine actions are dropped when there is no entry."""
+        chunks: list[tuple[ChunkKind, list[tuple[int, ActionDecl]]]] = []
+        for position, action in order:
+            kind: ChunkKind
+            if action.type in SESSION_ACTION_TYPES:
+                kind = "session"
+            elif self.key is None:
+                continue
+            else:
+                kind = "segment" if action.type in self.services.executors else "external"
+            if kind == "segment" and chunks and chunks[-1][0] == "segment":
+                chunks[-1][1].append((position, action))
+            else:
+                chunks.append((kind, [(position, action)]))
+        return chunks
+
+    def segment(
+        self,
+        conn: sqlite3.Connection,
+        key: EntryKey,
+        actions: Sequence[tuple[int, ActionDecl]],
+        now: float,
+        *,
+        check_digest: bool,
+        finish: bool,
+        entry: StepEntry | None = None,
+        marks: dict[int, Marker] | None = None,
+    ) -> SegmentResult:
+        """Run a segment inside the caller's transaction (writer thread; no Trio, nothing published).
+
+        `entry` and `marks` are the entry and its markers when the caller already read them in this
+        transaction (the recovery scan does); otherwise they are read here.
+
+        Each action is claimed by compare-and-set with this runtime's epoch, applied and completed in its
+        own savepoint: an executor that raises rolls back only itself (transient: no marker, the entry stays
+        open for the next start, AC-B9(f)) and stops the entry only if it is clear_decisions (AC-C2, AC-C3).
+        A live peer's claim stops the entry (the stop rule).
+        """
+        if check_digest:
+            recorded = self._mismatch(conn, key, now, entry)
+            if recorded is not None:
+                return SegmentResult(mismatch=recorded)
+        runs: list[ActionRun] = []
+        epoch = self.services.store.epoch
+        # Read once: in this transaction only this segment writes them, one position at a time. No
+        # in_progress row is written for an action applied and finished here: nobody could ever read it.
+        marks = step_entries.markers(conn, key) if marks is None else marks
+        for position, action in actions:
+            clearing = action.type == "clear_decisions"
+            try:
+                with savepoint(conn, "action"):
+                    claim = step_entries.claim_outcome(marks.get(position), epoch)
+                    effect = None
+                    if claim == "claimed":
+                        executor = self.services.executors[action.type]
+                        effect = executor(conn, self.context(key, position, now), action)
+                        step_entries.finish_marker(
+                            conn, key, position, action.type, effect.state, effect.detail, now
+                        )
+            except Exception as exc:
+                runs.append(ActionRun(position, action, None, error=repr(exc)))
+                if clearing:
+                    return SegmentResult(tuple(runs), stopped=True)
+                continue
+            runs.append(ActionRun(position, action, claim, effect))
+            if claim == "live_peer" or (clearing and effect is not None and effect.state == "failed"):
+                return SegmentResult(tuple(runs), stopped=True)
+        if not finish:
+            return SegmentResult(tuple(runs))
+        try:  # one UPDATE: if it fails, nothing of it was written and the actions above still stand
+            declaration = self.step.events.on_enter
+            engine_positions = {p for p, a in enumerate(declaration) if a.type in ENGINE_ACTION_TYPES}
+            if engine_positions == {run.position for run in runs if run.claim is not None}:
+                step_entries.mark_terminal(conn, key)  # this segment brought every position to terminal
+            else:
+                finish_if_terminal(conn, key, declaration)
+        except Exception as exc:
+            return SegmentResult(tuple(runs), finish_error=repr(exc))
+        return SegmentResult(tuple(runs))
+
+    def publish_segment(self, result: SegmentResult) -> bool:
+        """Publish a committed segment's events and diagnostics in position order; False if the entry
+        must go no further (closed on a digest mismatch, or stopped)."""
+        assert self.key is not None
+        if result.mismatch is not None:
+            self._declaration_changed(result.mismatch)
+            return False
+        for run in result.runs:
+            if run.claim is None:
+                self.out.diagnostic(
+                    "error",
+                    "on_enter_action_failed",
+                    workflow_id=self.workflow.id,
+                    step_id=self.key.step_id,
+                    task_id=self.key.task_id,
+                    action_type=run.action.type,
+                    position=run.position,
+                    cause=run.error,
+                )
+            elif run.effect is not None:
+                self._publish(run.position, run.action, run.effect)
+        if result.finish_error:
+            log.error(
+                "entry_terminal_write_failed",
+                task_id=self.key.task_id,
+                step_id=self.key.step_id,
+                entry_seq=self.key.entry_seq,
+                cause=result.finish_error,
+            )
+        return not result.stopped
+
+    def context(self, key: EntryKey, position: int, now: float) -> ActionContext:
+        """The executor context of one position: on_enter runs carry the entry-scoped idempotency key."""
+        return ActionContext(
+            task=self.task,
+            step_id=self.step.id,
+            step_name=self.step.name,
+            trigger="on_enter",
+            key_for=lambda agent, digest: (
+                f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:{position}:{agent}:{digest}"
+            ),
+            exclude_from_coalescing=True,
+            now=now,
+        )
+
+    def _mismatch(
+        self, conn: sqlite3.Connection, key: EntryKey, now: float, entry: StepEntry | None = None
+    ) -> str | None:
+        """Compare the recorded digest with the declaration read now; on a mismatch close the entry
+        declaration_changed and return the recorded digest."""
+        declaration = self.step.events.on_enter
+        entry = step_entries.get_entry(conn, key) if entry is None else entry
+        current = step_entries.declaration_digest([a.type for a in declaration])
+        if entry is None or entry.declaration_digest == current:
+            return None
+        close_entry(conn, key, declaration, "declaration_changed", now)
+        return entry.declaration_digest
 
     async def _digest_matches(self, declaration: Sequence[ActionDecl]) -> bool:
         assert self.key is not None
-        key = self.key
-        current = step_entries.declaration_digest([a.type for a in declaration])
-
-        def check(conn: sqlite3.Connection) -> str | None:
-            entry = step_entries.get_entry(conn, key)
-            if entry is None or entry.declaration_digest == current:
-                return None
-            close_entry(conn, key, declaration, "declaration_changed", self.services.now())
-            return entry.declaration_digest
-
-        recorded = await self.services.store.transact(check)
+        key, now = self.key, self.services.now()
+        recorded = await self.services.store.transact(lambda conn: self._mismatch(conn, key, now))
         if recorded is None:
             return True
+        self._declaration_changed(recorded)
+        return False
+
+    def _declaration_changed(self, recorded: str) -> None:
+        assert self.key is not None
         self.out.diagnostic(
             "warning",
             "declaration_changed",
             workflow_id=self.workflow.id,
-            step_id=key.step_id,
-            task_id=key.task_id,
+            step_id=self.key.step_id,
+            task_id=self.key.task_id,
             recorded_digest=recorded,
-            current_digest=current,
+            current_digest=step_entries.declaration_digest([a.type for a in self.step.events.on_enter]),
         )
-        return False
 
     def not_executed(self, action: ActionDecl, reason: str) -> DiagnosticNote:
         """The AC-A6 WARNING for an action that reaches no executor on this entry path."""
@@ -150,59 +341,9 @@ class OnEnterDispatch:
             return
         await request_session_action(self.services, self.task, self.step.id, action, self.path, self.out)
 
-    async def _engine_action(
+    async def _external_action(
         self, key: EntryKey, position: int, action: ActionDecl
     ) -> Literal["next", "stop"]:
-        epoch, now = self.services.store.epoch, self.services.now()
-        ctx = ActionContext(
-            task=self.task,
-            step_id=self.step.id,
-            step_name=self.step.name,
-            trigger="on_enter",
-            key_for=lambda agent, digest: (
-                f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:{position}:{agent}:{digest}"
-            ),
-            exclude_from_coalescing=True,
-            now=now,
-        )
-
-        executor = self.services.executors.get(action.type)
-        if executor is not None:
-
-            def apply(conn: sqlite3.Connection) -> _Run:
-                claim = step_entries.claim_marker(conn, key, position, action.type, epoch, now)
-                if claim != "claimed":
-                    return _Run(claim)
-                effect = executor(conn, ctx, action)
-                step_entries.finish_marker(conn, key, position, action.type, effect.state, effect.detail, now)
-                return _Run(claim, effect)
-
-            try:
-                run = await self.services.store.transact(apply)
-            except Exception as exc:  # transient: nothing committed, the entry stays open for the next start
-                self.out.diagnostic(
-                    "error",
-                    "on_enter_action_failed",
-                    workflow_id=self.workflow.id,
-                    step_id=key.step_id,
-                    task_id=key.task_id,
-                    action_type=action.type,
-                    position=position,
-                    cause=repr(exc),
-                )
-                return "stop" if action.type == "clear_decisions" else "next"  # AC-C2 vs AC-C3
-        else:
-            run = await self._external_action(key, position, action, epoch)
-        if run.claim == "live_peer":
-            return "stop"  # the stop rule: a live peer owns this entry; it will finish every position
-        if run.effect is None:
-            return "next"  # already terminal: never re-executed
-        self._publish(position, action, run.effect)
-        if action.type == "clear_decisions" and run.effect.state == "failed":
-            return "stop"
-        return "next"
-
-    async def _external_action(self, key: EntryKey, position: int, action: ActionDecl, epoch: str) -> _Run:
         """Claim first, act outside the database, then complete.
 
         run_code_review records its review-run row with the claim, then asks the host to start the pass; a
@@ -210,7 +351,7 @@ class OnEnterDispatch:
         (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
         warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
         """
-        now = self.services.now()
+        epoch, now = self.services.store.epoch, self.services.now()
         reviewing = action.type == "run_code_review"
 
         def claim(conn: sqlite3.Connection) -> tuple[step_entries.ClaimOutcome, int | None]:
@@ -223,7 +364,7 @@ class OnEnterDispatch:
 
         outcome, review_run = await self.services.store.transact(claim)
         if outcome != "claimed":
-            return _Run(outcome)
+            return "stop" if outcome == "live_peer" else "next"  # the stop rule; a terminal one never re-runs
         effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
         start_failure: str | None = None
         if reviewing:
@@ -246,17 +387,18 @@ class OnEnterDispatch:
                         ),
                     ),
                 )
-        final = effect
+        final, finished_at = effect, self.services.now()
 
         def complete(conn: sqlite3.Connection) -> None:
             if review_run is not None and start_failure is not None:
                 review_runs.mark_start_failed(conn, review_run, start_failure)
             step_entries.finish_marker(
-                conn, key, position, action.type, final.state, final.detail, self.services.now()
+                conn, key, position, action.type, final.state, final.detail, finished_at
             )
 
         await self.services.store.transact(complete)
-        return _Run(outcome, effect)
+        self._publish(position, action, effect)
+        return "next"
 
     def _publish(self, position: int, action: ActionDecl, effect: Effect) -> None:
         failure = None
@@ -284,11 +426,4 @@ class OnEnterDispatch:
         )
 
     async def _finish_if_terminal(self, key: EntryKey, declaration: Sequence[ActionDecl]) -> None:
-        positions = {p for p, a in enumerate(declaration) if a.type in ENGINE_ACTION_TYPES}
-
-        def finish(conn: sqlite3.Connection) -> None:
-            marks = step_entries.markers(conn, key)
-            if all(p in marks and marks[p].state in step_entries.TERMINAL_STATES for p in positions):
-                step_entries.mark_terminal(conn, key)
-
-        await self.services.store.transact(finish)
+        await self.services.store.transact(lambda conn: finish_if_terminal(conn, key, declaration))

@@ -12,54 +12,154 @@ Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 
+import attrs
 import structlog
+import trio
 
-from onceflow.actors.on_enter import OnEnterDispatch, close_entry
+from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
-from onceflow.store.records import StepEntry
+from onceflow.store.records import Marker, StepEntry
+from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
 log = structlog.get_logger("onceflow.recovery")
 
 
-def _close(
-    conn: sqlite3.Connection, key: EntryKey, declaration: tuple[ActionDecl, ...], reason: str, now: float
-) -> None:
-    close_entry(conn, key, declaration, reason, now)
-    if reason != "clear_failed":  # a claim left by a dead runtime on a position no longer declared
-        step_entries.skip_claimed_markers(conn, key, reason, now)
+BATCH_SIZE = 256
+"""Entries classified (and, when every action has an executor, re-dispatched) per store request."""
+
+
+@attrs.frozen
+class _Closed:
+    entry: StepEntry
+    reason: str
+
+
+@attrs.frozen
+class _Dispatched:
+    dispatch: OnEnterDispatch
+    result: SegmentResult
+
+
+@attrs.frozen
+class _Deferred:
+    """Re-dispatched from the Trio side: an action waits on the host (no executor, run_code_review)."""
+
+    entry: StepEntry
+    dispatch: OnEnterDispatch
+
+
+@attrs.frozen
+class _Failed:
+    entry: StepEntry
+    cause: str
+
+
+_Recovered = _Closed | _Dispatched | _Deferred | _Failed
 
 
 async def recover_open_entries(services: Services, out: Outbox) -> int:
-    """Run the scan; returns how many entries were re-dispatched. Never raises."""
+    """Run the scan; returns how many entries were re-dispatched. Never raises.
+
+    Entries are handled in batches of `BATCH_SIZE` per store request: classification, closing and the
+    re-dispatch of executor-backed actions all run in the writer thread, each entry in its own savepoint
+    (a failing record rolls back alone, is logged at ERROR with its identity and stays open, AC-B9(f));
+    events and diagnostics are published once the batch has committed.
+    """
     try:
         entries = await services.store.transact(step_entries.open_entries)
     except Exception as exc:
         log.error("recovery_scan_query_failed", cause=repr(exc))
         return 0
+    batches: trio.MemorySendChannel[list[_Recovered]]
+    batches, committed = trio.open_memory_channel[list[_Recovered]](1)
+
+    async def run_batches() -> None:  # one batch ahead: the writer works while the last one is published
+        async with batches:
+            for start in range(0, len(entries), BATCH_SIZE):
+                batch, now = entries[start : start + BATCH_SIZE], services.now()
+                try:
+                    recovered = await services.store.transact(
+                        functools.partial(_recover_batch, services=services, batch=batch, now=now, out=out)
+                    )
+                except Exception as exc:  # the batch's transaction itself failed: nothing of it committed
+                    recovered = [_Failed(entry, repr(exc)) for entry, _ in batch]
+                await batches.send(recovered)
+
     redispatched = 0
-    for entry, latest in entries:
-        try:
-            redispatched += await _recover(services, entry, latest, out)
-        except Exception as exc:
-            log.error(
-                "recovery_entry_failed",
-                task_id=entry.task_id,
-                step_id=entry.step_id,
-                entry_seq=entry.entry_seq,
-                cause=repr(exc),
-            )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_batches)
+        async for recovered in committed:
+            for item in recovered:
+                redispatched += await _publish(item, out)
     return redispatched
 
 
-async def _recover(services: Services, entry: StepEntry, latest: int, out: Outbox) -> int:
+async def _publish(item: _Recovered, out: Outbox) -> int:
+    """Publish what a committed batch did for one entry (or run its deferred dispatch); 1 if re-dispatched."""
+    match item:
+        case _Closed(entry, reason):
+            out.diagnostic(
+                "warning" if reason == "unresolvable" else "info",
+                f"recovery_{reason}",
+                task_id=entry.task_id,
+                step_id=entry.step_id,
+                entry_seq=entry.entry_seq,
+            )
+        case _Dispatched(dispatch, result):
+            dispatch.publish_segment(result)
+            return 1
+        case _Deferred(entry, dispatch):
+            try:
+                await dispatch.run()
+            except Exception as exc:
+                item = _Failed(entry, repr(exc))
+            else:
+                return 1
+    if isinstance(item, _Failed):
+        log.error(
+            "recovery_entry_failed",
+            task_id=item.entry.task_id,
+            step_id=item.entry.step_id,
+            entry_seq=item.entry.entry_seq,
+            cause=item.cause,
+        )
+    return 0
+
+
+def _recover_batch(
+    conn: sqlite3.Connection,
+    services: Services,
+    batch: list[tuple[StepEntry, int]],
+    now: float,
+    out: Outbox,
+) -> list[_Recovered]:
+    return [_recover(conn, services, entry, latest, now, out) for entry, latest in batch]
+
+
+def _recover(
+    conn: sqlite3.Connection, services: Services, entry: StepEntry, latest: int, now: float, out: Outbox
+) -> _Recovered:
+    """Classify one open entry and close or re-dispatch it (writer thread). Closing runs in a savepoint and
+    a re-dispatch isolates each action in its own, so a failing record rolls back alone."""
+    try:
+        return _classify(conn, services, entry, latest, now, out)
+    except Exception as exc:
+        return _Failed(entry, repr(exc))
+
+
+def _classify(
+    conn: sqlite3.Connection, services: Services, entry: StepEntry, latest: int, now: float, out: Outbox
+) -> _Recovered:
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
-    task = await services.store.transact(lambda conn: tasks.find_task(conn, entry.task_id))
+    marks = step_entries.markers(conn, key)
+    task = tasks.find_task(conn, entry.task_id)
     workflow = services.workflows.workflows.get(entry.workflow_id)
     step = workflow.step(entry.step_id) if workflow is not None and workflow.has_step(entry.step_id) else None
     declaration: tuple[ActionDecl, ...] = ()
@@ -69,22 +169,25 @@ async def _recover(services: Services, entry: StepEntry, latest: int, out: Outbo
         reason, declaration = "step_left", step.events.on_enter
     elif latest != entry.entry_seq:  # the greatest over every entry of the pair, open or not
         reason, declaration = "superseded", step.events.on_enter
-    elif await _clear_failed(services, key, step.events.on_enter):
+    elif _clear_failed(marks, step.events.on_enter):
         reason = "clear_failed"  # terminal as it stands: its later actions never reached a dispatcher (AC-C2)
     else:
-        await OnEnterDispatch(services, task, workflow, step, key, "recovery", out).run()
-        return 1
-    now = services.now()
-    await services.store.transact(lambda conn: _close(conn, key, declaration, reason, now))
-    level = "warning" if reason == "unresolvable" else "info"
-    out.diagnostic(
-        level, f"recovery_{reason}", task_id=entry.task_id, step_id=entry.step_id, entry_seq=entry.entry_seq
-    )
-    return 0
+        dispatch = OnEnterDispatch(services, task, workflow, step, key, "recovery", out)
+        order = dispatch_order(step.events.on_enter, "recovery")
+        if any(action.type not in services.executors for _, action in order):
+            return _Deferred(entry, dispatch)
+        segment = dispatch.segment(
+            conn, key, order, now, check_digest=True, finish=True, entry=entry, marks=marks
+        )
+        return _Dispatched(dispatch, segment)
+    with savepoint(conn, "close"):
+        close_entry(conn, key, declaration, reason, now)
+        if reason != "clear_failed":  # a claim left by a dead runtime on a position no longer declared
+            step_entries.skip_claimed_markers(conn, key, reason, now)
+    return _Closed(entry, reason)
 
 
-async def _clear_failed(services: Services, key: EntryKey, declaration: tuple[ActionDecl, ...]) -> bool:
-    marks = await services.store.transact(lambda conn: step_entries.markers(conn, key))
+def _clear_failed(marks: dict[int, Marker], declaration: tuple[ActionDecl, ...]) -> bool:
     return any(
         action.type == "clear_decisions" and position in marks and marks[position].state == "failed"
         for position, action in enumerate(declaration)

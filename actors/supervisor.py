@@ -247,12 +247,12 @@ class Runtime:
         self.engine = Engine(self.services)
 
     async def promote_all(self) -> int:
-        """Start-up promotion: every step with a WIP limit admits while it has room (E3)."""
+        """Start-up promotion: every step admits while it has room (E3). Steps without a WIP limit are
+        included: a task queued at a step whose limit was since removed is admitted here."""
         promoted = 0
         for workflow in list(self.services.workflows.workflows.values()):
             for step in workflow.ordered_steps:
-                if step.wip_limit > 0:
-                    promoted += await self.engine.promote(workflow, step)
+                promoted += await self.engine.promote(workflow, step)
         return promoted
 
     async def _forward_promotions(self, promotions: trio.MemoryReceiveChannel[Promotion]) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from onceflow.store.records import RunRecord
+from onceflow.store.savepoint import savepoint
 
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 COALESCE_WINDOW_SECONDS = 5.0
@@ -76,15 +77,25 @@ def should_coalesce(request: RunRequest) -> bool:
 def enqueue_run(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult:
     """Enqueue inside the caller's transaction. `now` is Unix seconds.
 
-    An expired key (older than 24 h) is released from its old run so the new run can take it.
+    An expired key (older than 24 h) is released from its old run so the new run can take it. Atomic: an
+    enqueue that raises leaves none of its writes behind (each path is one write, or two in a savepoint), so
+    a fan-out needs no savepoint of its own per participant.
     """
     key = request.idempotency_key
+    if key and not should_coalesce(request):  # the common keyed case: insert first, look only on a conflict
+        inserted = _insert(conn, request, now, skip_taken_key=True)
+        if inserted is not None:
+            return inserted
     if key:
         row = conn.execute("SELECT id, requested_at FROM runs WHERE idempotency_key = ?", (key,)).fetchone()
         if row is not None:
             if now - row[1] < IDEMPOTENCY_WINDOW_SECONDS:
                 return EnqueueResult("suppressed", row[0])
-            conn.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?", (row[0],))
+            with savepoint(conn, "rekey"):
+                conn.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?", (row[0],))
+                queued = _insert(conn, request, now)
+            assert queued is not None  # without skip_taken_key a conflict raises
+            return queued
     if should_coalesce(request):
         row = conn.execute(
             "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ? AND reason = ?"
@@ -98,21 +109,31 @@ def enqueue_run(conn: sqlite3.Connection, request: RunRequest, now: float) -> En
                 (_payload_json(request.payload), row[0]),
             )
             return EnqueueResult("coalesced", row[0], row[1] + 1)
+    queued = _insert(conn, request, now)
+    assert queued is not None
+    return queued
+
+
+def _insert(
+    conn: sqlite3.Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
+) -> EnqueueResult | None:
+    """Insert the run. `skip_taken_key`: a key already taken inserts nothing and returns None."""
+    upsert = " ON CONFLICT (idempotency_key) DO NOTHING" if skip_taken_key else ""
     cur = conn.execute(
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " exclude_from_coalescing, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + upsert,
         (
             request.agent_profile_id,
             request.task_id,
             request.step_id,
             request.reason,
             _payload_json(request.payload),
-            key or None,
+            request.idempotency_key or None,
             int(request.exclude_from_coalescing),
             now,
         ),
     )
-    return EnqueueResult("queued", int(cur.lastrowid or 0))
+    return EnqueueResult("queued", int(cur.lastrowid or 0)) if cur.rowcount == 1 else None
 
 
 def claim_run(conn: sqlite3.Connection, agent_profile_id: str, now: float) -> RunRecord | None:

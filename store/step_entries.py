@@ -9,6 +9,7 @@ re-claimed, one of the current epoch belongs to a live peer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
@@ -35,6 +36,11 @@ def declaration_digest(kinds: Sequence[str]) -> str:
 
     Covers kinds and order only, never action config (Execution model, "Marker keying").
     """
+    return _digest(tuple(kinds))
+
+
+@functools.lru_cache(maxsize=1024)  # a handful of distinct declarations, hashed on every dispatch
+def _digest(kinds: tuple[str, ...]) -> str:
     pairs = [[position, kind] for position, kind in enumerate(kinds)]
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 
@@ -116,13 +122,28 @@ def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:
     return {row[0]: Marker(row[0], row[1], row[2], row[3], row[4]) for row in rows}
 
 
+def claim_outcome(marker: Marker | None, epoch: str) -> ClaimOutcome:
+    """The compare-and-set decision for a position whose current marker is `marker` (None: absent).
+
+    "claimed": absent, or in_progress under another (dead) epoch; "terminal": done, skipped or failed;
+    "live_peer": in_progress under `epoch`, i.e. another dispatcher of this runtime holds it.
+    """
+    if marker is None:
+        return "claimed"
+    if marker.state in TERMINAL_STATES:
+        return "terminal"
+    return "live_peer" if marker.epoch == epoch else "claimed"
+
+
 def claim_marker(
     conn: sqlite3.Connection, key: EntryKey, position: int, kind: str, epoch: str, now: float
 ) -> ClaimOutcome:
-    """Compare-and-set absent (or stale in_progress) → in_progress(epoch).
+    """Compare-and-set absent (or stale in_progress) → in_progress(epoch), as a durable claim.
 
     Returns "claimed" for the winner, "terminal" when the action already reached a terminal state, and
     "live_peer" when another dispatcher of this runtime holds it (the caller must abandon the entry).
+    For an action applied and finished in one transaction no durable claim is needed: decide with
+    `claim_outcome` on the markers read in that transaction.
     """
     row = conn.execute(
         "SELECT state, epoch FROM step_entry_markers"

@@ -53,11 +53,11 @@ class StoreClosedError(RuntimeError):
 
 
 class _Request(Generic[T]):
-    __slots__ = ("done", "fn", "result")
+    __slots__ = ("fn", "result", "waiter")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(self, fn: Callable[[sqlite3.Connection], T], waiter: trio.lowlevel.Task) -> None:
         self.fn = fn
-        self.done = trio.Event()
+        self.waiter = waiter  # the Trio task parked in `transact`, rescheduled with `result`
         self.result: outcome.Outcome[T] | None = None
 
 
@@ -102,12 +102,11 @@ class StoreActor:
         """
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
-        request = _Request(fn)
-        self._mailbox.put(request)
-        with trio.CancelScope(shield=True):
-            await request.done.wait()
-        assert request.result is not None
-        return request.result.unwrap()
+        self._mailbox.put(_Request(fn, trio.lowlevel.current_task()))
+        # Park until the writer answers. Refusing the abort is what shields the wait: a cancellation stays
+        # pending and is delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a
+        # shielded CancelScope + Event per request, which cost ~20 us each at group-commit rates.)
+        return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)  # type: ignore[no-any-return]
 
     # --- Trio side -------------------------------------------------------------------------------------
 
@@ -130,7 +129,8 @@ class StoreActor:
 
     def _wake(self, requests: list[_Request[Any]]) -> None:
         for request in requests:
-            request.done.set()
+            assert request.result is not None
+            trio.lowlevel.reschedule(request.waiter, request.result)
 
     def _call_trio(self, fn: Callable[..., object], *args: object) -> None:
         with contextlib.suppress(trio.RunFinishedError):  # the Trio run is gone; nobody is left waiting
@@ -212,6 +212,10 @@ class StoreActor:
                 except sqlite3.Error as rollback_exc:
                     log.error("store_rollback_failed", path=str(self.path), error=str(rollback_exc))
             log.warning("store_transaction_failed", path=str(self.path), batch=len(batch), error=str(exc))
+
+
+def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
 
 
 @asynccontextmanager

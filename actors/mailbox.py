@@ -55,6 +55,11 @@ class Mailbox(Generic[M]):
     def close(self) -> None:
         self._send.close()
 
+    @property
+    def empty(self) -> bool:
+        """No envelope is waiting (a cancelled receive never loses one, so this is exact after a timeout)."""
+        return self.inbox.statistics().current_buffer_used == 0
+
 
 def reply_to(envelope: Envelope[Any], result: outcome.Outcome[Any]) -> None:
     """Answer an envelope (at most once)."""

@@ -63,9 +63,15 @@ class Runtime:
     """The embedding API: `await rt.send(command)` returns a `Reply`; `rt.subscribe()` streams events."""
 
     def __init__(
-        self, services: Services, nursery: trio.Nursery, hub: EventHub, outcomes: OutcomeSupervisor
+        self,
+        services: Services,
+        nursery: trio.Nursery,
+        hub: EventHub,
+        outcomes: OutcomeSupervisor,
+        actor_idle_timeout: float = 0.0,
     ) -> None:
         self.services = services
+        self.actor_idle_timeout = actor_idle_timeout
         self._outcomes = outcomes
         self.engine = Engine(services)
         self._nursery = nursery
@@ -77,6 +83,11 @@ class Runtime:
     def epoch(self) -> str:
         """This runtime start's epoch (random, never reused), as written into in_progress markers."""
         return self.services.store.epoch
+
+    @property
+    def live_actors(self) -> int:
+        """How many task actors are alive now (idle ones are evicted after `actor_idle_timeout` seconds)."""
+        return len(self._mailboxes)
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on; it ends when the runtime closes."""
@@ -122,16 +133,42 @@ class Runtime:
         return mailbox
 
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
-        """Run the task's actor; restart it after a crash, on the same mailbox."""
+        """Run the task's actor; restart it after a crash, on the same mailbox; evict it once idle.
+
+        An actor whose mailbox stays empty for `actor_idle_timeout` seconds is evicted: its mailbox leaves the
+        routing table and it exits, holding nothing (no command runs, so no operation lock is held); the next
+        message for the task spawns a fresh one. Nothing the actor needs lives only in memory.
+        """
         while True:
             locks = TaskLocks()  # owned by this incarnation of the actor
             try:
-                async for envelope in mailbox.inbox:
-                    # Each command pins the engine current at its start (a reconfiguration may follow).
-                    await self._serve(TaskActor(task_id, self.engine, locks), envelope)
+                while True:
+                    envelope = await self._next_envelope(mailbox)
+                    if envelope is not None:
+                        # Each command pins the engine current at its start (a reconfiguration may follow).
+                        await self._serve(TaskActor(task_id, self.engine, locks), envelope)
+                    elif mailbox.empty and self._mailboxes.get(task_id) is mailbox:
+                        del self._mailboxes[task_id]  # no checkpoint since the check: nothing can slip in
+                        mailbox.close()
+                        return
+            except trio.EndOfChannel:
                 return
             except _Restart as restart:
                 log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+
+    async def _next_envelope(self, mailbox: Mailbox[_TaskMessage]) -> Envelope[_TaskMessage] | None:
+        """The next queued envelope, or None after `actor_idle_timeout` seconds without one.
+
+        A queued envelope is taken without waiting: a receive under an expired deadline would be cancelled
+        even with one queued. Raises trio.EndOfChannel once the mailbox is closed and drained.
+        """
+        try:
+            return mailbox.inbox.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        with trio.move_on_after(self.actor_idle_timeout):  # only the wait, never a command
+            return await mailbox.inbox.receive()
+        return None
 
     async def _serve(self, actor: TaskActor, envelope: Envelope[_TaskMessage]) -> None:
         out = Outbox(self._hub)
@@ -321,6 +358,7 @@ async def open_runtime(
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
     coordinator: Coordinator | None = None,
     redelivery_interval: float = 60.0,
+    actor_idle_timeout: float = 0.0,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
@@ -331,8 +369,15 @@ async def open_runtime(
     created here, before the runtime object, and lives exactly as long as the runtime.
     `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
     until acknowledged; unfinished outcomes resume at once. Without one, outcomes are stored, pending.
-    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0.
+    A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0, the default: as
+    soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
+    (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
+    bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
+    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0
+    or a negative `actor_idle_timeout`.
     """
+    if actor_idle_timeout < 0:
+        raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
     async with (
         open_store(db_path, durability=durability, max_batch=max_batch) as store,
         trio.open_nursery() as nursery,
@@ -356,7 +401,7 @@ async def open_runtime(
         try:
             await nursery.start(outcome_supervisor.run)
             async with trio.open_nursery() as task_nursery:
-                runtime = Runtime(services, task_nursery, hub, outcome_supervisor)
+                runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
                 task_nursery.start_soon(runtime._forward_promotions, promoted)
                 try:
                     await runtime._load_workflows()

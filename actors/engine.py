@@ -17,7 +17,7 @@ import attrs
 import structlog
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
-from onceflow.actors.on_enter import OnEnterDispatch
+from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
 from onceflow.actors.services import Services, find_step
@@ -45,6 +45,7 @@ from onceflow.protocol.workflow import (
 )
 from onceflow.store import participants, tasks, wip
 from onceflow.store.records import Decision, Participant, TaskRecord
+from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
 log = structlog.get_logger("onceflow.engine")
@@ -251,6 +252,9 @@ class Engine:
         The step change is a compare-and-set on the task's current step, and the step-entry record (when
         the target declares an engine-owned on_enter action) is allocated in the same transaction. If that
         transaction fails nothing lands and an ERROR names task and step (AC-B7); the error propagates.
+        When no host action has to come first (no on_exit on the source step, no leading session action)
+        the dispatch's leading segment runs in the admitting transaction too, in a savepoint: one commit
+        for the move and its first effects, and a failure there leaves the move standing (AC-C4).
         """
         try:
             await self.services.host.preflight_transition(
@@ -261,8 +265,13 @@ class Engine:
                 f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
             ) from exc
         now = self.services.now()
+        entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
+        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
+        on_exit: Sequence[ActionDecl] = ()
+        if source_workflow is not None and source_workflow.has_step(task.step_id):
+            on_exit = source_workflow.step(task.step_id).events.actions(Trigger.on_exit)
 
-        def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None]:
+        def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | None]:
             admitted = wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id)
             moved = tasks.move_task_step(
                 conn,
@@ -274,17 +283,27 @@ class Engine:
                 admitted=admitted,
             )
             if not moved:
-                return "abandoned", None
+                return "abandoned", None, None
             if not admitted:  # a queued placement: not an entry, nothing allocated
-                return "queued", None
+                return "queued", None, None
             # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
             key = allocate_for(
                 conn, task_id=task.id, workflow_id=workflow.id, step=target, path=path, now=now
             )
-            return "admitted", key
+            first = None
+            dispatch = OnEnterDispatch(self.services, entered, workflow, target, key, path, out)
+            lead = dispatch.leading_segment() if key is not None and not on_exit else None
+            if key is not None and lead is not None:
+                actions, finish = lead
+                try:
+                    with savepoint(conn, "dispatch"):
+                        first = dispatch.segment(conn, key, actions, now, check_digest=False, finish=finish)
+                except Exception as exc:  # the move stands; the dispatch runs on its own after the commit
+                    log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
+            return "admitted", key, first
 
         try:
-            outcome, key = await self.services.store.transact(admit)
+            outcome, key, first = await self.services.store.transact(admit)
         except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
             log.error(
                 "step_admission_failed", task_id=task.id, step_id=target.id, entry_path=path, cause=repr(exc)
@@ -311,10 +330,8 @@ class Engine:
                 trigger=trigger,
             )
         )
-        source_workflow = self.services.workflows.workflows.get(task.workflow_id)
-        if source_workflow is not None and source_workflow.has_step(task.step_id):  # left it: on_exit
-            for action in source_workflow.step(task.step_id).events.actions(Trigger.on_exit):
-                await request_session_action(self.services, task, task.step_id, action, path, out)
+        for action in on_exit:  # it left the source step
+            await request_session_action(self.services, task, task.step_id, action, path, out)
         if outcome == "queued":
             out.emit(TaskQueued(task_id=task.id, step_id=target.id))
         else:
@@ -326,8 +343,7 @@ class Engine:
                     entry_path=path,
                 )
             )
-            entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
-            await self.dispatch_entry(entered, workflow, target, key, path, out)
+            await self.dispatch_entry(entered, workflow, target, key, path, out, first)
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
 
@@ -339,11 +355,13 @@ class Engine:
         key: EntryKey | None,
         path: EntryPath,
         out: Outbox,
+        first: SegmentResult | None = None,
     ) -> None:
-        """Run the on_enter of a committed entry. Never raises: the transition stands whatever its actions
-        do (AC-C4), and an entry left open is resumed by the next start's recovery scan."""
+        """Run the on_enter of a committed entry (`first`: its leading segment, already committed with the
+        admission). Never raises: the transition stands whatever its actions do (AC-C4), and an entry left
+        open is resumed by the next start's recovery scan."""
         try:
-            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run()
+            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run(first)
         except Exception as exc:
             log.error(
                 "on_enter_dispatch_failed",

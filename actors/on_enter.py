@@ -124,17 +124,22 @@ class OnEnterDispatch:
     path: EntryPath
     out: Outbox
 
-    async def run(self) -> None:
+    async def run(self, first: SegmentResult | None = None) -> None:
+        """Dispatch the entry. `first` is the result of the leading segment when the admitting transaction
+        already ran it (see `leading_segment`); it is published and dispatch goes on after it."""
         declaration = self.step.events.on_enter  # read once for the whole dispatch
-        chunks = self.chunks(dispatch_order(declaration, self.path))
-        engine_chunks = [i for i, (kind, _) in enumerate(chunks) if kind != "session"]
-        last_engine = engine_chunks[-1] if engine_chunks else -1
+        chunks, last_engine = self._plan()
+        start = 0
         digest_pending = self.key is not None
-        if digest_pending and (not chunks or chunks[0][0] != "segment"):
+        if first is not None:
+            if not self.publish_segment(first):
+                return
+            start, digest_pending = 1, False
+        elif digest_pending and (not chunks or chunks[0][0] != "segment"):
             if not await self._digest_matches(declaration):
                 return
             digest_pending = False
-        for index, (kind, actions) in enumerate(chunks):
+        for index, (kind, actions) in enumerate(chunks[start:], start):
             if kind == "session":
                 await self._session_action(*actions[0])
                 continue
@@ -154,6 +159,24 @@ class OnEnterDispatch:
                 return
         if self.key is not None and (last_engine < 0 or chunks[last_engine][0] == "external"):
             await self._finish_if_terminal(self.key, declaration)
+
+    def leading_segment(self) -> tuple[list[tuple[int, ActionDecl]], bool] | None:
+        """The dispatch's first chunk when it is a segment, and whether it is also its last engine chunk.
+
+        An admitting transaction may run it (with `segment`, no digest check: the declaration is the one the
+        entry was allocated from) so the step change and its first effects share one commit; None when the
+        dispatch starts with a host action, which must come first.
+        """
+        chunks, last_engine = self._plan()
+        if not chunks or chunks[0][0] != "segment":
+            return None
+        return chunks[0][1], last_engine == 0
+
+    def _plan(self) -> tuple[list[tuple[ChunkKind, list[tuple[int, ActionDecl]]]], int]:
+        """The chunks of this entry's dispatch order and the index of the last engine chunk (-1: none)."""
+        chunks = self.chunks(dispatch_order(self.step.events.on_enter, self.path))
+        engine_chunks = [i for i, (kind, _) in enumerate(chunks) if kind != "session"]
+        return chunks, engine_chunks[-1] if engine_chunks else -1
 
     def chunks(
         self, order: Sequence[tuple[int, ActionDecl]]

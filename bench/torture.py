@@ -8,6 +8,7 @@ scan), sleeps a random 20-300 ms (0-15 ms for the early kills), SIGKILLs it and 
 child runs a runtime whose `review` step declares
 
     [clear_decisions,
+     ensure_participant_seat{role: reviewer},     (no executor here: an action awaited outside the store)
      queue_run_for_each_participant{role: reviewer, reason: r1},
      queue_run_for_each_participant{role: reviewer, reason: r2}]
 
@@ -66,6 +67,8 @@ steps:
     events:
       on_enter:
         - type: clear_decisions
+        - type: ensure_participant_seat
+          config: {role: reviewer}
         - type: queue_run_for_each_participant
           config: {role: reviewer, reason: r1}
         - type: queue_run_for_each_participant
@@ -73,7 +76,7 @@ steps:
 """
 WF, REVIEW = "torture", "review"
 REVIEWERS = ("rev-1", "rev-2", "rev-3")
-FAN_OUT_POSITIONS = (1, 2)
+FAN_OUT_POSITIONS = (2, 3)
 AUDIT_TABLE = "CREATE TABLE IF NOT EXISTS clear_audit (entry_key TEXT NOT NULL)"
 
 
@@ -84,7 +87,12 @@ def audited_clear(conn: Any, ctx: ActionContext, action: ActionDecl) -> Effect:
     return effect
 
 
-EXECUTORS: dict[str, Executor] = {**DEFAULT_EXECUTORS, "clear_decisions": audited_clear}
+# ensure_participant_seat gets no executor: it is claimed and finished (skipped, no_executor) in two commits
+# of its own, which splits every entry into four commits so kills land between them.
+EXECUTORS: dict[str, Executor] = {
+    **{kind: executor for kind, executor in DEFAULT_EXECUTORS.items() if kind != "ensure_participant_seat"},
+    "clear_decisions": audited_clear,
+}
 
 
 def quiet_logs() -> None:

@@ -69,5 +69,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", "-c", type=int, default=50)
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
+    )  # warnings and up
     trio.run(main, args.transactions, args.concurrency, args.dir)

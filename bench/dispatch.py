@@ -221,7 +221,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
+    )
     with tempfile.TemporaryDirectory(prefix="onceflow-dispatch-", dir=args.dir) as tmp:
         result = trio.run(
             run_dispatch,

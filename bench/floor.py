@@ -143,7 +143,9 @@ def main() -> int:
     parser.add_argument("-c", "--concurrency", type=int, default=64, help="second --compare concurrency")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
+    )
     print(f"sqlite {sqlite3.sqlite_version}, {args.entries} entries, WAL + synchronous=FULL")
     print(f"{'what':<44}{'entries/s':>11}{'x floor':>9}  invariants")
     with tempfile.TemporaryDirectory(prefix="onceflow-floor-", dir=args.dir) as tmp:

@@ -318,7 +318,9 @@ def main() -> int:
     except ImportError:
         print("bench/peer_dbos.py: DBOS Transact is not installed, skipped (to run it: pip install dbos)")
         return 0
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
+    )
     dbos_n = args.dbos_n if args.dbos_n is not None else args.tasks
 
     version = importlib.metadata.version("dbos")

@@ -83,7 +83,9 @@ def main() -> int:
     parser.add_argument("--durability", choices=[d.value for d in Durability], default="FULL")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
+    )
     with tempfile.TemporaryDirectory(prefix="onceflow-recovery-", dir=args.dir) as tmp:
         db = Path(tmp) / "recovery.db"
         trio.run(prepare, db, args.entries)

@@ -378,8 +378,8 @@ class Engine:
         source_workflow = self.services.workflows.workflows.get(task.workflow_id)
         if source_workflow is not None and source_workflow.has_step(task.step_id) and task.wip_admitted:
             source = source_workflow.step(task.step_id)
-            if source.wip_limit > 0 or any(s.pull_from_step_id == source.id for s in source_workflow.steps):
-                await self.promote(source_workflow, source)  # else no task can be waiting for this slot
+            if _takes_promotions(source_workflow, source):
+                await self.promote(source_workflow, source)
         if admitted_to is not None:
             for step in workflow.ordered_steps:
                 if step.pull_from_step_id == admitted_to.id:
@@ -400,3 +400,16 @@ class Engine:
                 return promoted
             promoted += 1
             self.services.announce_promotion(promotion)
+
+
+def _takes_promotions(workflow: Workflow, step: Step) -> bool:
+    """Whether a freed slot at `step` can admit anyone: it has a WIP limit, a feeder, or feeds a step.
+
+    Without any of them no task can be waiting for the slot, so the promotion query is skipped (the start-up
+    promotion still covers a task queued under a limit since removed).
+    """
+    return (
+        step.wip_limit > 0
+        or bool(step.pull_from_step_id)
+        or any(other.pull_from_step_id == step.id for other in workflow.steps)
+    )

@@ -4,7 +4,8 @@ On E1-E3 and E5 the session-scoped actions go to the host at fixed positions (re
 auto_start last), engine-owned actions run in declared order between them. On E4 (switch_workflow) every
 action runs in declared order and configure_session only warns. A recovery re-dispatch runs engine-owned
 actions only (AC-B8). Each engine-owned action is claimed by compare-and-set on its marker with the
-runtime's epoch; a database-effect action claims, applies and completes in one transaction.
+runtime's epoch; a database-effect action claims, applies and completes in one transaction, and a run of
+them shares one (a segment), which is the admitting transaction itself when no host action comes first.
 Source: on-enter-action-dispatch.md, "The ownership partition" and "Execution model".
 """
 
@@ -317,7 +318,8 @@ class OnEnterDispatch:
         current = step_entries.declaration_digest([a.type for a in declaration])
         if entry is None or entry.declaration_digest == current:
             return None
-        close_entry(conn, key, declaration, "declaration_changed", now)
+        with savepoint(conn, "close"):  # several writes: all of them or none
+            close_entry(conn, key, declaration, "declaration_changed", now)
         return entry.declaration_digest
 
     async def _digest_matches(self, declaration: Sequence[ActionDecl]) -> bool:

@@ -7,6 +7,9 @@ whose workflow or step no longer resolves is closed skipped(unresolvable); an en
 failed is closed as it stands; the rest are re-dispatched
 (engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed by epoch).
 The scan never stops the runtime from starting: a failing record is logged at ERROR and left open.
+Entries are classified, closed and re-dispatched in the writer thread, `BATCH_SIZE` per store request
+(issue 7: 10,000 entries took 21 s one by one); an entry with an action that waits on the host is
+re-dispatched from the Trio side after its batch commits.
 Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 """
 
@@ -68,9 +71,9 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     """Run the scan; returns how many entries were re-dispatched. Never raises.
 
     Entries are handled in batches of `BATCH_SIZE` per store request: classification, closing and the
-    re-dispatch of executor-backed actions all run in the writer thread, each entry in its own savepoint
-    (a failing record rolls back alone, is logged at ERROR with its identity and stays open, AC-B9(f));
-    events and diagnostics are published once the batch has committed.
+    re-dispatch of executor-backed actions all run in the writer thread, every multi-write step in its own
+    savepoint (a failing record rolls back alone, is logged at ERROR with its identity and stays open,
+    AC-B9(f)); events and diagnostics are published once the batch has committed.
     """
     try:
         entries = await services.store.transact(step_entries.open_entries)

@@ -5,7 +5,8 @@ Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--durability FULL|NO
 The inline workflow has steps work → review; review declares on_enter
 [clear_decisions, queue_run_for_each_participant{role: reviewer}] and the template seats 3 reviewers.
 N tasks are created in work (not timed), then C concurrent Trio tasks move each into review with
-`move_task` (timed: one latency sample per entry, around its first send). With probability R a move is
+`move_task` (timed: one latency sample per entry, around its first send). Peak RSS is read at the end of
+the move phase, before the `list_runs` check loads every run. With probability R a move is
 sent again at once (a redelivery: a move to the current step is a no-op) — replayed entries must not fan
 out twice. Transactions and average batch size are counted by wrapping the store actor's commit method.
 
@@ -165,6 +166,7 @@ async def run_dispatch(
                 nursery.start_soon(mover, offset)
         elapsed = time.perf_counter() - began
         store._commit = commit  # type: ignore[method-assign]
+        move_phase_rss = peak_rss_mb()  # before list_runs below loads every run into memory
         listed = len(await _send(rt, {"type": "list_runs"}))
     figures, violations = check(db, n)
     if listed != figures["runs"]:
@@ -182,6 +184,7 @@ async def run_dispatch(
         "transactions": counts["transactions"],
         "avg_batch": counts["requests"] / max(1, counts["transactions"]),
         "dup_sends": counts["dup_sends"],
+        "peak_rss_mb": move_phase_rss,
         **figures,
         "violations": violations,
     }
@@ -199,7 +202,7 @@ def print_figures(result: dict[str, Any]) -> None:
     print(
         f"{result['n']:>7}{result['concurrency']:>5}{result['durability']:>7}{result['entries_per_s']:>11,.0f}"
         f"{result['runs_per_s']:>9,.0f}{result['p50_ms']:>8.2f}{result['p99_ms']:>8.2f}"
-        f"{result['transactions']:>7}{result['avg_batch']:>10.1f}{result['dup_sends']:>6}{peak_rss_mb():>8.0f}"
+        f"{result['transactions']:>7}{result['avg_batch']:>10.1f}{result['dup_sends']:>6}{result['peak_rss_mb']:>8.0f}"
     )
     print(
         f"invariants: entries={result['entries']} runs={result['runs']} clears_done={result['clears_done']}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from onceflow.store import runs
@@ -25,6 +26,45 @@ async def test_a_key_seen_within_24_hours_is_a_successful_no_op(tmp_path: Path) 
         assert later.outcome == "queued" and later.run_id != first.run_id
         rows = await store.transact(lambda conn: runs.list_runs(conn))
         assert [r.idempotency_key for r in rows] == [None, "k1"]  # the expired key moved to the new run
+
+
+async def test_an_excluded_keyed_request_inserts_first_with_the_same_24_hour_window(tmp_path: Path) -> None:
+    async with open_store(tmp_path / "db") as store:
+        request = RunRequest(
+            "agent", None, None, "review", idempotency_key="k1", exclude_from_coalescing=True
+        )
+        first = await _enqueue(store, request, T0)
+        again = await _enqueue(store, request, T0 + 24 * 3600 - 1)
+        assert (first.outcome, again.outcome, again.run_id) == ("queued", "suppressed", first.run_id)
+        later = await _enqueue(store, request, T0 + 24 * 3600)
+        assert later.outcome == "queued" and later.run_id != first.run_id
+        rows = await store.transact(lambda conn: runs.list_runs(conn))
+        assert [r.idempotency_key for r in rows] == [None, "k1"]
+
+
+async def test_a_failing_rekey_leaves_the_old_run_its_key(tmp_path: Path) -> None:
+    """The expired-key path writes twice (release the old key, insert); a failure undoes both."""
+    async with open_store(tmp_path / "db") as store:
+        request = RunRequest(
+            "agent", None, None, "review", idempotency_key="k1", exclude_from_coalescing=True
+        )
+        await _enqueue(store, request, T0)
+        await store.transact(
+            lambda conn: conn.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+            )
+        )
+
+        def enqueue_and_survive(conn: sqlite3.Connection) -> str:
+            try:
+                runs.enqueue_run(conn, request, T0 + 24 * 3600)
+            except sqlite3.IntegrityError as exc:
+                return str(exc)
+            return "enqueued"
+
+        assert await store.transact(enqueue_and_survive) == "disk full"
+        rows = await store.transact(lambda conn: runs.list_runs(conn))
+        assert [r.idempotency_key for r in rows] == ["k1"]
 
 
 async def test_same_agent_and_reason_coalesce_within_5_seconds_only(tmp_path: Path) -> None:

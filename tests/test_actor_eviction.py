@@ -84,18 +84,22 @@ async def test_a_message_sent_at_the_eviction_deadline_is_never_lost(
 
 
 class SlowPreflightHost(RecordingHost):
-    """A host whose preflight takes three idle timeouts."""
+    """A host whose preflight takes three idle timeouts; `sleeping` is set once it has started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeping = trio.Event()
 
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None:
+        self.sleeping.set()
         await trio.sleep(3 * IDLE)
 
 
 async def test_a_command_running_longer_than_the_idle_timeout_is_not_cancelled(
     db_path: Path, shared_workflows: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    async with open_runtime(
-        db_path, host=SlowPreflightHost(), clock=FakeClock(), actor_idle_timeout=IDLE
-    ) as rt:
+    host = SlowPreflightHost()
+    async with open_runtime(db_path, host=host, clock=FakeClock(), actor_idle_timeout=IDLE) as rt:
         await setup_office(rt, shared_workflows / "office-default.yml")
         await create_task(rt, "T1")
         replies = []
@@ -105,9 +109,8 @@ async def test_a_command_running_longer_than_the_idle_timeout_is_not_cancelled(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(moving)
-            for _ in range(100):  # time also passes while a store reply is pending: jump until it is done
-                if replies:
-                    break
+            await host.sleeping.wait()  # the command is under way (its store reads took real time)
+            for _ in range(4):  # four idle timeouts pass while it runs
                 await elapse(mock_clock, IDLE)
         assert replies[0].result == {"moved": True, "step_id": "work"}
         assert await step_of(rt, "T1") == "work"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from onceflow.store import runs
 from onceflow.store.runs import RunRequest
 from onceflow.store.writer import StoreActor, open_store
@@ -16,22 +18,11 @@ async def _enqueue(store: StoreActor, request: RunRequest, now: float) -> runs.E
     return await store.transact(lambda conn: runs.enqueue_run(conn, request, now))
 
 
-async def test_a_key_seen_within_24_hours_is_a_successful_no_op(tmp_path: Path) -> None:
-    async with open_store(tmp_path / "db") as store:
-        request = RunRequest("agent", None, None, "review", idempotency_key="k1")
-        first = await _enqueue(store, request, T0)
-        again = await _enqueue(store, request, T0 + 24 * 3600 - 1)
-        assert (first.outcome, again.outcome, again.run_id) == ("queued", "suppressed", first.run_id)
-        later = await _enqueue(store, request, T0 + 24 * 3600)
-        assert later.outcome == "queued" and later.run_id != first.run_id
-        rows = await store.transact(lambda conn: runs.list_runs(conn))
-        assert [r.idempotency_key for r in rows] == [None, "k1"]  # the expired key moved to the new run
-
-
-async def test_an_excluded_keyed_request_inserts_first_with_the_same_24_hour_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("excluded", [False, True], ids=["coalescing", "excluded-insert-first"])
+async def test_a_key_seen_within_24_hours_is_a_successful_no_op(tmp_path: Path, excluded: bool) -> None:
     async with open_store(tmp_path / "db") as store:
         request = RunRequest(
-            "agent", None, None, "review", idempotency_key="k1", exclude_from_coalescing=True
+            "agent", None, None, "review", idempotency_key="k1", exclude_from_coalescing=excluded
         )
         first = await _enqueue(store, request, T0)
         again = await _enqueue(store, request, T0 + 24 * 3600 - 1)
@@ -39,7 +30,7 @@ async def test_an_excluded_keyed_request_inserts_first_with_the_same_24_hour_win
         later = await _enqueue(store, request, T0 + 24 * 3600)
         assert later.outcome == "queued" and later.run_id != first.run_id
         rows = await store.transact(lambda conn: runs.list_runs(conn))
-        assert [r.idempotency_key for r in rows] == [None, "k1"]
+        assert [r.idempotency_key for r in rows] == [None, "k1"]  # the expired key moved to the new run
 
 
 async def test_a_failing_rekey_leaves_the_old_run_its_key(tmp_path: Path) -> None:

@@ -1,14 +1,17 @@
 """Dispatch throughput: N tasks entering a review step that clears decisions and fans out to 3 reviewers.
 
-Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--durability FULL|NORMAL] [--max-batch B]
+Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--replay-rate P] [--durability FULL|NORMAL]
+    [--max-batch B]
 
 The inline workflow has steps work → review; review declares on_enter
 [clear_decisions, queue_run_for_each_participant{role: reviewer}] and the template seats 3 reviewers.
 N tasks are created in work (not timed), then C concurrent Trio tasks move each into review with
 `move_task` (timed: one latency sample per entry, around its first send). Peak RSS is read at the end of
-the move phase, before the `list_runs` check loads every run. With probability R a move is
-sent again at once (a redelivery: a move to the current step is a no-op) — replayed entries must not fan
-out twice. Transactions and average batch size are counted by wrapping the store actor's commit method.
+the move phase, before the `list_runs` check loads every run. With probability R a move is sent again at
+once (a redelivery: a move to the current step is a no-op). With probability P the committed entry is
+then dispatched again through the engine, as a second dispatcher or a recovery would (a replayed entry:
+its markers are terminal, so it must not clear or fan out twice). Transactions and average batch size are
+counted by wrapping the store actor's commit method.
 
 After the runtime closes the database is checked with plain SQL (issue 7): no idempotency key twice, runs ==
 entries x 3, one committed clear per entry (its clear_decisions marker done), every entry terminal, one
@@ -30,7 +33,9 @@ from typing import Any
 import structlog
 import trio
 
+from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import Durability
 
 WORKFLOW = """\
@@ -130,13 +135,32 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+async def replay(rt: Runtime, task_id: str) -> int:
+    """Dispatch the task's committed review entry again, as a second dispatcher (or a recovery) would: its
+    markers are all terminal, so nothing may run twice. Returns how many actions it ran (must be 0)."""
+    entries = await _send(rt, {"type": "list_step_entries", "task_id": task_id})
+    key = EntryKey(task_id, REVIEW, max(e["entry_seq"] for e in entries if e["step_id"] == REVIEW))
+    task = await rt.engine.load_task(task_id)
+    workflow = rt.services.workflows.get(WF)
+    out = Outbox(EventHub())
+    await rt.engine.dispatch_entry(task, workflow, workflow.step(REVIEW), key, "recovery", out)
+    return sum(event.type == "action_outcome" for event in out.events)
+
+
 async def run_dispatch(
-    db: Path, n: int, concurrency: int, dup_rate: float, durability: Durability, max_batch: int, seed: int
+    db: Path,
+    n: int,
+    concurrency: int,
+    dup_rate: float,
+    durability: Durability,
+    max_batch: int,
+    seed: int,
+    replay_rate: float = 0.0,
 ) -> dict[str, Any]:
     """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench."""
     rng = random.Random(seed)
     latencies: list[float] = []
-    counts = {"transactions": 0, "requests": 0, "dup_sends": 0}
+    counts = {"transactions": 0, "requests": 0, "dup_sends": 0, "replays": 0, "replayed_actions": 0}
     async with open_runtime(db, durability=durability, max_batch=max_batch) as rt:
         await setup(rt, n, concurrency)
         store = rt.services.store
@@ -149,6 +173,7 @@ async def run_dispatch(
 
         store._commit = counting_commit  # type: ignore[method-assign]
         dups = [rng.random() < dup_rate for _ in range(n)]
+        replays = [rng.random() < replay_rate for _ in range(n)]
 
         async def mover(offset: int) -> None:
             for i in range(offset, n, concurrency):
@@ -159,6 +184,9 @@ async def run_dispatch(
                 if dups[i]:
                     counts["dup_sends"] += 1
                     await _send(rt, move)
+                if replays[i]:
+                    counts["replays"] += 1
+                    counts["replayed_actions"] += await replay(rt, f"T-{i}")
 
         began = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -169,6 +197,8 @@ async def run_dispatch(
         move_phase_rss = peak_rss_mb()  # before list_runs below loads every run into memory
         listed = len(await _send(rt, {"type": "list_runs"}))
     figures, violations = check(db, n)
+    if counts["replayed_actions"]:
+        violations.append(f"replayed entries ran {counts['replayed_actions']} actions again")
     if listed != figures["runs"]:
         violations.append(f"list_runs returned {listed}, the table holds {figures['runs']}")
     latencies.sort()
@@ -184,6 +214,7 @@ async def run_dispatch(
         "transactions": counts["transactions"],
         "avg_batch": counts["requests"] / max(1, counts["transactions"]),
         "dup_sends": counts["dup_sends"],
+        "replays": counts["replays"],
         "peak_rss_mb": move_phase_rss,
         **figures,
         "violations": violations,
@@ -197,12 +228,12 @@ def peak_rss_mb() -> float:
 def print_figures(result: dict[str, Any]) -> None:
     print(
         f"{'N':>7}{'C':>5}{'dur':>7}{'entries/s':>11}{'runs/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'txns':>7}{'avg batch':>10}{'dups':>6}{'RSS MB':>8}"
+        f"{'txns':>7}{'avg batch':>10}{'dups':>6}{'replays':>8}{'RSS MB':>8}"
     )
     print(
         f"{result['n']:>7}{result['concurrency']:>5}{result['durability']:>7}{result['entries_per_s']:>11,.0f}"
         f"{result['runs_per_s']:>9,.0f}{result['p50_ms']:>8.2f}{result['p99_ms']:>8.2f}"
-        f"{result['transactions']:>7}{result['avg_batch']:>10.1f}{result['dup_sends']:>6}{result['peak_rss_mb']:>8.0f}"
+        f"{result['transactions']:>7}{result['avg_batch']:>10.1f}{result['dup_sends']:>6}{result['replays']:>8}{result['peak_rss_mb']:>8.0f}"
     )
     print(
         f"invariants: entries={result['entries']} runs={result['runs']} clears_done={result['clears_done']}"
@@ -211,7 +242,7 @@ def print_figures(result: dict[str, Any]) -> None:
     )
     for violation in result["violations"]:
         print(f"VIOLATION: {violation}")
-    print("(transactions/avg batch count every commit of the move phase: moves, redeliveries, dispatch)")
+    print("(transactions/avg batch count every commit of the move phase: moves, redeliveries, replays)")
 
 
 def main() -> int:
@@ -219,6 +250,7 @@ def main() -> int:
     parser.add_argument("-n", "--tasks", type=int, default=10000)
     parser.add_argument("-c", "--concurrency", type=int, default=64)
     parser.add_argument("--dup-rate", type=float, default=0.1, help="fraction of moves redelivered")
+    parser.add_argument("--replay-rate", type=float, default=0.0, help="fraction of entries dispatched again")
     parser.add_argument("--durability", choices=[d.value for d in Durability], default="FULL")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
@@ -237,6 +269,7 @@ def main() -> int:
             Durability(args.durability),
             args.max_batch,
             args.seed,
+            args.replay_rate,
         )
     print(f"sqlite {sqlite3.sqlite_version}; move phase {result['seconds']:.2f} s")
     print_figures(result)

@@ -12,7 +12,8 @@ from helpers import FakeClock, setup_office
 from onceflow.actors.host import RecordingHost
 from onceflow.actors.supervisor import Runtime, open_runtime
 
-SHARED_WORKFLOWS = Path(__file__).resolve().parents[2] / "shared" / "kandev-workflows"
+# The project's own stand-ins for Kandev's five templates (tests/fixtures/kandev/README.md).
+KANDEV_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "kandev"
 
 
 @pytest.fixture(autouse=True)
@@ -22,8 +23,9 @@ def default_structlog() -> None:
 
 
 @pytest.fixture
-def shared_workflows() -> Path:
-    return SHARED_WORKFLOWS
+def kandev_templates() -> Path:
+    """The folder of fixture templates in Kandev's format (office-default.yml, kanban.yml, ...)."""
+    return KANDEV_TEMPLATES
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ async def runtime(db_path: Path, host: RecordingHost, clock: FakeClock) -> Async
 
 
 @pytest.fixture
-async def office(runtime: Runtime, shared_workflows: Path) -> Runtime:
+async def office(runtime: Runtime, kandev_templates: Path) -> Runtime:
     """The runtime with office-default.yml registered and rev-a, rev-b, boss seated."""
-    await setup_office(runtime, shared_workflows / "office-default.yml")
+    await setup_office(runtime, kandev_templates / "office-default.yml")
     return runtime

@@ -26,10 +26,10 @@ async def elapse(clock: trio.testing.MockClock, seconds: float) -> None:
 
 
 async def test_an_idle_actor_is_evicted_and_the_next_message_respawns_it(
-    db_path: Path, shared_workflows: Path, mock_clock: trio.testing.MockClock
+    db_path: Path, kandev_templates: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     async with open_runtime(db_path, clock=FakeClock(), actor_idle_timeout=IDLE) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         await create_task(rt, "T2")
         assert rt.live_actors == 2
@@ -46,10 +46,10 @@ async def test_an_idle_actor_is_evicted_and_the_next_message_respawns_it(
 
 
 async def test_a_zero_timeout_evicts_as_soon_as_the_mailbox_is_empty(
-    db_path: Path, shared_workflows: Path
+    db_path: Path, kandev_templates: Path
 ) -> None:
     async with open_runtime(db_path, clock=FakeClock(), actor_idle_timeout=0) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         for i in range(20):
             await create_task(rt, f"T{i}")
         await trio.testing.wait_all_tasks_blocked()
@@ -61,11 +61,11 @@ async def test_a_zero_timeout_evicts_as_soon_as_the_mailbox_is_empty(
 @pytest.mark.parametrize("offset", [-0.001, 0.0, 0.001])
 @pytest.mark.parametrize("seed", range(5))
 async def test_a_message_sent_at_the_eviction_deadline_is_never_lost(
-    db_path: Path, shared_workflows: Path, mock_clock: trio.testing.MockClock, offset: float, seed: int
+    db_path: Path, kandev_templates: Path, mock_clock: trio.testing.MockClock, offset: float, seed: int
 ) -> None:
     rng = random.Random(seed)
     async with open_runtime(db_path, clock=FakeClock(), actor_idle_timeout=IDLE) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         await trio.testing.wait_all_tasks_blocked()
         replies = []
@@ -96,11 +96,11 @@ class SlowPreflightHost(RecordingHost):
 
 
 async def test_a_command_running_longer_than_the_idle_timeout_is_not_cancelled(
-    db_path: Path, shared_workflows: Path, mock_clock: trio.testing.MockClock
+    db_path: Path, kandev_templates: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     host = SlowPreflightHost()
     async with open_runtime(db_path, host=host, clock=FakeClock(), actor_idle_timeout=IDLE) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         replies = []
 
@@ -124,11 +124,11 @@ async def test_a_negative_idle_timeout_is_refused(db_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 async def test_with_a_zero_timeout_racing_senders_never_lose_a_message(
-    db_path: Path, shared_workflows: Path, seed: int
+    db_path: Path, kandev_templates: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
     async with open_runtime(db_path, clock=FakeClock(), actor_idle_timeout=0) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         replies = []
 

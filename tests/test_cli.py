@@ -10,7 +10,7 @@ import pytest
 from onceflow.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "kandev-workflows"
+KANDEV = REPO / "tests" / "fixtures" / "kandev"
 SCRIPT = REPO / "tests" / "scripts" / "office-default-rejection.jsonl"
 
 
@@ -31,7 +31,7 @@ def test_run_drives_kandev_office_default_through_a_rejection_round(
         [
             "run",
             "--workflow",
-            str(SHARED / "office-default.yml"),
+            str(KANDEV / "office-default.yml"),
             "--script",
             str(SCRIPT),
             "--db",
@@ -63,8 +63,8 @@ def test_demo_ends_with_the_task_in_done(tmp_path: Path, capsys: pytest.CaptureF
     assert "idempotent" in out
 
 
-def test_validate_accepts_every_shared_template(capsys: pytest.CaptureFixture[str]) -> None:
-    files = sorted(SHARED.glob("*.yml"))
+def test_validate_accepts_every_kandev_fixture_template(capsys: pytest.CaptureFixture[str]) -> None:
+    files = sorted(KANDEV.glob("*.yml"))
     assert main(["validate", *map(str, files)]) == 0
     assert capsys.readouterr().out.count("ok: ") == len(files)
 
@@ -82,14 +82,14 @@ def test_validate_accepts_every_shared_template(capsys: pytest.CaptureFixture[st
             "work",
             "on_enter[0].type",
         ),
-        (("            step_id: review\n", "            step_id: nowhere\n"), "work", "step_id"),
+        (("{step_id: review}", "{step_id: nowhere}"), "work", "step_id"),
     ],
     ids=["unknown-key", "action-not-allowed-for-trigger", "dangling-move-target"],
 )
 def test_validate_rejects_a_bad_template_naming_file_step_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], step: str, field: str
 ) -> None:
-    text = (SHARED / "office-default.yml").read_text()
+    text = (KANDEV / "office-default.yml").read_text()
     assert edit[0] in text
     bad = tmp_path / "bad.yml"
     bad.write_text(text.replace(edit[0], edit[1], 1))

@@ -19,11 +19,11 @@ from onceflow import RecordingHost, open_runtime
 
 
 async def test_a_vote_redelivered_after_a_restart_never_counts_in_a_later_round(
-    db_path: Path, shared_workflows: Path
+    db_path: Path, kandev_templates: Path
 ) -> None:
     clock = FakeClock()
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await to_review(rt, "T1")
         await decide(rt, "T1", "review", "rev-a", "rejected", decision_id="round1-rev-a")
         assert await step_of(rt, "T1") == "work"
@@ -43,10 +43,10 @@ async def test_a_vote_redelivered_after_a_restart_never_counts_in_a_later_round(
 
 
 async def test_without_a_decision_id_every_delivery_is_a_new_vote(
-    db_path: Path, shared_workflows: Path
+    db_path: Path, kandev_templates: Path
 ) -> None:
     async with open_runtime(db_path) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await to_review(rt, "T1")
         for _ in range(2):
             reply = await decide(rt, "T1", "review", "rev-a", "approved")

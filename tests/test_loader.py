@@ -31,7 +31,7 @@ from onceflow.protocol.workflow import (
     workflow_from_dict,
 )
 
-SHARED_WORKFLOWS = Path(__file__).resolve().parents[2] / "shared" / "kandev-workflows"
+KANDEV_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "kandev"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "workflows"
 
 Mutation = Callable[[dict[str, Any]], None]
@@ -86,8 +86,8 @@ def _load_error(tmp_path: Path, mutation: Mutation) -> WorkflowError:
 # --- the real templates ------------------------------------------------------------------------------
 
 
-def test_the_five_shared_templates_are_present() -> None:
-    assert sorted(path.name for path in SHARED_WORKFLOWS.glob("*.yml")) == [
+def test_the_five_kandev_fixture_templates_are_present() -> None:
+    assert sorted(path.name for path in KANDEV_TEMPLATES.glob("*.yml")) == [
         "kanban.yml",
         "office-default-v2.yml",
         "office-default.yml",
@@ -96,8 +96,8 @@ def test_the_five_shared_templates_are_present() -> None:
     ]
 
 
-@pytest.mark.parametrize("path", sorted(SHARED_WORKFLOWS.glob("*.yml")), ids=lambda path: path.name)
-def test_shared_template_loads(path: Path) -> None:
+@pytest.mark.parametrize("path", sorted(KANDEV_TEMPLATES.glob("*.yml")), ids=lambda path: path.name)
+def test_kandev_fixture_template_loads(path: Path) -> None:
     workflow = load_workflow_file(path)
     assert workflow.steps
     assert workflow.start_step.is_start_step
@@ -107,7 +107,7 @@ def test_shared_template_loads(path: Path) -> None:
 
 
 def test_office_default_review_has_the_two_quorum_guards() -> None:
-    workflow = load_workflow_file(SHARED_WORKFLOWS / "office-default.yml")
+    workflow = load_workflow_file(KANDEV_TEMPLATES / "office-default.yml")
     review = workflow.step("review")
     assert review.stage_type == "review"
     moves = review.events.actions(Trigger.on_turn_complete)
@@ -125,7 +125,7 @@ def test_office_default_review_has_the_two_quorum_guards() -> None:
 
 
 def test_office_default_v2_later_revision_keys_and_typed_configs() -> None:
-    workflow = load_workflow_file(SHARED_WORKFLOWS / "office-default-v2.yml")
+    workflow = load_workflow_file(KANDEV_TEMPLATES / "office-default-v2.yml")
     assert workflow.hidden
     assert workflow.step("done").complete_task_on_enter
     assert workflow.step("work").auto_advance_requires_signal
@@ -141,7 +141,7 @@ def test_office_default_v2_later_revision_keys_and_typed_configs() -> None:
 
 
 def test_plan_and_build_plan_mode_and_prompt() -> None:
-    plan = load_workflow_file(SHARED_WORKFLOWS / "plan-and-build.yml").step("plan")
+    plan = load_workflow_file(KANDEV_TEMPLATES / "plan-and-build.yml").step("plan")
     assert [a.type for a in plan.events.actions(Trigger.on_enter)] == ["enable_plan_mode", "auto_start_agent"]
     assert [a.type for a in plan.events.actions(Trigger.on_exit)] == ["disable_plan_mode"]
     assert plan.prompt.startswith("[PLANNING PHASE]")
@@ -149,7 +149,7 @@ def test_plan_and_build_plan_mode_and_prompt() -> None:
 
 
 def test_kanban_navigation_by_position() -> None:
-    workflow = load_workflow_file(SHARED_WORKFLOWS / "kanban.yml")
+    workflow = load_workflow_file(KANDEV_TEMPLATES / "kanban.yml")
     assert workflow.start_step.id == "in-progress"
     assert workflow.next_step("in-progress") == workflow.step("review")
     assert workflow.previous_step("in-progress") == workflow.step("backlog")

@@ -86,10 +86,10 @@ async def test_office_cycle_end_to_end(office: Runtime, host: RecordingHost) -> 
 
 
 async def test_restart_mid_cycle_keeps_state_and_the_cycle_continues(
-    db_path: Path, shared_workflows: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, clock: FakeClock
 ) -> None:
     async with open_runtime(db_path, clock=clock) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await to_review(rt, "T1")
         await decide(rt, "T1", "review", "rev-a", "approved")
         before_runs = await list_runs(rt, task_id="T1")
@@ -109,10 +109,10 @@ async def test_restart_mid_cycle_keeps_state_and_the_cycle_continues(
 
 
 async def test_restart_then_rejection_round_queues_fresh_runs(
-    db_path: Path, shared_workflows: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, clock: FakeClock
 ) -> None:
     async with open_runtime(db_path, clock=clock) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await to_review(rt, "T1")
     async with open_runtime(db_path, clock=clock) as rt:
         await decide(rt, "T1", "review", "rev-b", "rejected")
@@ -163,9 +163,9 @@ async def test_claim_returns_the_oldest_queued_run_and_finish_closes_it(
 
 
 async def test_office_v2_fans_out_task_assigned_with_payload(
-    runtime: Runtime, shared_workflows: Path
+    runtime: Runtime, kandev_templates: Path
 ) -> None:
-    await setup_office(runtime, shared_workflows / "office-default-v2.yml")
+    await setup_office(runtime, kandev_templates / "office-default-v2.yml")
     reply = await to_review(runtime, "T1")
     assert await step_of(runtime, "T1") == "review"
     queued = events(reply, "run_queued")

@@ -95,9 +95,9 @@ async def test_bad_message_gets_typed_error_and_runtime_keeps_serving(reviewing:
 
 
 async def test_invalid_workflow_is_refused_and_the_registered_one_stays(
-    reviewing: Runtime, shared_workflows: Path
+    reviewing: Runtime, kandev_templates: Path
 ) -> None:
-    text = (shared_workflows / "office-default.yml").read_text(encoding="utf-8")
+    text = (kandev_templates / "office-default.yml").read_text(encoding="utf-8")
     broken = text.replace("threshold: all_approve", "threshold: most_approve", 1)
     reply = await send(reviewing, {"type": "register_workflow", "yaml": broken, "source": "broken.yml"})
     assert not reply.ok

@@ -81,11 +81,11 @@ async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, cloc
 
 
 async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(
-    db_path: Path, shared_workflows: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, clock: FakeClock
 ) -> None:
     host = FailingHost(broken={"T1"})
     async with open_runtime(db_path, host=host, clock=clock) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         await create_task(rt, "T2")
 
@@ -105,11 +105,11 @@ async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(
 
 
 async def test_crashed_task_actor_is_restarted_and_other_tasks_keep_serving(
-    db_path: Path, shared_workflows: Path
+    db_path: Path, kandev_templates: Path
 ) -> None:
     clock = BreakingClock()
     async with open_runtime(db_path, clock=clock) as rt:
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         await create_task(rt, "T2")
 
@@ -154,7 +154,7 @@ async def test_concurrent_commands_for_many_tasks(office: Runtime) -> None:
 
 
 async def test_commands_queued_at_shutdown_all_get_replies(
-    db_path: Path, shared_workflows: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, clock: FakeClock
 ) -> None:
     host = GatedHost()
     replies: dict[str, Reply] = {}
@@ -169,7 +169,7 @@ async def test_commands_queued_at_shutdown_all_get_replies(
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery, open_runtime(db_path, host=host, clock=clock) as rt:
-            await setup_office(rt, shared_workflows / "office-default.yml")
+            await setup_office(rt, kandev_templates / "office-default.yml")
             await create_task(rt, "T1")
             await create_task(rt, "T2")
             nursery.start_soon(record, "move_t1", {"type": "move_task", "task_id": "T1", "step_id": "work"})
@@ -195,12 +195,12 @@ async def test_commands_queued_at_shutdown_all_get_replies(
 
 
 async def test_subscribers_see_exactly_the_events_replies_carry(
-    db_path: Path, shared_workflows: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, clock: FakeClock
 ) -> None:
     carried = []
     async with open_runtime(db_path, clock=clock) as rt:
         stream = rt.subscribe()
-        await setup_office(rt, shared_workflows / "office-default.yml")
+        await setup_office(rt, kandev_templates / "office-default.yml")
         for reply in (
             await create_task(rt, "T1"),
             await move(rt, "T1", "work"),

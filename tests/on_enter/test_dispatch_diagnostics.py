@@ -167,9 +167,9 @@ async def _kanban_trace(db_path: Path, template: Path, executors: Any) -> list[A
 
 
 async def test_ac_d2_kanban_without_office_adapters_behaves_exactly_as_with_them(
-    tmp_path: Path, shared_workflows: Path
+    tmp_path: Path, kandev_templates: Path
 ) -> None:
-    template = shared_workflows / "kanban.yml"
+    template = kandev_templates / "kanban.yml"
     wired = await _kanban_trace(tmp_path / "wired.db", template, DEFAULT_EXECUTORS)
     unwired = await _kanban_trace(tmp_path / "unwired.db", template, {})
     assert unwired == wired

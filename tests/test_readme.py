@@ -1,0 +1,45 @@
+"""README's examples stay true: the embedding snippet and the `onceflow run` example run as written,
+from any folder, with nothing beside the clone (issue 11, item 1)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_readme_embedding_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    (snippet,) = _blocks("python")
+    done = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "turn_complete -> run_queued" in done.stdout
+
+
+def test_readme_run_example_uses_only_bundled_files(tmp_path: Path) -> None:
+    (line,) = [
+        line
+        for block in _blocks("sh")
+        for line in block.splitlines()
+        if line.startswith("onceflow run ") and "examples/" in line
+    ]
+    argv = shlex.split(line)[1:] + ["--db", str(tmp_path / "run.db")]
+    done = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'done'" in done.stdout or '"step_id": "done"' in done.stdout

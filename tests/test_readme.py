@@ -33,7 +33,7 @@ def test_readme_run_example_uses_only_bundled_files(tmp_path: Path) -> None:
         for line in block.splitlines()
         if line.startswith("onceflow run ") and "examples/" in line
     ]
-    argv = shlex.split(line)[1:] + ["--db", str(tmp_path / "run.db")]
+    argv = [*shlex.split(line)[1:], "--db", str(tmp_path / "run.db")]
     done = subprocess.run(
         [sys.executable, "-m", "onceflow.cli", *argv],
         cwd=REPO,

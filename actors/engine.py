@@ -204,7 +204,9 @@ class Engine:
     ) -> None:
         """Run one non-transition action of a non-on_enter trigger; raise ActionError on failure."""
         if action.type in HOST_ACTION_TYPES:
-            await request_session_action(self.services, task, step.id, action, None, out)
+            await request_session_action(
+                self.services, task, action, out, step_id=step.id, trigger=str(inp.trigger), position=position
+            )
             return
         executor = self.services.executors.get(action.type)
         if executor is None:
@@ -330,8 +332,17 @@ class Engine:
                 trigger=trigger,
             )
         )
-        for action in on_exit:  # it left the source step
-            await request_session_action(self.services, task, task.step_id, action, path, out)
+        for position, action in enumerate(on_exit):  # it left the source step
+            await request_session_action(
+                self.services,
+                task,
+                action,
+                out,
+                step_id=task.step_id,
+                trigger=str(Trigger.on_exit),
+                position=position,
+                path=path,
+            )
         if outcome == "queued":
             out.emit(TaskQueued(task_id=task.id, step_id=target.id))
         else:

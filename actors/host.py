@@ -14,7 +14,16 @@ import attrs
 
 @attrs.frozen
 class SessionActionRequest:
-    """One session action for one task's live session, with its declared config."""
+    """One session action for one task's live session, with its declared config and where it comes from.
+
+    `trigger` names the declaration list (on_enter, on_exit, on_turn_complete, ...) and `position` the
+    action's index in it (0-based, the declared position, not the dispatch order). For on_enter, the entry
+    identity is (`task_id`, `step_id`, `entry_seq`): `entry_seq` is the step-entry record's sequence number,
+    None when the step allocates no record (its on_enter declares only host-owned actions, AC-E5) and for
+    every other trigger. A host makes a start idempotent by keying it on (task_id, step_id, entry_seq,
+    position) — one declared action of one entry — or on (task_id, step_id, entry_seq) for "at most once per
+    entry". Source: issue 16 item 3.
+    """
 
     task_id: str
     session_id: str
@@ -22,12 +31,16 @@ class SessionActionRequest:
     action: str
     config: dict[str, Any]
     entry_path: str | None
+    trigger: str
+    position: int
+    entry_seq: int | None
 
 
 class Host(Protocol):
     """Callbacks a host supplies.
 
-    A raising `perform_session_action` or `start_code_review` is reported and the runtime goes on; a
+    A raising `perform_session_action` or `start_code_review` is reported and the runtime goes on (except
+    that a raising reset_agent_context stops the later session actions of its entry, issue 16 item 1); a
     raising `preflight_transition` refuses the step change before anything commits.
     """
 

@@ -2,10 +2,12 @@
 
 On E1-E3 and E5 the session-scoped actions go to the host at fixed positions (reset first, configure second,
 auto_start last), engine-owned actions run in declared order between them. On E4 (switch_workflow) every
-action runs in declared order and configure_session only warns. A recovery re-dispatch runs engine-owned
-actions only (AC-B8). Each engine-owned action is claimed by compare-and-set on its marker with the
-runtime's epoch; a database-effect action claims, applies and completes in one transaction, and a run of
-them shares one (a segment), which is the admitting transaction itself when no host action comes first.
+action runs in declared order and configure_session only warns. On every path a failed reset_agent_context
+stops the entry's later session actions, not its engine-owned ones (issue 16 item 1). A recovery
+re-dispatch runs engine-owned actions only (AC-B8). Each engine-owned action is claimed by compare-and-set
+on its marker with the runtime's epoch; a database-effect action claims, applies and completes in one
+transaction, and a run of them shares one (a segment), which is the admitting transaction itself when no
+host action comes first.
 Source: on-enter-action-dispatch.md, "The ownership partition" and "Execution model".
 """
 
@@ -22,7 +24,7 @@ import structlog
 from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect, publish_effect
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
-from onceflow.actors.session import request_session_action
+from onceflow.actors.session import SessionOutcome, request_session_action
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
 from onceflow.store import review_runs, step_entries
@@ -140,9 +142,16 @@ class OnEnterDispatch:
             if not await self._digest_matches(declaration):
                 return
             digest_pending = False
+        reset_failed = False
         for index, (kind, actions) in enumerate(chunks[start:], start):
             if kind == "session":
-                await self._session_action(*actions[0])
+                position, action = actions[0]
+                if reset_failed and not self._unowned(action):
+                    continue  # named in the session_actions_skipped_after_failed_reset warning
+                outcome = await self._session_action(position, action)
+                if action.type == "reset_agent_context" and outcome == "failed":
+                    reset_failed = True
+                    self._skipping_after_failed_reset(position, chunks[index + 1 :])
                 continue
             assert self.key is not None
             if kind == "external":
@@ -359,12 +368,59 @@ class OnEnterDispatch:
             },
         )
 
-    async def _session_action(self, position: int, action: ActionDecl) -> None:
-        if self.path == "E4" and action.type == "configure_session":  # no owner on E4 (AC-A2(i), AC-A6)
+    def _unowned(self, action: ActionDecl) -> bool:
+        """configure_session has no owner on E4 (AC-A2(i)): it is never requested there, only warned."""
+        return self.path == "E4" and action.type == "configure_session"
+
+    async def _session_action(self, position: int, action: ActionDecl) -> SessionOutcome | None:
+        """Request one session action from the host; None when it has no owner on this path (AC-A6)."""
+        if self._unowned(action):
             note = self.not_executed(action, "no_owner_on_entry_path")
             self.out.diagnostic(note.level, note.code, **note.fields)
+            return None
+        return await request_session_action(
+            self.services,
+            self.task,
+            action,
+            self.out,
+            step_id=self.step.id,
+            trigger="on_enter",
+            position=position,
+            entry_seq=self.key.entry_seq if self.key is not None else None,
+            path=self.path,
+        )
+
+    def _skipping_after_failed_reset(
+        self, reset_position: int, rest: Sequence[tuple[ChunkKind, list[tuple[int, ActionDecl]]]]
+    ) -> None:
+        """Warn that the session actions after a failed reset_agent_context will not be requested.
+
+        The agent must not resume on a context that was never cleared, so configure_session, plan mode,
+        session mode and auto_start_agent of this entry are not asked for; engine-owned actions still run
+        (AC-A10, AC-C3). Nothing durable is written: session actions hold no marker and recovery never
+        requests them (AC-B8), so a skipped one cannot come back for this entry. Source: issue 16 item 1,
+        resolving AC-D1 (reset before auto_start, Kandev stops at a failed reset) against AC-C3.
+        """
+        skipped = [
+            {"position": p, "action": a.type}
+            for kind, actions in rest
+            if kind == "session"
+            for p, a in actions
+            if not self._unowned(a)
+        ]
+        if not skipped:
             return
-        await request_session_action(self.services, self.task, self.step.id, action, self.path, self.out)
+        self.out.diagnostic(
+            "warning",
+            "session_actions_skipped_after_failed_reset",
+            workflow_id=self.workflow.id,
+            task_id=self.task.id,
+            step_id=self.step.id,
+            entry_seq=self.key.entry_seq if self.key is not None else None,
+            entry_path=self.path,
+            reset_position=reset_position,
+            skipped=skipped,
+        )
 
     async def _external_action(
         self, key: EntryKey, position: int, action: ActionDecl

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from onceflow.actors.host import SessionActionRequest
 from onceflow.actors.outbox import Outbox
@@ -11,31 +11,56 @@ from onceflow.protocol.events import EntryPath, SessionAction
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store.records import TaskRecord
 
+SessionOutcome = Literal["performed", "no_session", "failed"]
+
 
 async def request_session_action(
     services: Services,
     task: TaskRecord,
-    step_id: str,
     action: ActionDecl,
-    path: EntryPath | None,
     out: Outbox,
-) -> bool:
-    """Send `action` to the host for the task's live session. Returns True when the host accepted it.
+    *,
+    step_id: str,
+    trigger: str,
+    position: int,
+    entry_seq: int | None = None,
+    path: EntryPath | None = None,
+) -> SessionOutcome:
+    """Send `action` (declared at `position` of `step_id`'s `trigger` list) to the host for the task's
+    live session; the request and the `session_action` event carry that identity (issue 16 item 3).
 
-    With no live session the action is skipped (info diagnostic) and nothing durable is recorded
-    (on-enter-action-dispatch.md AC-A10, AC-B8); a host that raises gets an ERROR diagnostic.
+    With no live session the action is skipped (info diagnostic, "no_session") and nothing durable is
+    recorded (on-enter-action-dispatch.md AC-A10, AC-B8); a host that raises gets an ERROR diagnostic
+    ("failed"). Never raises for a host failure.
     """
-    fields: dict[str, Any] = {"task_id": task.id, "step_id": step_id, "action": action.type}
+    fields: dict[str, Any] = {
+        "task_id": task.id,
+        "step_id": step_id,
+        "action": action.type,
+        "trigger": trigger,
+        "position": position,
+        "entry_seq": entry_seq,
+    }
     if not task.session_id:
         out.diagnostic("info", "session_action_skipped_no_session", **fields)
-        return False
+        return "no_session"
     config = action.config.model_dump(mode="json", exclude_none=True)
-    request = SessionActionRequest(task.id, task.session_id, step_id, action.type, config, path)
+    request = SessionActionRequest(
+        task_id=task.id,
+        session_id=task.session_id,
+        step_id=step_id,
+        action=action.type,
+        config=config,
+        entry_path=path,
+        trigger=trigger,
+        position=position,
+        entry_seq=entry_seq,
+    )
     try:
         await services.host.perform_session_action(request)
     except Exception as exc:
         out.diagnostic("error", "session_action_failed", cause=repr(exc), **fields)
-        return False
+        return "failed"
     out.emit(
         SessionAction(
             task_id=task.id,
@@ -44,6 +69,9 @@ async def request_session_action(
             action=action.type,
             config=config,
             entry_path=path,
+            trigger=trigger,
+            position=position,
+            entry_seq=entry_seq,
         )
     )
-    return True
+    return "performed"

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from onceflow.actors import children
 from onceflow.actors.engine import Engine, HandleInput, HandleResult
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.actors.operation_locks import TaskLocks
@@ -118,12 +119,32 @@ class TaskActor:
 
         The same child rows always give the same operation id, so the structurally double delivery (a state
         change plus a direct call) applies its transition once (operation-ledger-lifetime.md AC-B1, AC-R2).
+        The trigger fires only when every child is terminal (issue 16 item 2): otherwise nothing runs and
+        nothing is marked, so a later complete set still fires, and `not_terminal` names the open children.
+
+        Raises NotFoundError (field children.<i>.workflow_id / .step_id) for a row naming no such place.
         """
         op = operation_id(command)
         ledger = self.engine.services.ledger
         async with self.locks.child_completion.hold(op):
             if await ledger.is_applied(op):
                 return {"idempotent": True, "operation_id": op}
+            pending = await self._children_not_terminal(command.children)
+            if pending:
+                out.diagnostic(
+                    "info",
+                    "children_not_terminal",
+                    task_id=self.task_id,
+                    operation_id=op,
+                    not_terminal=[row["task_id"] for row in pending],
+                )
+                return {
+                    "idempotent": False,
+                    "transitioned": False,
+                    "applied": False,
+                    "operation_id": op,
+                    "not_terminal": pending,
+                }
             inp = HandleInput(
                 self.task_id, Trigger.on_children_completed, op, evaluate_only=True, defer_operation_mark=True
             )
@@ -131,7 +152,23 @@ class TaskActor:
             committed = not result.transitioned or await self._commit_deferred(result, op, inp.trigger, out)
             if committed:
                 await ledger.mark_applied(op)
-        return {**attrs.asdict(result), "applied": result.transitioned and committed, "operation_id": op}
+        return {
+            **attrs.asdict(result),
+            "applied": result.transitioned and committed,
+            "operation_id": op,
+            "not_terminal": [],
+        }
+
+    async def _children_not_terminal(self, rows: list[c.ChildRow]) -> list[dict[str, Any]]:
+        """The rows that are not terminal (actors/children.py); task rows are read only for open children
+        whose row names no place."""
+        registered = self.engine.services.workflows.workflows
+        children.check_places(rows, registered)
+        unplaced = children.unplaced(rows)
+        stored: dict[str, children.Place] = {}
+        if unplaced:
+            stored = await self._store.transact(lambda conn: children.stored_places(conn, unplaced))
+        return children.not_terminal(rows, stored, registered)
 
     async def _commit_deferred(self, result: HandleResult, op: str, trigger: Trigger, out: Outbox) -> bool:
         """Commit a deferred transition; False (and a warning) on any of the non-committing paths.

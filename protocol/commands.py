@@ -183,12 +183,30 @@ class BlockersResolved(_Command):
 
 
 class ChildRow(_Command):
+    """One child of the parent: its task state and, optionally, where it sits (`workflow_id` + `step_id`).
+
+    Without a place the runtime uses the child's own task row when the child is one of its tasks. The
+    place is not part of the operation id (only task_id and state are hashed).
+    """
+
     task_id: Id
     state: str
+    workflow_id: str | None = None
+    step_id: str | None = None
+
+    @model_validator(mode="after")
+    def _place(self) -> ChildRow:
+        if (self.workflow_id is None) != (self.step_id is None):
+            raise ValueError("workflow_id and step_id name the child's place together: give both or neither")
+        return self
 
 
 class ChildrenCompleted(_Command):
-    """on_children_completed; operation id `on_children_completed:<parent>:<sha256 of the child rows>`."""
+    """on_children_completed; operation id `on_children_completed:<parent>:<sha256 of the child rows>`.
+
+    Fires only when every child is terminal (issue 16 item 2, `actors/children.py`); otherwise nothing runs,
+    nothing is marked, and the reply's `not_terminal` lists the children still open.
+    """
 
     type: Literal["children_completed"] = "children_completed"
     task_id: Id

@@ -129,7 +129,12 @@ class DecisionsCleared(_Event):
 
 
 class SessionAction(_Event):
-    """A request to the host to perform a session-scoped action (the host owns its effect)."""
+    """A request to the host to perform a session-scoped action (the host owns its effect).
+
+    `trigger` and `position` say which declaration it is (its index in that trigger's list); for on_enter,
+    (task_id, step_id, entry_seq) is the entry it belongs to, `entry_seq` None when the step allocates no
+    step-entry record (and for other triggers). Source: issue 16 item 3.
+    """
 
     type: Literal["session_action"] = "session_action"
     task_id: str
@@ -138,6 +143,9 @@ class SessionAction(_Event):
     action: str
     config: dict[str, Any] = Field(default_factory=dict)
     entry_path: EntryPath | None = None
+    trigger: str
+    position: int
+    entry_seq: int | None = None
 
 
 class Diagnostic(_Event):

@@ -160,7 +160,7 @@ PARENT = workflow_yaml(
     },
     workflow_id="eo-parent",
 )
-CHILDREN = [{"task_id": "c1", "state": "done"}, {"task_id": "c2", "state": "done"}]
+CHILDREN = [{"task_id": "c1", "state": "COMPLETED"}, {"task_id": "c2", "state": "COMPLETED"}]
 CHILDREN_OP = operation_id(c.ChildrenCompleted(task_id=TASK, children=[c.ChildRow(**r) for r in CHILDREN]))
 
 

@@ -49,7 +49,7 @@ steps:
     position: 3
 """
 
-CHILDREN = [{"task_id": "child-1", "state": "done"}, {"task_id": "child-2", "state": "done"}]
+CHILDREN = [{"task_id": "child-1", "state": "COMPLETED"}, {"task_id": "child-2", "state": "COMPLETED"}]
 
 
 async def parent_task(rt: Runtime, task_id: str = "P1", **fields: Any) -> None:

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import trio
 from helpers import START, FakeClock, ok, send
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state
+from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state, wire_ack
 from trio.testing import MockClock
 
 from onceflow.actors.coordinator import DeliveryRequest, RetryPolicy
 from onceflow.actors.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import Event
+from onceflow.protocol.outcome import OutcomeAcknowledgement
 from onceflow.store import outcomes
 
 
@@ -77,7 +78,7 @@ async def test_ac_co_4_a_failed_first_delivery_is_retried_inside_cycle_1(
     got = await state(rt, env["outcome_id"])
     assert got["phase"] == "needs-coordinator-ack"
     assert (got["delivery_attempts"], got["last_delivery_error"]) == (1, None)
-    assert (got["coordinator_fence"], got["delivery_ref"]) == ("coord-1", "mail-3")
+    assert (got["coordinator_fence"], got["delivery_ref"]) == ("coord-1", "bead:hq-mail-3")
 
 
 async def test_ac_co_4_ac_co_7_an_exhausted_cycle_fails_and_the_next_cycle_comes_one_interval_later(
@@ -126,6 +127,8 @@ async def test_ac_co_4_an_attempt_is_limited_to_30_seconds_and_a_cycle_to_120(
         ({"outcome_id": envelope(state="verified")["outcome_id"]}, "outcome_id"),
         ({"coordinator_fence": "coord 1"}, "coordinator_fence"),
         ({"delivery_ref": ""}, "delivery_ref"),
+        ({"delivery_ref": "bead:hq mail-42"}, "delivery_ref"),
+        ({"delivery_ref": "bead:" + "m" * 508}, "delivery_ref"),  # 513 bytes
     ],
 )
 @pytest.mark.parametrize("as_model", [False, True], ids=["mapping", "model"])
@@ -179,6 +182,7 @@ async def test_ac_co_6_ac_co_9_a_redelivery_carries_the_restarted_coordinators_f
         "outcome_id": env["outcome_id"],
         "queued": True,
         "phase": "needs-coordinator-ack",
+        "acknowledged_by": None,
     }
     await diagnostic(events, "outcome_delivered")  # the stale ack did not complete it: cycle 3 went out
     got = await state(rt, env["outcome_id"])
@@ -210,7 +214,7 @@ async def test_ac_co_9_an_ack_completes_only_when_store_ref_work_id_and_fence_al
     await diagnostic(events, "outcome_acknowledged")
     # inbox order: the four mismatching acks were drained (and counted) before the matching one
     assert len(coordinator.acks) == 1
-    assert coordinator.acks[0][1].acknowledgement.model_dump() == ack(env, "coord-1")
+    assert coordinator.acks[0][1].acknowledgement.model_dump() == wire_ack(ack(env, "coord-1"))
     got = await state(rt, env["outcome_id"])
     assert (got["phase"], got["stale_acknowledgements"]) == ("acknowledged", 4)
 
@@ -227,7 +231,12 @@ async def test_ac_co_10_ac_co_15_a_matching_ack_is_committed_under_the_delivery_
     got = await state(rt, env["outcome_id"])
     assert (got["phase"], got["delivered_at"], got["acknowledged_at"]) == ("acknowledged", START, START + 7)
     again = await ok(rt, ack(env, "coord-1"))
-    assert again.result == {"outcome_id": env["outcome_id"], "queued": False, "phase": "acknowledged"}
+    assert again.result == {
+        "outcome_id": env["outcome_id"],
+        "queued": False,
+        "phase": "acknowledged",
+        "acknowledged_by": "mayor",
+    }
     assert len(coordinator.deliveries) == 1
     waiting = await rt.services.store.transact(
         lambda conn: conn.execute("SELECT COUNT(*) FROM outcome_acks").fetchone()[0]
@@ -292,15 +301,8 @@ async def test_ac_co_8_an_ack_that_arrived_just_as_the_timer_fired_is_drained_be
     await diagnostic(events, "outcome_delivered")
     delivered_at = trio.current_time()
     # Committed to the inbox without waking the actor: what it finds when an ack's commit and the timer race.
-    await rt.services.store.transact(
-        lambda conn: outcomes.enqueue_ack(
-            conn,
-            store_ref=env["store_ref"],
-            outcome_id=env["outcome_id"],
-            work_id=env["work_id"],
-            coordinator_fence="coord-1",
-        )
-    )
+    acknowledgement = OutcomeAcknowledgement.model_validate(wire_ack(ack(env, "coord-1")))
+    await rt.services.store.transact(lambda conn: outcomes.enqueue_ack(conn, acknowledgement))
     await diagnostic(events, "outcome_acknowledged")
     assert trio.current_time() - delivered_at == pytest.approx(60.0)  # seen when the timer fired
     assert coordinator.delivery_ids() == [(deliver_id(env, 1), 1)]  # and not redelivered

@@ -49,7 +49,6 @@ as Temporal accepts a workflow no worker polls yet; the next runtime opened with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -242,10 +241,7 @@ class OutcomeSupervisor:
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
     `redelivery_interval` is in seconds; `retry_policy` governs the attempts inside one cycle (AC-CO-18);
-    `clock` returns Unix seconds.
-
-    Raises:
-        ValueError: `redelivery_interval` is not finite and positive.
+    `clock` returns Unix seconds. `open_runtime` validates the settings.
     """
 
     def __init__(
@@ -258,10 +254,6 @@ class OutcomeSupervisor:
         retry_policy: RetryPolicy,
         clock: Callable[[], float],
     ) -> None:
-        if not (math.isfinite(redelivery_interval) and redelivery_interval > 0):
-            raise ValueError(
-                f"redelivery_interval must be finite positive seconds, got {redelivery_interval!r}"
-            )
         self._store = store
         self._hub = hub
         self._coordinator = coordinator

@@ -381,6 +381,8 @@ async def open_runtime(
     """
     if actor_idle_timeout < 0:
         raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
+    if not (math.isfinite(redelivery_interval) and redelivery_interval > 0):
+        raise ValueError(f"redelivery_interval must be finite positive seconds, got {redelivery_interval!r}")
     async with (
         open_store(db_path, durability=durability, max_batch=max_batch) as store,
         trio.open_nursery() as nursery,

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import attrs
 import trio
+import trio.testing
 from helpers import ok
 
 from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
@@ -101,6 +102,19 @@ async def ready(rt: Runtime, env: dict[str, Any]) -> dict[str, Any]:
 
 async def state(rt: Runtime, outcome_id: str) -> dict[str, Any]:
     return dict((await ok(rt, {"type": "get_outcome", "outcome_id": outcome_id})).result)
+
+
+async def acknowledged(rt: Runtime, outcome_id: str) -> dict[str, Any]:
+    """The outcome's state once it is acknowledged, for when no event subscription could see it happen
+    (e.g. an outcome resumed while `open_runtime` starts). Polls between moments when every task is blocked;
+    no timer, so it also works with a clock that never moves."""
+
+    async def wait() -> dict[str, Any]:
+        while (got := await state(rt, outcome_id))["phase"] != "acknowledged":
+            await trio.testing.wait_all_tasks_blocked()
+        return got
+
+    return await within_real_time(wait)
 
 
 @attrs.define

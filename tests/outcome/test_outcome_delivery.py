@@ -9,6 +9,7 @@ actor reads the inbox before it redelivers, and replies come in transaction orde
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -371,3 +372,48 @@ async def test_ac_co_4_retry_waits_double_and_are_capped_at_10_seconds(autojump_
     with pytest.raises(ConnectionError, match="attempt 7"):
         await RetryPolicy(maximum_attempts=7).run(failing, cycle_id="deliver/x/cycle-000001")
     assert gaps(starts) == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+async def test_ac_co_18_the_retry_policy_is_a_runtime_setting(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    coordinator = FakeCoordinator(down=True)
+    policy = RetryPolicy(
+        initial_interval=0.5, backoff_coefficient=3.0, maximum_interval=4.0, maximum_attempts=4
+    )
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator, retry_policy=policy) as rt:
+        events, env = await start(rt)
+        await diagnostic(events, "outcome_delivery_failed")
+        assert coordinator.delivery_ids() == [(deliver_id(env, 1), n) for n in range(1, 5)]
+        assert gaps(coordinator.deliveries) == [0.5, 1.5, 4.0]  # 0.5, x3, capped at 4
+        coordinator.down, coordinator.failing_acks = False, 1
+        await diagnostic(events, "outcome_delivered")
+        await ok(rt, ack(env, "coord-1"))
+        await diagnostic(events, "outcome_acknowledged")
+    assert coordinator.ack_ids() == [(ack_id(env, 2), 1), (ack_id(env, 2), 2)]  # acks follow it too
+    assert gaps(coordinator.acks) == [0.5]
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["initial_interval", "backoff_coefficient", "maximum_interval", "attempt_timeout", "cycle_timeout"],
+)
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan, "1"])
+def test_ac_co_18_retry_policy_times_must_be_finite_and_positive(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        RetryPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True])
+def test_ac_co_18_retry_policy_attempts_must_be_a_positive_int(value: object) -> None:
+    with pytest.raises(ValueError, match="maximum_attempts"):
+        RetryPolicy(maximum_attempts=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("interval", [0.0, -60.0, math.inf, math.nan])
+async def test_ac_co_18_the_redelivery_interval_must_be_finite_and_positive(
+    db_path: Path, interval: float
+) -> None:
+    with pytest.raises(ValueError, match="redelivery_interval"):
+        async with open_runtime(db_path, coordinator=FakeCoordinator(), redelivery_interval=interval):
+            pass

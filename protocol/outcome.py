@@ -47,6 +47,7 @@ StoreRef = Annotated[str, StringConstraints(pattern=r"^(city|rig):[A-Za-z0-9][A-
 OutcomeId = Annotated[str, StringConstraints(pattern=r"^outcome-[0-9a-f]{32}$")]
 """A derived outcome id: `outcome-` and 32 lowercase hex digits (see `derive_outcome_id`)."""
 
+
 def _contract_version(value: int) -> int:
     if value != CONTRACT_VERSION:
         raise ValueError(f"must be {CONTRACT_VERSION}")

@@ -1,8 +1,8 @@
 """The outcome envelope over the protocol: field-by-field validation (AC-CO-1) and the derived id (AC-CO-2).
 
 The rules are Gas City's (gascity-wire-format.md); Go-emitted JSON and independent id vectors are in
-test_outcome_wire_format.py. Ids AC-CO-n are listed in onceflow.actors.outcome (coordinator-outcome-delivery.md
-has none of its own).
+test_outcome_wire_format.py. Ids AC-CO-n are listed in onceflow.actors.outcome
+(coordinator-outcome-delivery.md has none of its own).
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ async def _stop_with_cycle_1_in_flight(
         assert got["coordinator_fence"] is None
 
 
-async def test_ac_co_17_a_restart_during_an_in_flight_delivery_retries_that_cycle_and_its_waiting_ack_completes(
+async def test_ac_co_17_a_restart_mid_delivery_retries_the_cycle_under_its_id_and_the_waiting_ack_completes(
     db_path: Path, clock: FakeClock, mock_clock: MockClock
 ) -> None:
     """The coordinator (which outlives onceflow's restart) received cycle 1 and acked it under coord-1; the

@@ -44,8 +44,8 @@ GO_ENVELOPE = (
     '"occurred_at":"2026-03-01T12:00:00.123456789Z"}'
 )
 
-# The same outcome with Go's escapes in the prose (<, >, & as \u003c.., U+2028 as \u2028, newline as \n, non-ASCII
-# as raw UTF-8), no workflow correlation (omitempty) and a whole-second timestamp.
+# The same outcome with Go's escapes in the prose (<, >, & as \u003c.., U+2028 as \u2028, newline as \n,
+# non-ASCII as raw UTF-8), no workflow correlation (omitempty) and a whole-second timestamp.
 GO_ENVELOPE_ESCAPED = (
     '{"contract_version":1,"outcome_id":"' + OUTCOME_ID + '","producer":"formula-step",'
     '"store_ref":"rig:hq","work_id":"hq-42","source_root_id":"hq-40","step_key":"review",'

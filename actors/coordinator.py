@@ -3,12 +3,17 @@
 The spec's two Temporal activities become two async callables the host supplies (a `Coordinator`). One
 logical call is a cycle with a stable id (`deliver/<outcome_id>/cycle-000001`, `ack/<outcome_id>/cycle-...`)
 that every attempt of the cycle repeats, so the host can deduplicate the side effects of retries; attempts
-follow the spec's RetryPolicy (AC-CO-4, AC-CO-10). Source: coordinator-outcome-delivery.md,
+follow a `RetryPolicy`, the spec's by default and a runtime setting (`open_runtime(retry_policy=...)`,
+AC-CO-4, AC-CO-10, AC-CO-18). The objects handed over are Gas City's wire objects (gascity-wire-format.md):
+`DeliveryRequest.message` is the `{envelope, delivery_cycle}` a Gas City delivery adapter takes, and
+`AcknowledgeRequest.acknowledgement` the `{store_ref, outcome_id, work_id, coordinator_fence,
+acknowledged_by}` its canonical store records. Source: coordinator-outcome-delivery.md,
 `executeOutcomeDelivery`, `executeOutcomeAcknowledgement`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -16,7 +21,12 @@ import attrs
 import structlog
 import trio
 
-from onceflow.protocol.outcome import CoordinatorAck, OutcomeDelivery, OutcomeEnvelope
+from onceflow.protocol.outcome import (
+    OutcomeAcknowledgement,
+    OutcomeDelivery,
+    OutcomeDeliveryRequest,
+    OutcomeEnvelope,
+)
 
 log = structlog.get_logger("onceflow.coordinator")
 
@@ -30,13 +40,24 @@ def cycle_label(cycle: int) -> str:
 
 @attrs.frozen
 class DeliveryRequest:
-    """One attempt to deliver `envelope`. `cycle_id` is `deliver/<outcome_id>/<delivery_cycle>` and is the
-    same for every attempt of the cycle; `attempt` counts from 1 within the cycle."""
+    """One attempt to deliver an outcome. `message` is the wire request `{envelope, delivery_cycle}`;
+    `cycle_id` is `deliver/<outcome_id>/<delivery_cycle>` and is the same for every attempt of the cycle,
+    also when a cycle interrupted by a stop is retried at the next start (AC-CO-17); `attempt` counts from 1
+    within one runtime's run of the cycle."""
 
-    envelope: OutcomeEnvelope
-    delivery_cycle: str
+    message: OutcomeDeliveryRequest
     cycle_id: str
     attempt: int
+
+    @property
+    def envelope(self) -> OutcomeEnvelope:
+        """The outcome being delivered (`message.envelope`)."""
+        return self.message.envelope
+
+    @property
+    def delivery_cycle(self) -> str:
+        """The round's label, `cycle-000001` (`message.delivery_cycle`)."""
+        return self.message.delivery_cycle
 
 
 @attrs.frozen
@@ -44,7 +65,7 @@ class AcknowledgeRequest:
     """One attempt to commit `acknowledgement` in the canonical store. `cycle_id` is
     `ack/<outcome_id>/cycle-N`, N the delivery cycle being acknowledged; `attempt` counts from 1."""
 
-    acknowledgement: CoordinatorAck
+    acknowledgement: OutcomeAcknowledgement
     cycle_id: str
     attempt: int
 
@@ -52,9 +73,11 @@ class AcknowledgeRequest:
 class Coordinator(Protocol):
     """What the host supplies to deliver outcomes. Both calls may raise; a raise is a failed attempt.
 
-    `deliver` hands the outcome to the coordinator and returns its receipt (an `OutcomeDelivery` or the
-    same fields as a mapping); a receipt for another outcome or work id, or with a malformed fence or ref,
-    fails the whole cycle at once (AC-CO-5). `acknowledge` commits a matching acknowledgement durably.
+    `deliver` hands `request.message` to the coordinator and returns its receipt, `{delivery_ref,
+    coordinator_fence}` (an `OutcomeDelivery` or the same fields as a mapping; `outcome_id` and `work_id`
+    may be added); a receipt for another outcome or work id, or with a malformed fence or ref, fails the
+    whole cycle at once (AC-CO-5). `acknowledge` commits `request.acknowledgement` durably in the canonical
+    store.
     """
 
     async def deliver(self, request: DeliveryRequest) -> OutcomeDelivery | Mapping[str, Any]: ...
@@ -62,17 +85,36 @@ class Coordinator(Protocol):
     async def acknowledge(self, request: AcknowledgeRequest) -> None: ...
 
 
+def _finite_positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"retry policy {attribute.name} must be finite positive seconds, got {value!r}")
+
+
+def _positive_count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"retry policy {attribute.name} must be an int >= 1, got {value!r}")
+
+
 @attrs.frozen
 class RetryPolicy:
-    """The spec's activity options, in seconds: waits of 1, 2, 4, 8 between at most 5 attempts (capped at
-    10), each attempt limited to 30 (StartToClose) and the whole cycle to 120 (ScheduleToClose)."""
+    """How one delivery or acknowledgement cycle retries, in seconds (AC-CO-4, AC-CO-10, AC-CO-18).
 
-    initial_interval: float = 1.0
-    backoff_coefficient: float = 2.0
-    maximum_interval: float = 10.0
-    maximum_attempts: int = 5
-    attempt_timeout: float = 30.0
-    cycle_timeout: float = 120.0
+    The default is the spec's activity options: waits of 1, 2, 4, 8 between at most 5 attempts (each wait
+    the previous one times `backoff_coefficient`, capped at `maximum_interval`), each attempt limited to
+    `attempt_timeout` 30 (StartToClose) and the whole cycle to `cycle_timeout` 120 (ScheduleToClose).
+    Pass another to `open_runtime(retry_policy=...)`.
+
+    Raises:
+        ValueError: a time or the coefficient is not a finite positive number, or `maximum_attempts` is not
+            an int >= 1 (the message names the field).
+    """
+
+    initial_interval: float = attrs.field(default=1.0, validator=_finite_positive)
+    backoff_coefficient: float = attrs.field(default=2.0, validator=_finite_positive)
+    maximum_interval: float = attrs.field(default=10.0, validator=_finite_positive)
+    maximum_attempts: int = attrs.field(default=5, validator=_positive_count)
+    attempt_timeout: float = attrs.field(default=30.0, validator=_finite_positive)
+    cycle_timeout: float = attrs.field(default=120.0, validator=_finite_positive)
 
     async def run(self, call: Callable[[int], Awaitable[T]], *, cycle_id: str) -> T:
         """Return `call(attempt)` for the first attempt that does not raise.
@@ -95,6 +137,3 @@ class RetryPolicy:
                         raise
                 await trio.sleep(wait)
                 attempt, wait = attempt + 1, min(wait * self.backoff_coefficient, self.maximum_interval)
-
-
-RETRY = RetryPolicy()

@@ -6,13 +6,17 @@ and `coordinator_ack` commands, the query is `get_outcome`, the durable timer is
 activities are the host's `Coordinator` callables. The spec has no acceptance-criterion ids; these are the
 ids the code and tests use:
 
-- AC-CO-1  an envelope is validated field by field and every rejection names the field.
-- AC-CO-2  the outcome id is derived from the envelope's content; a mismatching id is rejected.
+- AC-CO-1  an envelope is Gas City's `OutcomeReady` (gascity-wire-format.md), validated field by field with
+           its rules (`occurred_at` RFC 3339 UTC, ...); every rejection names the field.
+- AC-CO-2  the outcome id is derived from the envelope's content as Gas City derives it; a mismatching id is
+           rejected.
 - AC-CO-3  the state is queryable; phase pending -> needs-coordinator-ack -> acknowledged, and it stays in
            needs-coordinator-ack until the exact current delivery is acknowledged.
-- AC-CO-4  delivery goes through the host's `deliver`, retried inside one cycle (1 s, x2, cap 10 s,
-           5 attempts) under the stable id `deliver/<outcome_id>/cycle-NNNNNN`, N counting every cycle.
-- AC-CO-5  a receipt for another outcome or work id, or with a malformed fence or ref, fails the cycle.
+- AC-CO-4  delivery goes through the host's `deliver` with the wire request `{envelope, delivery_cycle}`,
+           retried inside one cycle (by default 1 s, x2, cap 10 s, 5 attempts) under the stable id
+           `deliver/<outcome_id>/cycle-NNNNNN`, N counting every cycle.
+- AC-CO-5  the receipt is `{delivery_ref, coordinator_fence}` (delivery_ref any URI-like string <= 512
+           bytes); one for another outcome or work id, or with a malformed fence or ref, fails the cycle.
 - AC-CO-6  a successful delivery sets the phase to needs-coordinator-ack with that delivery's fence and
            ref (a new delivery may carry a new fence) and clears the last error; delivered_at is set once.
 - AC-CO-7  a failed cycle records `local-delivery-failed`, waits one interval and redelivers, next cycle id.
@@ -31,6 +35,13 @@ ids the code and tests use:
 - AC-CO-14 a restart resumes every unfinished outcome from its stored state, draining the acks that
            arrived before it first, then redelivering at once.
 - AC-CO-15 a committed acknowledgement sets phase acknowledged and acknowledged_at; the actor ends.
+- AC-CO-16 an acknowledgement carries `acknowledged_by`, recorded when it completes the outcome and shown by
+           get_outcome; afterwards the same `acknowledged_by` again is a no-op, a different one a conflict.
+- AC-CO-17 a delivery cycle interrupted by a stop or crash (begun, no receipt or failure recorded) is
+           retried at the next start under its own id, before any waiting ack is judged: an ack for the
+           fence the retry obtains then completes the outcome and is not counted stale.
+- AC-CO-18 the retry policy is a runtime setting (`open_runtime(retry_policy=...)`), validated finite and
+           positive.
 
 Without a `Coordinator` the runtime still accepts and stores outcomes (phase pending, a warning diagnostic)
 as Temporal accepts a workflow no worker polls yet; the next runtime opened with a coordinator delivers them.
@@ -44,13 +55,20 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.coordinator import RETRY, AcknowledgeRequest, Coordinator, DeliveryRequest, cycle_label
+from onceflow.actors.coordinator import (
+    AcknowledgeRequest,
+    Coordinator,
+    DeliveryRequest,
+    RetryPolicy,
+    cycle_label,
+)
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.outcome import (
     CoordinatorAck,
     GetOutcome,
     OutcomeDelivery,
+    OutcomeDeliveryRequest,
     OutcomeEnvelope,
     OutcomeReady,
 )
@@ -70,8 +88,9 @@ ACK_DURING_FAILED_REDELIVERY = 1
 class OutcomeActor:
     """Delivers one outcome until its current delivery is acknowledged (AC-CO-3 .. AC-CO-15).
 
-    `interval` is the redelivery interval in seconds; `clock` returns Unix seconds for delivered_at and
-    acknowledged_at. Timers are Trio timers, so `trio.testing.MockClock` drives them.
+    `interval` is the redelivery interval in seconds; `retry` the policy inside one cycle; `clock` returns
+    Unix seconds for delivered_at and acknowledged_at. Timers are Trio timers, so `trio.testing.MockClock`
+    drives them.
     """
 
     def __init__(
@@ -82,6 +101,7 @@ class OutcomeActor:
         coordinator: Coordinator,
         hub: EventHub,
         interval: float,
+        retry: RetryPolicy,
         clock: Callable[[], float],
     ) -> None:
         self.outcome_id = outcome_id
@@ -89,6 +109,7 @@ class OutcomeActor:
         self._coordinator = coordinator
         self._hub = hub
         self._interval = interval
+        self._retry = retry
         self._clock = clock
         self._wake = trio.Event()
 
@@ -99,16 +120,19 @@ class OutcomeActor:
     async def run(self) -> None:
         """Deliver until acknowledged, resuming from the stored record; return once acknowledged (AC-CO-14).
 
-        Raises whatever the store or the clock raise (the supervisor restarts the actor); the host's
-        callables never make it raise.
+        A cycle left in flight by a stop or crash is retried first, and the acks waiting from before are
+        judged against the fence it obtains (AC-CO-17). Raises whatever the store or the clock raise (the
+        supervisor restarts the actor); the host's callables never make it raise. A cancellation leaves
+        what was committed: a cycle it interrupts stays in flight for the next start.
         """
         self._record = await self._store.transact(lambda conn: outcomes.get(conn, self.outcome_id))
         if self._record.phase == outcomes.ACKNOWLEDGED:
             return
         self._envelope = OutcomeEnvelope.model_validate(self._record.envelope)
-        ack = await self._take()  # acks that arrived before this start (AC-CO-14)
-        if ack is not None and await self._complete(ack):
-            return
+        if not self._record.cycle_in_flight:
+            ack = await self._take()  # acks that arrived before this start (AC-CO-14)
+            if ack is not None and await self._complete(ack):
+                return
         while True:
             if not await self._deliver() and not self._awaits_ack_while_redelivery_fails():
                 await trio.sleep(self._interval)  # AC-CO-7
@@ -131,20 +155,26 @@ class OutcomeActor:
         self._record = await self._store.transact(lambda conn: fn(conn, self.outcome_id, *args))
 
     async def _deliver(self) -> bool:
-        """One delivery cycle (AC-CO-4 .. AC-CO-7); True if the coordinator returned a valid receipt."""
-        await self._update(outcomes.begin_cycle)
+        """One delivery cycle (AC-CO-4 .. AC-CO-7); True if the coordinator returned a valid receipt.
+
+        A new cycle, or the one still in flight from before a stop or crash, under its own id (AC-CO-17).
+        """
+        resumed = self._record.cycle_in_flight
+        if not resumed:
+            await self._update(outcomes.begin_cycle)
         cycle = cycle_label(self._record.delivery_attempts)
         cycle_id = f"deliver/{self.outcome_id}/{cycle}"
+        if resumed:
+            self._emit("info", "outcome_cycle_resumed", cycle_id=cycle_id)
+        message = OutcomeDeliveryRequest(envelope=self._envelope, delivery_cycle=cycle)
         try:
-            raw = await RETRY.run(
-                lambda attempt: self._coordinator.deliver(
-                    DeliveryRequest(self._envelope, cycle, cycle_id, attempt)
-                ),
+            raw = await self._retry.run(
+                lambda attempt: self._coordinator.deliver(DeliveryRequest(message, cycle_id, attempt)),
                 cycle_id=cycle_id,
             )
             receipt = OutcomeDelivery.model_validate(raw, context={"envelope": self._envelope})
         except Exception as exc:
-            await self._update(outcomes.record_error, outcomes.DELIVERY_FAILED)
+            await self._update(outcomes.fail_cycle)
             self._emit("warning", "outcome_delivery_failed", cycle_id=cycle_id, error=repr(exc))
             return False
         await self._update(
@@ -180,14 +210,9 @@ class OutcomeActor:
     async def _complete(self, ack: PendingAck) -> bool:
         """Commit a matching ack through the host (AC-CO-10); True once acknowledged (AC-CO-15)."""
         cycle_id = f"ack/{self.outcome_id}/{cycle_label(self._record.delivery_attempts)}"
-        acknowledgement = CoordinatorAck(
-            store_ref=ack.store_ref,
-            outcome_id=ack.outcome_id,
-            work_id=ack.work_id,
-            coordinator_fence=ack.coordinator_fence,
-        )
+        acknowledgement = ack.acknowledgement()
         try:
-            await RETRY.run(
+            await self._retry.run(
                 lambda attempt: self._coordinator.acknowledge(
                     AcknowledgeRequest(acknowledgement, cycle_id, attempt)
                 ),
@@ -197,8 +222,14 @@ class OutcomeActor:
             self._record = await self._store.transact(lambda conn: outcomes.consume_ack(conn, ack))
             self._emit("warning", "outcome_acknowledgement_failed", cycle_id=cycle_id, error=repr(exc))
             return False
-        await self._update(outcomes.record_acknowledged, self._clock())
-        self._emit("info", "outcome_acknowledged", cycle_id=cycle_id, coordinator_fence=ack.coordinator_fence)
+        await self._update(outcomes.record_acknowledged, ack.acknowledged_by, self._clock())
+        self._emit(
+            "info",
+            "outcome_acknowledged",
+            cycle_id=cycle_id,
+            coordinator_fence=ack.coordinator_fence,
+            acknowledged_by=ack.acknowledged_by,
+        )
         return True
 
     def _emit(self, level: str, code: str, **fields: Any) -> None:
@@ -209,7 +240,8 @@ class OutcomeSupervisor:
     """Routes the outcome commands and runs one `OutcomeActor` per unfinished outcome.
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
-    `redelivery_interval` is in seconds; `clock` returns Unix seconds.
+    `redelivery_interval` is in seconds; `retry_policy` governs the attempts inside one cycle (AC-CO-18);
+    `clock` returns Unix seconds. `open_runtime` validates the settings.
     """
 
     def __init__(
@@ -219,14 +251,14 @@ class OutcomeSupervisor:
         coordinator: Coordinator | None,
         *,
         redelivery_interval: float,
+        retry_policy: RetryPolicy,
         clock: Callable[[], float],
     ) -> None:
-        if redelivery_interval <= 0:
-            raise ValueError(f"redelivery_interval must be positive seconds, got {redelivery_interval}")
         self._store = store
         self._hub = hub
         self._coordinator = coordinator
         self._interval = redelivery_interval
+        self._retry = retry_policy
         self._clock = clock
         self._actors: dict[str, OutcomeActor] = {}
         self._cancel = trio.CancelScope()
@@ -253,12 +285,14 @@ class OutcomeSupervisor:
         """Apply one outcome command and return its reply result.
 
         - outcome_ready -> `{outcome_id, received: started|duplicate, phase}` (AC-CO-11).
-        - coordinator_ack -> `{outcome_id, queued, phase}`; queued False when already acknowledged.
+        - coordinator_ack -> `{outcome_id, queued, phase, acknowledged_by}`; queued False when already
+          acknowledged by the same `acknowledged_by` (AC-CO-16).
         - get_outcome -> the outcome's state (`OutcomeRecord.as_dict`, AC-CO-3).
 
         Raises:
             ConflictError: outcome_ready with a different envelope under a known id (field envelope); the
                 conflict is recorded as the outcome's last error (AC-CO-11).
+            ConflictError: coordinator_ack for an outcome someone else acknowledged (field acknowledged_by).
             NotFoundError: coordinator_ack or get_outcome for an unknown outcome (field outcome_id).
             BusyError: the outcome's acknowledgement inbox is full (field outcome_id).
         """
@@ -282,19 +316,16 @@ class OutcomeSupervisor:
                     self._spawn(envelope.outcome_id)
                 return {"outcome_id": envelope.outcome_id, "received": received, "phase": record.phase}
             case CoordinatorAck():
-                queued, record = await store.transact(
-                    lambda conn: outcomes.enqueue_ack(
-                        conn,
-                        store_ref=command.store_ref,
-                        outcome_id=command.outcome_id,
-                        work_id=command.work_id,
-                        coordinator_fence=command.coordinator_fence,
-                    )
-                )
+                queued, record = await store.transact(lambda conn: outcomes.enqueue_ack(conn, command))
                 actor = self._actors.get(command.outcome_id)
                 if queued and actor is not None:
                     actor.wake()
-                return {"outcome_id": command.outcome_id, "queued": queued, "phase": record.phase}
+                return {
+                    "outcome_id": command.outcome_id,
+                    "queued": queued,
+                    "phase": record.phase,
+                    "acknowledged_by": record.acknowledged_by,
+                }
             case GetOutcome():
                 found = await store.transact(lambda conn: outcomes.get(conn, command.outcome_id))
                 return found.as_dict()
@@ -309,6 +340,7 @@ class OutcomeSupervisor:
             coordinator=self._coordinator,
             hub=self._hub,
             interval=self._interval,
+            retry=self._retry,
             clock=self._clock,
         )
         self._nursery.start_soon(self._supervise, actor)

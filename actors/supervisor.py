@@ -24,7 +24,7 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
-from onceflow.actors.coordinator import Coordinator
+from onceflow.actors.coordinator import Coordinator, RetryPolicy
 from onceflow.actors.engine import Engine
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
@@ -358,6 +358,7 @@ async def open_runtime(
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
     coordinator: Coordinator | None = None,
     redelivery_interval: float = 60.0,
+    retry_policy: RetryPolicy | None = None,
     actor_idle_timeout: float = 0.0,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
@@ -368,16 +369,20 @@ async def open_runtime(
     their executors (an action type without one is reported, never silently skipped). The ledger is
     created here, before the runtime object, and lives exactly as long as the runtime.
     `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
-    until acknowledged; unfinished outcomes resume at once. Without one, outcomes are stored, pending.
+    until acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, `RetryPolicy()`;
+    AC-CO-18); unfinished outcomes resume at once. Without one, outcomes are stored, pending.
     A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0, the default: as
     soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
     (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
-    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0
-    or a negative `actor_idle_timeout`.
+    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for a
+    `redelivery_interval` that is not finite and positive or a negative `actor_idle_timeout` (a
+    `RetryPolicy` validates itself when built).
     """
     if actor_idle_timeout < 0:
         raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
+    if not (math.isfinite(redelivery_interval) and redelivery_interval > 0):
+        raise ValueError(f"redelivery_interval must be finite positive seconds, got {redelivery_interval!r}")
     async with (
         open_store(db_path, durability=durability, max_batch=max_batch) as store,
         trio.open_nursery() as nursery,
@@ -396,7 +401,12 @@ async def open_runtime(
         )
         hub = EventHub()
         outcome_supervisor = OutcomeSupervisor(
-            store, hub, coordinator, redelivery_interval=redelivery_interval, clock=clock
+            store,
+            hub,
+            coordinator,
+            redelivery_interval=redelivery_interval,
+            retry_policy=retry_policy or RetryPolicy(),
+            clock=clock,
         )
         try:
             await nursery.start(outcome_supervisor.run)

@@ -1,30 +1,39 @@
-"""Coordinator outcome delivery on the wire: the envelope, the receipt, the acknowledgement, three commands.
+"""Coordinator outcomes in Gas City's wire format: envelope, delivery request, receipt, acknowledgement.
 
-Gas City's coordinator-outcome-delivery.md ships these as a Temporal workflow's input and signals. Here they
-are pydantic v2 models: every rejection is a ValidationError whose location names the field (over the
-protocol, `error.field` is e.g. `envelope.evidence.0.uri`).
+The objects and rules are those of Gas City's producers and coordinators (gascity-wire-format.md), so a Go
+producer's JSON is accepted as it is and what onceflow hands a coordinator is what a Gas City coordinator
+expects. They are pydantic v2 models: every rejection is a ValidationError whose location names the field
+(over the protocol, `error.field` is e.g. `envelope.evidence.0.uri`). The three commands (`outcome_ready`,
+`coordinator_ack`, `get_outcome`) wrap them with a `type` tag.
 
 The spec has no acceptance-criterion ids of its own; `onceflow.actors.outcome` lists the AC-CO-n ids the
-code and tests use. This module holds AC-CO-1 (envelope validation) and AC-CO-2 (outcome id derivation).
+code and tests use. This module holds AC-CO-1 (validation), AC-CO-2 (outcome id derivation), AC-CO-5
+(receipt) and the shape of AC-CO-16 (acknowledged_by).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Annotated, Literal
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
     StringConstraints,
+    ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 CONTRACT_VERSION = 1
 
@@ -36,25 +45,43 @@ StoreRef = Annotated[str, StringConstraints(pattern=r"^(city|rig):[A-Za-z0-9][A-
 """The store an outcome belongs to: `city:<segment>` or `rig:<segment>`."""
 
 OutcomeId = Annotated[str, StringConstraints(pattern=r"^outcome-[0-9a-f]{32}$")]
+"""A derived outcome id: `outcome-` and 32 lowercase hex digits (see `derive_outcome_id`)."""
 
-WorkflowId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}$")]
-"""A correlated Temporal workflow id: like a segment, up to 255 characters, also allowing `:` and `/`."""
+
+def _contract_version(value: int) -> int:
+    if value != CONTRACT_VERSION:
+        raise ValueError(f"must be {CONTRACT_VERSION}")
+    return value
+
+
+ContractVersion = Annotated[StrictInt, AfterValidator(_contract_version)]
+"""The contract version: the JSON integer 1 (as Go decodes an int: not 1.0, not true)."""
 
 Producer = Literal["direct-worker", "formula-step", "project-lead", "maintenance-order", "temporal"]
+OutcomeState = Literal["terminal", "verified"]
 EvidenceKind = Literal["commit", "patch", "review-record", "test-report"]
 URI_SCHEMES = frozenset({"bead", "file", "git", "https", "s3"})
 
+# Go's unicode.IsSpace, which Gas City's strings.TrimSpace checks use (Python's strip also takes \x1c-\x1f).
+GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+)
 
-def _text(limit: int) -> Callable[[str], str]:
-    """A check for prose fields: non-empty, already trimmed, no NUL or CR, at most `limit` UTF-8 bytes."""
+# What Go's time.Time marshals in UTC (RFC3339Nano): seconds, an optional fraction of 1-9 digits, then Z.
+_RFC3339_UTC = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z$")
+
+
+def _text(limit: int, forbidden: str) -> Callable[[str], str]:
+    """A check for prose fields: non-empty, trimmed, none of `forbidden`, at most `limit` UTF-8 bytes."""
+    named = ", ".join(repr(ch) for ch in forbidden)
 
     def check(value: str) -> str:
         if not value:
             raise ValueError("must not be empty")
-        if value != value.strip():
+        if value != value.strip(GO_SPACE):
             raise ValueError("must not start or end with whitespace")
-        if "\x00" in value or "\r" in value:
-            raise ValueError("must not contain NUL or CR")
+        if any(ch in forbidden for ch in value):
+            raise ValueError(f"must not contain {named}")
         if len(value.encode()) > limit:
             raise ValueError(f"must be at most {limit} bytes of UTF-8")
         return value
@@ -65,12 +92,44 @@ def _text(limit: int) -> Callable[[str], str]:
 def _uri(value: str) -> str:
     scheme, colon, rest = value.partition(":")
     if not colon or not rest or scheme not in URI_SCHEMES:
-        raise ValueError(f"must be a URI with scheme {', '.join(sorted(URI_SCHEMES))}")
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ValueError(f"must be a URI scheme:rest with scheme {', '.join(sorted(URI_SCHEMES))}")
+    if any(ch in GO_SPACE for ch in value):
+        raise ValueError("must not contain whitespace")
+    if len(value.encode()) > 512:
+        raise ValueError("must be at most 512 bytes of UTF-8")
+    return value
+
+
+def _delivery_ref(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    if any(ch in GO_SPACE or not ch.isprintable() for ch in value):
         raise ValueError("must not contain whitespace or control characters")
     if len(value.encode()) > 512:
         raise ValueError("must be at most 512 bytes of UTF-8")
     return value
+
+
+def _occurred_at(value: str) -> str:
+    match = _RFC3339_UTC.match(value)
+    if match is None:
+        raise ValueError("must be an RFC 3339 timestamp in UTC, e.g. 2026-03-01T12:00:00Z (offset Z)")
+    try:
+        seconds = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        raise ValueError("must be a real date and time") from None
+    if seconds == datetime(1, 1, 1) and not (match[2] or "").strip("0"):
+        raise ValueError("must not be the zero time")
+    return value
+
+
+def _workflow_id(value: str | None) -> str | None:
+    return None if value is None else _text(255, "\x00\r\n\t")(value)
+
+
+def _absent_when_empty(value: object) -> object:
+    # Go decodes "" and null to the zero string, which Gas City treats (and emits, omitempty) as absent.
+    return None if value == "" else value
 
 
 class _Message(BaseModel):
@@ -86,101 +145,180 @@ class Evidence(_Message):
 
 
 class ProducerFence(_Message):
-    """The producer's fence: who produced the outcome, in which generation (> 0), under which token."""
+    """The envelope's `fence`: who produced the outcome, in which generation (> 0, a Go int), under which
+    token."""
 
     producer_id: Segment
-    generation: StrictInt = Field(gt=0)
+    generation: StrictInt = Field(gt=0, le=2**63 - 1)
     token: Segment
 
 
 def derive_outcome_id(
-    *, producer: Producer, store_ref: str, work_id: str, state: str, producer_fence: ProducerFence
+    *,
+    producer: str,
+    store_ref: str,
+    work_id: str,
+    state: str,
+    fence: ProducerFence | Mapping[str, Any],
+    contract_version: int = CONTRACT_VERSION,
 ) -> str:
-    """The outcome id an envelope must carry (AC-CO-2): `outcome-` + the first 32 hex of a SHA-256.
+    """The outcome id an envelope must carry (AC-CO-2; gascity-wire-format.md, outcome_id derivation).
 
-    The digest is over the UTF-8 of this canonical JSON (keys sorted, no whitespace):
-    `{"fence":{"generation":G,"producer_id":P,"token":T},"producer":..,"state":..,"store_ref":..,
-    "version":1,"work_id":..}`. Summary, impact, evidence and times do not change the id.
+    `"outcome-"` + lowercase hex of the first 16 bytes of the SHA-256 of this compact JSON, keys in exactly
+    this order: `{"contract_version":1,"producer":..,"store_ref":..,"work_id":..,"state":..,
+    "fence":{"producer_id":..,"generation":..,"token":..}}`. Every hashed string is validated first (an
+    enum value, `city:`/`rig:` + segment, or a segment: ASCII letters, digits and `.` `_` `-` `:`), so
+    no JSON escaping ever applies and the bytes are the ones Go's json.Marshal writes.
+
+    Raises:
+        pydantic.ValidationError: a field breaks its envelope rule (the error's location names it).
     """
-    canonical = json.dumps(
+    identity = _Identity.model_validate(
         {
-            "version": CONTRACT_VERSION,
+            "contract_version": contract_version,
             "producer": producer,
             "store_ref": store_ref,
             "work_id": work_id,
             "state": state,
-            "fence": producer_fence.model_dump(),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
+            "fence": fence if isinstance(fence, ProducerFence) else dict(fence),
+        }
     )
-    return "outcome-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+    canonical = json.dumps(
+        {
+            "contract_version": identity.contract_version,
+            "producer": identity.producer,
+            "store_ref": identity.store_ref,
+            "work_id": identity.work_id,
+            "state": identity.state,
+            "fence": {
+                "producer_id": identity.fence.producer_id,
+                "generation": identity.fence.generation,
+                "token": identity.fence.token,
+            },
+        },
+        separators=(",", ":"),
+    )
+    return "outcome-" + hashlib.sha256(canonical.encode()).digest()[:16].hex()
+
+
+class _Identity(_Message):
+    contract_version: ContractVersion
+    producer: Producer
+    store_ref: StoreRef
+    work_id: Segment
+    state: OutcomeState
+    fence: ProducerFence
+
+
+_OmittedWhenEmpty = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class OutcomeEnvelope(_Message):
-    """An agent's outcome for the coordinator (the spec's `OutcomeReady` envelope), validated (AC-CO-1).
+    """Gas City's `OutcomeReady`: an agent's outcome for the coordinator, validated (AC-CO-1).
 
-    `occurred_at` is Unix seconds. A `run_id` needs a `workflow_id`. `outcome_id` must equal
-    `derive_outcome_id` of the envelope's own fields (AC-CO-2). Fields are validated in declaration order,
-    and each failure names its field.
+    Fields, in the order a Go producer writes them: contract_version (1), outcome_id, producer, store_ref,
+    work_id, source_root_id, workflow_id and workflow_run_id (optional; "" or null mean absent, and absent
+    ones are omitted on output), step_key, summary (<= 512 bytes, no NUL/CR), impact (<= 1024 bytes, no
+    NUL/CR), state, evidence (1-64), fence, occurred_at (RFC 3339 in UTC with `Z`, up to nanoseconds, kept
+    exactly as received; not the zero time). `outcome_id` must equal `derive_outcome_id` of the envelope's
+    own fields (AC-CO-2). Every failure names its field.
     """
 
-    contract_version: Literal[1]
+    contract_version: ContractVersion
+    outcome_id: OutcomeId
     producer: Producer
     store_ref: StoreRef
     work_id: Segment
     source_root_id: Segment
+    workflow_id: Annotated[str | None, BeforeValidator(_absent_when_empty), AfterValidator(_workflow_id)] = (
+        _OmittedWhenEmpty
+    )
+    workflow_run_id: Annotated[Segment | None, BeforeValidator(_absent_when_empty)] = _OmittedWhenEmpty
     step_key: Segment
-    workflow_id: WorkflowId | None = None
-    run_id: Segment | None = None
-    summary: Annotated[str, AfterValidator(_text(512))]
-    impact: Annotated[str, AfterValidator(_text(1024))]
-    state: Literal["terminal", "verified"]
+    summary: Annotated[str, AfterValidator(_text(512, "\x00\r"))]
+    impact: Annotated[str, AfterValidator(_text(1024, "\x00\r"))]
+    state: OutcomeState
     evidence: list[Evidence] = Field(min_length=1, max_length=64)
-    producer_fence: ProducerFence
-    occurred_at: float = Field(gt=0, allow_inf_nan=False)
-    outcome_id: OutcomeId
+    fence: ProducerFence
+    occurred_at: Annotated[str, AfterValidator(_occurred_at)]
 
-    @field_validator("run_id")
+    @field_validator("workflow_run_id")
     @classmethod
     def _run_needs_workflow(cls, run_id: str | None, info: ValidationInfo) -> str | None:
         if run_id is not None and info.data.get("workflow_id") is None:
-            raise ValueError("a run_id needs a workflow_id")
+            raise ValueError("a workflow_run_id needs a workflow_id")
         return run_id
 
-    @field_validator("outcome_id")
-    @classmethod
-    def _derived(cls, outcome_id: str, info: ValidationInfo) -> str:
-        parts = ("producer", "store_ref", "work_id", "state", "producer_fence")
-        if all(part in info.data for part in parts):  # otherwise an earlier field already failed
-            expected = derive_outcome_id(**{part: info.data[part] for part in parts})
-            if outcome_id != expected:
-                raise ValueError(f"does not match the envelope's content (expected {expected})")
-        return outcome_id
+    @model_validator(mode="after")
+    def _derived(self) -> Self:
+        expected = derive_outcome_id(
+            producer=self.producer,
+            store_ref=self.store_ref,
+            work_id=self.work_id,
+            state=self.state,
+            fence=self.fence,
+        )
+        if self.outcome_id != expected:
+            error = PydanticCustomError(
+                "outcome_id_mismatch",
+                "does not match the envelope's content (expected {expected})",
+                {"expected": expected},
+            )
+            details = InitErrorDetails(type=error, loc=("outcome_id",), input=self.outcome_id)
+            raise ValidationError.from_exception_data(type(self).__name__, [details])
+        return self
+
+
+class OutcomeDeliveryRequest(_Message):
+    """What a coordinator's local delivery adapter receives: `{envelope, delivery_cycle}` (AC-CO-4).
+
+    `delivery_cycle` names the redelivery round (`cycle-000003`); every attempt of one round repeats it.
+    """
+
+    envelope: OutcomeEnvelope
+    delivery_cycle: Segment
 
 
 class OutcomeDelivery(_Message):
-    """The coordinator's receipt for one delivery cycle (AC-CO-5).
+    """The coordinator's receipt for one delivery cycle: `{delivery_ref, coordinator_fence}` (AC-CO-5).
 
-    Validate it with `context={"envelope": envelope}` to also require the envelope's outcome and work id.
+    `delivery_ref` is the adapter's idempotent local reference, any URI-like string (`bead:hq-mail-42`):
+    non-empty, no whitespace or control characters, <= 512 bytes of UTF-8. `coordinator_fence` (a segment)
+    names the coordinator session that received it. `outcome_id` and `work_id` may be included (Gas City's
+    recorded-delivery form); validate with `context={"envelope": envelope}` to require that they are the
+    envelope's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, revalidate_instances="always")
 
-    outcome_id: OutcomeId
-    work_id: Segment
-    delivery_ref: Segment
+    outcome_id: Segment | None = _OmittedWhenEmpty
+    work_id: Segment | None = _OmittedWhenEmpty
+    delivery_ref: Annotated[str, AfterValidator(_delivery_ref)]
     coordinator_fence: Segment
 
     @field_validator("outcome_id", "work_id")
     @classmethod
-    def _same_outcome(cls, value: str, info: ValidationInfo) -> str:
+    def _same_outcome(cls, value: str | None, info: ValidationInfo) -> str | None:
         envelope = (info.context or {}).get("envelope")
-        expected = value if envelope is None else getattr(envelope, str(info.field_name))
+        expected = value if envelope is None or value is None else getattr(envelope, str(info.field_name))
         if value != expected:
             raise ValueError(f"changed outcome identity (the envelope has {expected})")
         return value
+
+
+class OutcomeAcknowledgement(_Message):
+    """Gas City's acknowledgement: `{store_ref, outcome_id, work_id, coordinator_fence, acknowledged_by}`.
+
+    It completes the outcome only when store ref, outcome id and work id are the envelope's and the fence is
+    the current delivery's (AC-CO-9). `acknowledged_by` (a segment) names who acknowledged; once the outcome
+    is acknowledged, the same `acknowledged_by` again is a no-op and a different one a conflict (AC-CO-16).
+    """
+
+    store_ref: StoreRef
+    outcome_id: Segment
+    work_id: Segment
+    coordinator_fence: Segment
+    acknowledged_by: Segment
 
 
 class OutcomeReady(_Message):
@@ -190,17 +328,10 @@ class OutcomeReady(_Message):
     envelope: OutcomeEnvelope
 
 
-class CoordinatorAck(_Message):
-    """Command `coordinator_ack`: the coordinator acknowledges the delivery it received under its fence.
-
-    It completes the outcome only when all four fields match the outcome's current delivery (AC-CO-9).
-    """
+class CoordinatorAck(OutcomeAcknowledgement):
+    """Command `coordinator_ack`: an `OutcomeAcknowledgement` with the command's `type` tag."""
 
     type: Literal["coordinator_ack"] = "coordinator_ack"
-    store_ref: StoreRef
-    outcome_id: OutcomeId
-    work_id: Segment
-    coordinator_fence: Segment
 
 
 class GetOutcome(_Message):

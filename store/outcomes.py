@@ -5,8 +5,9 @@ counters, never a row per attempt, so a record does not grow with the number of 
 spec's Continue-As-New). `outcome_acks` is a small inbox: an acknowledgement is committed there before its
 command is answered and the outcome's actor drains it, so an ack that arrives while the actor is delivering,
 just as its timer fires, or before a crash is not lost (AC-CO-8, AC-CO-14). Identical acks share one row
-(`copies`); at most MAX_PENDING_ACKS distinct acks wait per outcome. Functions run inside a store
-transaction (`StoreActor.transact`); times are Unix seconds.
+(`copies`); at most MAX_PENDING_ACKS distinct acks wait per outcome. `cycle_in_flight` marks a delivery
+cycle begun and not yet ended, so a cycle interrupted by a stop is retried under its own id (AC-CO-17).
+Functions run inside a store transaction (`StoreActor.transact`); times are Unix seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow.protocol.errors import BusyError, NotFoundError
+from onceflow.protocol.errors import BusyError, ConflictError, NotFoundError
+from onceflow.protocol.outcome import OutcomeAcknowledgement
 
 Phase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
 PENDING: Phase = "pending"
@@ -34,7 +36,7 @@ MAX_PENDING_ACKS = 16
 _COLUMNS = (
     "outcome_id, envelope, behavior_version, phase, delivery_attempts, duplicate_signals,"
     " stale_acknowledgements, delivery_ref, coordinator_fence, delivered_at, acknowledged_at,"
-    " last_delivery_error"
+    " last_delivery_error, acknowledged_by, cycle_in_flight"
 )
 
 
@@ -44,8 +46,10 @@ class OutcomeRecord:
 
     `envelope` is the validated envelope as JSON data. `delivery_attempts` counts delivery cycles, all
     runtimes together; `delivery_ref` and `coordinator_fence` are those of the last successful delivery;
-    `delivered_at` is the first success only. `behavior_version` selects the rules the record runs under
-    (AC-CO-12).
+    `delivered_at` is the first success only. `acknowledged_by` is the committed acknowledgement's (None
+    until then, and for outcomes acknowledged before the field existed). `cycle_in_flight` is True while
+    cycle `delivery_attempts` has begun and not ended (AC-CO-17). `behavior_version` selects the rules the
+    record runs under (AC-CO-12).
     """
 
     outcome_id: str
@@ -60,6 +64,8 @@ class OutcomeRecord:
     delivered_at: float | None
     acknowledged_at: float | None
     last_delivery_error: str | None
+    acknowledged_by: str | None
+    cycle_in_flight: bool = attrs.field(converter=bool)
 
     def as_dict(self) -> dict[str, Any]:
         """Every field as JSON data."""
@@ -75,6 +81,17 @@ class PendingAck:
     outcome_id: str
     work_id: str
     coordinator_fence: str
+    acknowledged_by: str
+
+    def acknowledgement(self) -> OutcomeAcknowledgement:
+        """The wire acknowledgement this entry holds."""
+        return OutcomeAcknowledgement(
+            store_ref=self.store_ref,
+            outcome_id=self.outcome_id,
+            work_id=self.work_id,
+            coordinator_fence=self.coordinator_fence,
+            acknowledged_by=self.acknowledged_by,
+        )
 
 
 def load(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord | None:
@@ -124,9 +141,11 @@ def record_ready(
 
 
 def begin_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
-    """Count one more delivery cycle; the new `delivery_attempts` is the cycle's number (AC-CO-4)."""
+    """Count one more delivery cycle, in flight; the new `delivery_attempts` is its number (AC-CO-4)."""
     conn.execute(
-        "UPDATE outcomes SET delivery_attempts = delivery_attempts + 1 WHERE outcome_id = ?", (outcome_id,)
+        "UPDATE outcomes SET delivery_attempts = delivery_attempts + 1, cycle_in_flight = 1"
+        " WHERE outcome_id = ?",
+        (outcome_id,),
     )
     return get(conn, outcome_id)
 
@@ -134,13 +153,20 @@ def begin_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
 def record_delivery(
     conn: sqlite3.Connection, outcome_id: str, delivery_ref: str, coordinator_fence: str, now: float
 ) -> OutcomeRecord:
-    """A delivery succeeded: phase needs-coordinator-ack under its fence and ref, error cleared (AC-CO-6)."""
+    """A delivery succeeded: phase needs-coordinator-ack under its fence and ref, error cleared, the cycle
+    ended (AC-CO-6)."""
     conn.execute(
-        "UPDATE outcomes SET phase = ?, delivery_ref = ?, coordinator_fence = ?,"
+        "UPDATE outcomes SET phase = ?, delivery_ref = ?, coordinator_fence = ?, cycle_in_flight = 0,"
         " delivered_at = COALESCE(delivered_at, ?), last_delivery_error = NULL WHERE outcome_id = ?",
         (NEEDS_ACK, delivery_ref, coordinator_fence, now, outcome_id),
     )
     return get(conn, outcome_id)
+
+
+def fail_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+    """The cycle in flight failed: `local-delivery-failed`, the cycle ended (AC-CO-7)."""
+    conn.execute("UPDATE outcomes SET cycle_in_flight = 0 WHERE outcome_id = ?", (outcome_id,))
+    return record_error(conn, outcome_id, DELIVERY_FAILED)
 
 
 def record_error(conn: sqlite3.Connection, outcome_id: str, error: str) -> OutcomeRecord:
@@ -149,25 +175,31 @@ def record_error(conn: sqlite3.Connection, outcome_id: str, error: str) -> Outco
     return get(conn, outcome_id)
 
 
-def enqueue_ack(
-    conn: sqlite3.Connection, *, store_ref: str, outcome_id: str, work_id: str, coordinator_fence: str
-) -> tuple[bool, OutcomeRecord]:
+def enqueue_ack(conn: sqlite3.Connection, ack: OutcomeAcknowledgement) -> tuple[bool, OutcomeRecord]:
     """Put an acknowledgement in the outcome's inbox; return whether it was queued, and the record.
 
-    An ack for an acknowledged outcome is not queued (the outcome is finished). An ack identical to one
-    already waiting adds a copy.
+    An ack for an acknowledged outcome is not queued: by the same `acknowledged_by` (or any, when the
+    record predates the field) it is a no-op (AC-CO-16). An ack identical to one already waiting adds a
+    copy.
 
     Raises:
         NotFoundError: no such outcome (field outcome_id).
+        ConflictError: the outcome was acknowledged by someone else (field acknowledged_by, AC-CO-16).
         BusyError: MAX_PENDING_ACKS distinct acks already wait (field outcome_id); retry later.
     """
+    outcome_id = ack.outcome_id
     record = get(conn, outcome_id)
     if record.phase == ACKNOWLEDGED:
+        if record.acknowledged_by not in (None, ack.acknowledged_by):
+            raise ConflictError(
+                f"outcome {outcome_id} was acknowledged by {record.acknowledged_by}",
+                field="acknowledged_by",
+            )
         return False, record
-    key = (outcome_id, store_ref, work_id, coordinator_fence)
+    key = (outcome_id, ack.store_ref, ack.work_id, ack.coordinator_fence, ack.acknowledged_by)
     updated = conn.execute(
-        "UPDATE outcome_acks SET copies = copies + 1"
-        " WHERE outcome_id = ? AND store_ref = ? AND work_id = ? AND coordinator_fence = ?",
+        "UPDATE outcome_acks SET copies = copies + 1 WHERE outcome_id = ? AND store_ref = ? AND work_id = ?"
+        " AND coordinator_fence = ? AND acknowledged_by = ?",
         key,
     )
     if updated.rowcount == 0:
@@ -180,15 +212,16 @@ def enqueue_ack(
                 field="outcome_id",
             )
         conn.execute(
-            "INSERT INTO outcome_acks (outcome_id, store_ref, work_id, coordinator_fence)"
-            " VALUES (?, ?, ?, ?)",
+            "INSERT INTO outcome_acks (outcome_id, store_ref, work_id, coordinator_fence, acknowledged_by)"
+            " VALUES (?, ?, ?, ?, ?)",
             key,
         )
     return True, record
 
 
 def matches(record: OutcomeRecord, ack: PendingAck) -> bool:
-    """AC-CO-9: store ref, outcome id, work id and the current coordinator fence all equal."""
+    """AC-CO-9: store ref, outcome id, work id and the current coordinator fence all equal (any
+    acknowledged_by)."""
     return (
         ack.store_ref == record.envelope["store_ref"]
         and ack.outcome_id == record.outcome_id
@@ -206,18 +239,18 @@ def take_matching_ack(conn: sqlite3.Connection, outcome_id: str) -> PendingAck |
     """
     record = get(conn, outcome_id)
     rows = conn.execute(
-        "SELECT seq, store_ref, outcome_id, work_id, coordinator_fence, copies FROM outcome_acks"
-        " WHERE outcome_id = ? ORDER BY seq",
+        "SELECT seq, store_ref, outcome_id, work_id, coordinator_fence, acknowledged_by, copies"
+        " FROM outcome_acks WHERE outcome_id = ? ORDER BY seq",
         (outcome_id,),
     ).fetchall()
     stale = 0
     found = None
     for row in rows:
-        ack = PendingAck(*row[:5])
+        ack = PendingAck(*row[:6])
         if matches(record, ack):
             found = ack
             break
-        stale += row[5]
+        stale += row[6]
         conn.execute("DELETE FROM outcome_acks WHERE seq = ?", (ack.seq,))
     conn.execute(
         "UPDATE outcomes SET stale_acknowledgements = stale_acknowledgements + ? WHERE outcome_id = ?",
@@ -233,11 +266,14 @@ def consume_ack(conn: sqlite3.Connection, ack: PendingAck) -> OutcomeRecord:
     return record_error(conn, ack.outcome_id, ACK_FAILED)
 
 
-def record_acknowledged(conn: sqlite3.Connection, outcome_id: str, now: float) -> OutcomeRecord:
-    """The acknowledgement was committed: phase acknowledged at `now`; the inbox is emptied (AC-CO-15)."""
+def record_acknowledged(
+    conn: sqlite3.Connection, outcome_id: str, acknowledged_by: str, now: float
+) -> OutcomeRecord:
+    """The acknowledgement was committed: phase acknowledged at `now` by `acknowledged_by`; the inbox is
+    emptied (AC-CO-15, AC-CO-16)."""
     conn.execute(
-        "UPDATE outcomes SET phase = ?, acknowledged_at = ? WHERE outcome_id = ?",
-        (ACKNOWLEDGED, now, outcome_id),
+        "UPDATE outcomes SET phase = ?, acknowledged_at = ?, acknowledged_by = ? WHERE outcome_id = ?",
+        (ACKNOWLEDGED, now, acknowledged_by, outcome_id),
     )
     conn.execute("DELETE FROM outcome_acks WHERE outcome_id = ?", (outcome_id,))
     return get(conn, outcome_id)

@@ -1,15 +1,95 @@
 """The database schema, as ordered migrations keyed by `PRAGMA user_version`.
 
-Migration N (1-based) brings a database from user_version N-1 to N. Append new migrations; never edit one
-that has shipped. Every task-scoped table cascades from `tasks` so nothing outlives its task
-(on-enter-action-dispatch.md, AC-B9(e)); foreign keys are verified on by the store at connect time.
+Migration N (1-based) brings a database from user_version N-1 to N: an SQL script, or a function for a
+change SQL cannot express. Append new migrations; never edit one that has shipped. Every task-scoped
+table cascades from `tasks` so nothing outlives its task (on-enter-action-dispatch.md, AC-B9(e)); foreign
+keys are verified on by the store at connect time.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
-MIGRATIONS: tuple[str, ...] = (
+from onceflow.protocol.outcome import derive_outcome_id
+
+
+def _gascity_envelope(old: dict[str, Any]) -> dict[str, Any]:
+    """An envelope stored before migration 8, in Gas City's format (issue 12): `producer_fence` is `fence`,
+    `run_id` is `workflow_run_id`, absent optionals are omitted, Unix-seconds `occurred_at` is RFC 3339 UTC,
+    and `outcome_id` is derived the Gas City way (the old id hashed other JSON)."""
+    at = datetime.fromtimestamp(old["occurred_at"], UTC)
+    fraction = f"{at.microsecond:06d}".rstrip("0")
+    new: dict[str, Any] = {
+        "contract_version": old["contract_version"],
+        "outcome_id": derive_outcome_id(
+            producer=old["producer"],
+            store_ref=old["store_ref"],
+            work_id=old["work_id"],
+            state=old["state"],
+            fence=old["producer_fence"],
+        ),
+        "producer": old["producer"],
+        "store_ref": old["store_ref"],
+        "work_id": old["work_id"],
+        "source_root_id": old["source_root_id"],
+    }
+    if old.get("workflow_id"):
+        new["workflow_id"] = old["workflow_id"]
+        if old.get("run_id"):
+            new["workflow_run_id"] = old["run_id"]
+    return new | {
+        "step_key": old["step_key"],
+        "summary": old["summary"],
+        "impact": old["impact"],
+        "state": old["state"],
+        "evidence": old["evidence"],
+        "fence": old["producer_fence"],
+        "occurred_at": at.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z",
+    }
+
+
+def _outcomes_speak_gascity(conn: sqlite3.Connection) -> None:
+    """Migration 8 (issue 12): outcomes in Gas City's wire format.
+
+    Adds `acknowledged_by` and `cycle_in_flight` to `outcomes`; gives the ack inbox `acknowledged_by`. Acks
+    waiting from before carry none, so they can never match (Gas City counts an invalid ack stale): they are
+    counted in `stale_acknowledgements` and dropped. Every stored envelope is rewritten in the new format and
+    its outcome re-keyed under the Gas City outcome id.
+    """
+    for statement in _statements(
+        """
+        ALTER TABLE outcomes ADD COLUMN acknowledged_by TEXT;
+        ALTER TABLE outcomes ADD COLUMN cycle_in_flight INTEGER NOT NULL DEFAULT 0;
+        UPDATE outcomes SET stale_acknowledgements = stale_acknowledgements + (
+            SELECT COALESCE(SUM(copies), 0) FROM outcome_acks AS a WHERE a.outcome_id = outcomes.outcome_id
+        );
+        DROP TABLE outcome_acks;
+        CREATE TABLE outcome_acks (
+            seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+            outcome_id        TEXT NOT NULL REFERENCES outcomes(outcome_id) ON DELETE CASCADE,
+            store_ref         TEXT NOT NULL,
+            work_id           TEXT NOT NULL,
+            coordinator_fence TEXT NOT NULL,
+            acknowledged_by   TEXT NOT NULL,
+            copies            INTEGER NOT NULL DEFAULT 1,
+            UNIQUE (outcome_id, store_ref, work_id, coordinator_fence, acknowledged_by)
+        );
+        """
+    ):
+        conn.execute(statement)
+    for outcome_id, stored in conn.execute("SELECT outcome_id, envelope FROM outcomes").fetchall():
+        envelope = _gascity_envelope(json.loads(stored))
+        conn.execute(
+            "UPDATE outcomes SET outcome_id = ?, envelope = ? WHERE outcome_id = ?",
+            (envelope["outcome_id"], json.dumps(envelope), outcome_id),
+        )
+
+
+MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the foundation schema.
     """
     CREATE TABLE workflows (
@@ -182,6 +262,8 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX step_entries_open;
     CREATE INDEX step_entries_open ON step_entries(task_id, step_id, entry_seq) WHERE terminal = 0;
     """,
+    # 8: coordinator outcomes speak Gas City's wire format (issue 12).
+    _outcomes_speak_gascity,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -204,8 +286,12 @@ def migrate(conn: sqlite3.Connection) -> int:
     for version in range(current + 1, SCHEMA_VERSION + 1):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _statements(MIGRATIONS[version - 1]):
-                conn.execute(statement)
+            migration = MIGRATIONS[version - 1]
+            if isinstance(migration, str):
+                for statement in _statements(migration):
+                    conn.execute(statement)
+            else:
+                migration(conn)
             conn.execute(f"PRAGMA user_version = {version}")
             conn.execute("COMMIT")
         except BaseException:

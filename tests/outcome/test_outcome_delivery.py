@@ -9,6 +9,7 @@ actor reads the inbox before it redelivers, and replies come in transaction orde
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 import pytest
 import trio
 from helpers import START, FakeClock, ok, send
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state
+from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state, wire_ack
 from trio.testing import MockClock
 
 from onceflow.actors.coordinator import DeliveryRequest, RetryPolicy
 from onceflow.actors.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import Event
+from onceflow.protocol.outcome import OutcomeAcknowledgement
 from onceflow.store import outcomes
 
 
@@ -77,7 +79,7 @@ async def test_ac_co_4_a_failed_first_delivery_is_retried_inside_cycle_1(
     got = await state(rt, env["outcome_id"])
     assert got["phase"] == "needs-coordinator-ack"
     assert (got["delivery_attempts"], got["last_delivery_error"]) == (1, None)
-    assert (got["coordinator_fence"], got["delivery_ref"]) == ("coord-1", "mail-3")
+    assert (got["coordinator_fence"], got["delivery_ref"]) == ("coord-1", "bead:hq-mail-3")
 
 
 async def test_ac_co_4_ac_co_7_an_exhausted_cycle_fails_and_the_next_cycle_comes_one_interval_later(
@@ -126,6 +128,8 @@ async def test_ac_co_4_an_attempt_is_limited_to_30_seconds_and_a_cycle_to_120(
         ({"outcome_id": envelope(state="verified")["outcome_id"]}, "outcome_id"),
         ({"coordinator_fence": "coord 1"}, "coordinator_fence"),
         ({"delivery_ref": ""}, "delivery_ref"),
+        ({"delivery_ref": "bead:hq mail-42"}, "delivery_ref"),
+        ({"delivery_ref": "bead:" + "m" * 508}, "delivery_ref"),  # 513 bytes
     ],
 )
 @pytest.mark.parametrize("as_model", [False, True], ids=["mapping", "model"])
@@ -179,6 +183,7 @@ async def test_ac_co_6_ac_co_9_a_redelivery_carries_the_restarted_coordinators_f
         "outcome_id": env["outcome_id"],
         "queued": True,
         "phase": "needs-coordinator-ack",
+        "acknowledged_by": None,
     }
     await diagnostic(events, "outcome_delivered")  # the stale ack did not complete it: cycle 3 went out
     got = await state(rt, env["outcome_id"])
@@ -210,7 +215,7 @@ async def test_ac_co_9_an_ack_completes_only_when_store_ref_work_id_and_fence_al
     await diagnostic(events, "outcome_acknowledged")
     # inbox order: the four mismatching acks were drained (and counted) before the matching one
     assert len(coordinator.acks) == 1
-    assert coordinator.acks[0][1].acknowledgement.model_dump() == ack(env, "coord-1")
+    assert coordinator.acks[0][1].acknowledgement.model_dump() == wire_ack(ack(env, "coord-1"))
     got = await state(rt, env["outcome_id"])
     assert (got["phase"], got["stale_acknowledgements"]) == ("acknowledged", 4)
 
@@ -227,7 +232,12 @@ async def test_ac_co_10_ac_co_15_a_matching_ack_is_committed_under_the_delivery_
     got = await state(rt, env["outcome_id"])
     assert (got["phase"], got["delivered_at"], got["acknowledged_at"]) == ("acknowledged", START, START + 7)
     again = await ok(rt, ack(env, "coord-1"))
-    assert again.result == {"outcome_id": env["outcome_id"], "queued": False, "phase": "acknowledged"}
+    assert again.result == {
+        "outcome_id": env["outcome_id"],
+        "queued": False,
+        "phase": "acknowledged",
+        "acknowledged_by": "mayor",
+    }
     assert len(coordinator.deliveries) == 1
     waiting = await rt.services.store.transact(
         lambda conn: conn.execute("SELECT COUNT(*) FROM outcome_acks").fetchone()[0]
@@ -292,15 +302,8 @@ async def test_ac_co_8_an_ack_that_arrived_just_as_the_timer_fired_is_drained_be
     await diagnostic(events, "outcome_delivered")
     delivered_at = trio.current_time()
     # Committed to the inbox without waking the actor: what it finds when an ack's commit and the timer race.
-    await rt.services.store.transact(
-        lambda conn: outcomes.enqueue_ack(
-            conn,
-            store_ref=env["store_ref"],
-            outcome_id=env["outcome_id"],
-            work_id=env["work_id"],
-            coordinator_fence="coord-1",
-        )
-    )
+    acknowledgement = OutcomeAcknowledgement.model_validate(wire_ack(ack(env, "coord-1")))
+    await rt.services.store.transact(lambda conn: outcomes.enqueue_ack(conn, acknowledgement))
     await diagnostic(events, "outcome_acknowledged")
     assert trio.current_time() - delivered_at == pytest.approx(60.0)  # seen when the timer fired
     assert coordinator.delivery_ids() == [(deliver_id(env, 1), 1)]  # and not redelivered
@@ -369,3 +372,48 @@ async def test_ac_co_4_retry_waits_double_and_are_capped_at_10_seconds(autojump_
     with pytest.raises(ConnectionError, match="attempt 7"):
         await RetryPolicy(maximum_attempts=7).run(failing, cycle_id="deliver/x/cycle-000001")
     assert gaps(starts) == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+async def test_ac_co_18_the_retry_policy_is_a_runtime_setting(
+    db_path: Path, clock: FakeClock, autojump_clock: MockClock
+) -> None:
+    coordinator = FakeCoordinator(down=True)
+    policy = RetryPolicy(
+        initial_interval=0.5, backoff_coefficient=3.0, maximum_interval=4.0, maximum_attempts=4
+    )
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator, retry_policy=policy) as rt:
+        events, env = await start(rt)
+        await diagnostic(events, "outcome_delivery_failed")
+        assert coordinator.delivery_ids() == [(deliver_id(env, 1), n) for n in range(1, 5)]
+        assert gaps(coordinator.deliveries) == [0.5, 1.5, 4.0]  # 0.5, x3, capped at 4
+        coordinator.down, coordinator.failing_acks = False, 1
+        await diagnostic(events, "outcome_delivered")
+        await ok(rt, ack(env, "coord-1"))
+        await diagnostic(events, "outcome_acknowledged")
+    assert coordinator.ack_ids() == [(ack_id(env, 2), 1), (ack_id(env, 2), 2)]  # acks follow it too
+    assert gaps(coordinator.acks) == [0.5]
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["initial_interval", "backoff_coefficient", "maximum_interval", "attempt_timeout", "cycle_timeout"],
+)
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan, "1"])
+def test_ac_co_18_retry_policy_times_must_be_finite_and_positive(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        RetryPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True])
+def test_ac_co_18_retry_policy_attempts_must_be_a_positive_int(value: object) -> None:
+    with pytest.raises(ValueError, match="maximum_attempts"):
+        RetryPolicy(maximum_attempts=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("interval", [0.0, -60.0, math.inf, math.nan])
+async def test_ac_co_18_the_redelivery_interval_must_be_finite_and_positive(
+    db_path: Path, interval: float
+) -> None:
+    with pytest.raises(ValueError, match="redelivery_interval"):
+        async with open_runtime(db_path, coordinator=FakeCoordinator(), redelivery_interval=interval):
+            pass

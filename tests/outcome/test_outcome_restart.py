@@ -1,4 +1,5 @@
-"""Outcomes across runtime restarts, the behaviour version, bounded records, crashes (AC-CO-12 .. AC-CO-14).
+"""Outcomes across runtime restarts, the behaviour version, bounded records, crashes (AC-CO-12 .. AC-CO-14,
+AC-CO-17).
 
 Ids AC-CO-n are listed in onceflow.actors.outcome. A "crash" is leaving the runtime while an outcome is in
 flight: its actor is cancelled where it stands and only what was committed survives.
@@ -10,11 +11,22 @@ from pathlib import Path
 
 import attrs
 import structlog
+import trio
 from helpers import START, FakeClock, ok, send
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state
+from outcome_support import (
+    FakeCoordinator,
+    ack,
+    acknowledged,
+    diagnostic,
+    envelope,
+    ready,
+    state,
+    within_real_time,
+)
 from structlog.testing import capture_logs
 from trio.testing import MockClock
 
+from onceflow.actors.coordinator import DeliveryRequest
 from onceflow.actors.supervisor import open_runtime
 from onceflow.protocol.outcome import OutcomeEnvelope
 from onceflow.store import outcomes
@@ -217,9 +229,81 @@ async def test_ac_co_14_a_crashed_outcome_actor_is_logged_and_resumed_one_interv
         got = await state(rt, env["outcome_id"])
     crashes = [entry for entry in logs if entry["event"] == "outcome_actor_crashed"]
     assert [(c["outcome_id"], c["log_level"]) for c in crashes] == [(env["outcome_id"], "error")]
+    # the crash interrupted cycle 1 before its receipt was recorded: it is retried under its own id (AC-CO-17)
     assert [request.cycle_id.rsplit("/", 1)[1] for _, request in delivered] == [
         "cycle-000001",
-        "cycle-000002",
+        "cycle-000001",
     ]
     assert delivered[1][0] - delivered[0][0] == 60.0
-    assert (got["phase"], got["delivery_attempts"]) == ("needs-coordinator-ack", 2)
+    assert (got["phase"], got["delivery_attempts"], got["cycle_in_flight"]) == (
+        "needs-coordinator-ack",
+        1,
+        False,
+    )
+
+
+async def _stop_with_cycle_1_in_flight(
+    db_path: Path, clock: FakeClock, coordinator: FakeCoordinator, env: dict[str, object]
+) -> None:
+    """Run until the coordinator has recorded cycle 1 and its ack is stored, then stop the runtime while the
+    `deliver` reply is still outstanding: its receipt never reaches onceflow."""
+    acked = trio.Event()
+
+    async def ack_then_lose_the_reply(request: DeliveryRequest) -> None:
+        coordinator.during_delivery = None
+        await ok(rt, ack(env, "coord-1"))
+        acked.set()
+        await trio.sleep_forever()
+
+    coordinator.during_delivery = ack_then_lose_the_reply
+    async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+        await ready(rt, env)
+        await within_real_time(acked.wait)
+        got = await state(rt, str(env["outcome_id"]))
+        assert (got["phase"], got["delivery_attempts"], got["cycle_in_flight"]) == ("pending", 1, True)
+        assert got["coordinator_fence"] is None
+
+
+async def test_ac_co_17_a_restart_mid_delivery_retries_the_cycle_under_its_id_and_the_waiting_ack_completes(
+    db_path: Path, clock: FakeClock, mock_clock: MockClock
+) -> None:
+    """The coordinator (which outlives onceflow's restart) received cycle 1 and acked it under coord-1; the
+    reply was lost. No timer is ever needed: the clock never moves."""
+    env = envelope()
+    coordinator = FakeCoordinator(fence="coord-1")
+    await _stop_with_cycle_1_in_flight(db_path, clock, coordinator, env)
+    with capture_logs() as logs:
+        async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
+            got = await acknowledged(rt, str(env["outcome_id"]))
+    cycle_1 = f"deliver/{env['outcome_id']}/cycle-000001"
+    resumed = [entry for entry in logs if entry["event"] == "outcome_cycle_resumed"]
+    assert [entry["cycle_id"] for entry in resumed] == [cycle_1]  # said, not silent
+    assert coordinator.delivery_ids() == [(cycle_1, 1), (cycle_1, 1)]  # the same cycle, not cycle 2
+    assert [request.delivery_cycle for _, request in coordinator.deliveries] == ["cycle-000001"] * 2
+    assert coordinator.ack_ids() == [(f"ack/{env['outcome_id']}/cycle-000001", 1)]
+    assert (got["phase"], got["delivery_attempts"], got["stale_acknowledgements"]) == ("acknowledged", 1, 0)
+    assert (got["coordinator_fence"], got["delivery_ref"], got["cycle_in_flight"]) == (
+        "coord-1",
+        "bead:hq-mail-1",  # the receipt the coordinator gave cycle 1 the first time
+        False,
+    )
+    assert trio.current_time() == 0.0
+
+
+async def test_ac_co_17_a_waiting_ack_for_another_fence_than_the_retry_obtains_is_stale(
+    db_path: Path, clock: FakeClock, mock_clock: MockClock
+) -> None:
+    """The coordinator restarted too: the retried cycle 1 is received under coord-2, so the ack for coord-1
+    is stale and a second ack is needed."""
+    env = envelope()
+    await _stop_with_cycle_1_in_flight(db_path, clock, FakeCoordinator(fence="coord-1"), env)
+    restarted = FakeCoordinator(fence="coord-2")
+    async with open_runtime(db_path, clock=clock, coordinator=restarted) as rt:
+        events = rt.subscribe()
+        await restarted.until(lambda: len(restarted.deliveries) == 1)
+        await ok(rt, ack(env, "coord-2"))
+        await diagnostic(events, "outcome_acknowledged")
+        got = await state(rt, str(env["outcome_id"]))
+    assert restarted.delivery_ids() == [(f"deliver/{env['outcome_id']}/cycle-000001", 1)]
+    assert [request.acknowledgement.coordinator_fence for _, request in restarted.acks] == ["coord-2"]
+    assert (got["phase"], got["delivery_attempts"], got["stale_acknowledgements"]) == ("acknowledged", 1, 1)

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import attrs
-import structlog
 import trio
 
+from onceflow.logs import get_logger
 from onceflow.protocol.outcome import CoordinatorAck, OutcomeDelivery, OutcomeEnvelope
 
-log = structlog.get_logger("onceflow.coordinator")
+log = get_logger("onceflow.coordinator")
 
 T = TypeVar("T")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import structlog
 import trio
 
+from onceflow.logs import get_logger
 from onceflow.protocol.events import Diagnostic, Event
 
-log = structlog.get_logger("onceflow")
+log = get_logger("onceflow")
 
 
 class EventHub:

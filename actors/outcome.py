@@ -41,11 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 import trio
 
 from onceflow.actors.coordinator import RETRY, AcknowledgeRequest, Coordinator, DeliveryRequest, cycle_label
 from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.logs import get_logger
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.outcome import (
     CoordinatorAck,
@@ -58,7 +58,7 @@ from onceflow.store import outcomes
 from onceflow.store.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
 
-log = structlog.get_logger("onceflow.outcome")
+log = get_logger("onceflow.outcome")
 
 BEHAVIOR_VERSION = 1
 """Stored with every new outcome; a record keeps the rules of the version it was created under."""

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import outcome
-import structlog
 import trio
 
+from onceflow.logs import get_logger
 from onceflow.store import schema
 from onceflow.store.lock import acquire_database_lock
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

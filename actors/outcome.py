@@ -43,6 +43,7 @@ from typing import Any
 
 import trio
 
+from onceflow import metrics
 from onceflow.actors.coordinator import RETRY, AcknowledgeRequest, Coordinator, DeliveryRequest, cycle_label
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.logs import get_logger
@@ -128,7 +129,10 @@ class OutcomeActor:
         )
 
     async def _update(self, fn: Callable[..., OutcomeRecord], *args: Any) -> None:
+        before = self._record.phase
         self._record = await self._store.transact(lambda conn: fn(conn, self.outcome_id, *args))
+        if self._record.phase != before:
+            metrics.OUTCOMES.add(1, {"phase": self._record.phase})
 
     async def _deliver(self) -> bool:
         """One delivery cycle (AC-CO-4 .. AC-CO-7); True if the coordinator returned a valid receipt."""
@@ -269,6 +273,8 @@ class OutcomeSupervisor:
                 received, record = await store.transact(
                     lambda conn: outcomes.record_ready(conn, envelope.outcome_id, data, BEHAVIOR_VERSION)
                 )
+                if received == "started":
+                    metrics.OUTCOMES.add(1, {"phase": record.phase})
                 if received == "conflict":
                     raise ConflictError(
                         f"outcome {envelope.outcome_id} was received with a different envelope",

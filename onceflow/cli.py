@@ -24,7 +24,7 @@ import structlog
 import trio
 import yaml
 
-from onceflow import views
+from onceflow import scenario, views
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("files", type=Path, nargs="+")
     sub.add_parser("schema", help="print the protocol's JSON Schema")
     views.add_commands(sub)
+    scenario.add_commands(sub)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     try:

@@ -24,7 +24,8 @@ Each step is exactly one of `send` (a protocol command), `advance`, `restart` or
 true}` or `{fence: ...}`: change the scenario's coordinator, declared with a top-level `coordinator: {}`).
 A `send` must succeed unless the step names an `error`. Its events are the reply's, then any emitted in
 the background before the runtime went idle (a promoted task's entry, an outcome's delivery); an `advance`
-step's events are those emitted while time moved. Events of a type the step does not compare are ignored.
+step's events are those emitted while time moved. Events of a type the step does not compare are ignored;
+what a restart's recovery scan emits is not compared.
 
 Time: the runtime's wall clock (Unix seconds, starting at 1,700,000,000) and Trio's clock are one mock
 clock, and `advance` moves both, stopping at every Trio deadline on the way (coordinator retries,

@@ -241,3 +241,15 @@ def test_issue13_several_scenarios_in_one_file_each_get_a_line(tmp_path: Path) -
 )
 def test_issue13_results_match_as_subsets(expected: Any, actual: Any, same: bool) -> None:
     assert matches(expected, actual) is same
+
+
+def test_issue13_readme_scenario_command_and_example_hold(tmp_path: Path) -> None:
+    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Testing a workflow", 1)[1].split("\n## ", 1)[0]
+    [command] = [line for line in section.splitlines() if line.startswith("onceflow test ")]
+    files = sorted((HERE.parent / "onceflow" / "examples" / "scenarios").glob("*.yml"))
+    assert command == "onceflow test onceflow/examples/scenarios/*.yml" and files
+    example = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    example["template"] = str(HERE.parent / "onceflow" / "examples" / "office-example.yml")
+    lines: list[str] = []
+    assert run_files([write(tmp_path, example)], lines.append) == 0, "\n".join(lines)

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import attrs
-import structlog
 import trio
 
+from onceflow.logs import get_logger
 from onceflow.protocol.outcome import (
     OutcomeAcknowledgement,
     OutcomeDelivery,
@@ -28,7 +28,7 @@ from onceflow.protocol.outcome import (
     OutcomeEnvelope,
 )
 
-log = structlog.get_logger("onceflow.coordinator")
+log = get_logger("onceflow.coordinator")
 
 T = TypeVar("T")
 

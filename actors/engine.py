@@ -14,7 +14,6 @@ import sqlite3
 from collections.abc import Sequence
 
 import attrs
-import structlog
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
@@ -23,6 +22,7 @@ from onceflow.actors.quorum import evaluate_quorum, parse_threshold
 from onceflow.actors.services import Services, find_step
 from onceflow.actors.session import request_session_action
 from onceflow.actors.wip import allocate_for, promote_one
+from onceflow.logs import get_logger
 from onceflow.protocol.errors import (
     ActionError,
     ActionNotWiredError,
@@ -48,7 +48,7 @@ from onceflow.store.records import Decision, Participant, TaskRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
-log = structlog.get_logger("onceflow.engine")
+log = get_logger("onceflow.engine")
 
 
 @attrs.frozen

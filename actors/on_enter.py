@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from typing import Literal
 
 import attrs
-import structlog
 
 from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect, publish_effect
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.actors.session import SessionOutcome, request_session_action
+from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
 from onceflow.store import review_runs, step_entries
@@ -32,7 +32,7 @@ from onceflow.store.records import Marker, StepEntry, TaskRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
-log = structlog.get_logger("onceflow.on_enter")
+log = get_logger("onceflow.on_enter")
 
 _LEADING = ("reset_agent_context", "configure_session")
 

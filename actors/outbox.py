@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import structlog
 import trio
 
+from onceflow import metrics
+from onceflow.logs import get_logger
 from onceflow.protocol.events import Diagnostic, Event
 
-log = structlog.get_logger("onceflow")
+log = get_logger("onceflow")
 
 
 class EventHub:
@@ -51,6 +52,7 @@ class Outbox:
     def emit(self, event: Event) -> None:
         self.events.append(event)
         self._hub.publish(event)
+        metrics.count_event(event)
 
     def diagnostic(self, level: str, code: str, **fields: Any) -> None:
         """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event."""

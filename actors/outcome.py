@@ -52,9 +52,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 import trio
 
+from onceflow import metrics
 from onceflow.actors.coordinator import (
     AcknowledgeRequest,
     Coordinator,
@@ -63,6 +63,7 @@ from onceflow.actors.coordinator import (
     cycle_label,
 )
 from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.logs import get_logger
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.outcome import (
     CoordinatorAck,
@@ -76,7 +77,7 @@ from onceflow.store import outcomes
 from onceflow.store.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
 
-log = structlog.get_logger("onceflow.outcome")
+log = get_logger("onceflow.outcome")
 
 BEHAVIOR_VERSION = 1
 """Stored with every new outcome; a record keeps the rules of the version it was created under."""
@@ -152,7 +153,10 @@ class OutcomeActor:
         )
 
     async def _update(self, fn: Callable[..., OutcomeRecord], *args: Any) -> None:
+        before = self._record.phase
         self._record = await self._store.transact(lambda conn: fn(conn, self.outcome_id, *args))
+        if self._record.phase != before:
+            metrics.OUTCOMES.add(1, {"phase": self._record.phase})
 
     async def _deliver(self) -> bool:
         """One delivery cycle (AC-CO-4 .. AC-CO-7); True if the coordinator returned a valid receipt.
@@ -303,6 +307,8 @@ class OutcomeSupervisor:
                 received, record = await store.transact(
                     lambda conn: outcomes.record_ready(conn, envelope.outcome_id, data, BEHAVIOR_VERSION)
                 )
+                if received == "started":
+                    metrics.OUTCOMES.add(1, {"phase": record.phase})
                 if received == "conflict":
                     raise ConflictError(
                         f"outcome {envelope.outcome_id} was received with a different envelope",

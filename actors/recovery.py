@@ -19,19 +19,20 @@ import functools
 import sqlite3
 
 import attrs
-import structlog
 import trio
 
+from onceflow import metrics
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
+from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
 from onceflow.store.records import Marker, StepEntry
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
 
-log = structlog.get_logger("onceflow.recovery")
+log = get_logger("onceflow.recovery")
 
 
 BATCH_SIZE = 256
@@ -80,6 +81,7 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     except Exception as exc:
         log.error("recovery_scan_query_failed", cause=repr(exc))
         return 0
+    metrics.RECOVERED_OPEN_ENTRIES.add(len(entries))
     batches: trio.MemorySendChannel[list[_Recovered]]
     batches, committed = trio.open_memory_channel[list[_Recovered]](1)
 

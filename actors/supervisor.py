@@ -19,7 +19,6 @@ from typing import Any
 
 import attrs
 import outcome
-import structlog
 import trio
 from pydantic import BaseModel, ValidationError
 
@@ -36,6 +35,7 @@ from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services, WorkflowRegistry, find_step
 from onceflow.actors.task_actor import TaskActor
 from onceflow.actors.wip import Promotion
+from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
 from onceflow.protocol.errors import NotFoundError, OnceflowError, ShuttingDownError, WorkflowInvalidError
@@ -47,11 +47,11 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, runs, workflows
+from onceflow.store import participants, runs, tasks, workflows
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import Durability, open_store
 
-log = structlog.get_logger("onceflow.supervisor")
+log = get_logger("onceflow.supervisor")
 
 
 @attrs.frozen
@@ -235,6 +235,16 @@ class Runtime:
                     )
                 )
                 return [runs.run_as_dict(row) for row in rows]
+            case c.ListTasks():
+                page, more = await store.transact(
+                    lambda conn: tasks.list_tasks(
+                        conn, after_task_id=command.after_task_id, limit=command.limit
+                    )
+                )
+                return {
+                    "tasks": [tasks.task_as_dict(task) for task in page],
+                    "next_after_task_id": page[-1].id if more else None,
+                }
             case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
                 return await self._outcomes.handle(command, out)
         raise TypeError(f"unroutable command {type(command).__name__}")

@@ -24,6 +24,7 @@ import structlog
 import trio
 import yaml
 
+from onceflow import scenario, views
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
@@ -127,9 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
     sub.add_parser("schema", help="print the protocol's JSON Schema")
+    views.add_commands(sub)
+    scenario.add_commands(sub)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     try:
+        if hasattr(args, "handler"):  # the subcommands defined in their own modules
+            return int(args.handler(args))
         if args.command == "demo":
             final = trio.run(run_demo, _fresh_db(args.db, "demo.db"))
             return 0 if final == "done" else 1

@@ -266,6 +266,16 @@ class GetTask(_Command):
     task_id: Id
 
 
+class ListTasks(_Command):
+    """A page of tasks in task-id order: those after `after_task_id` (exclusive; None = from the first), at
+    most `limit` (1..1000, default 100). Result `{tasks: [get_task shape...], next_after_task_id}`, the
+    latter None on the last page, else the value to pass for the next one. Source: issue 13 item 4."""
+
+    type: Literal["list_tasks"] = "list_tasks"
+    after_task_id: str | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
 class ListRuns(_Command):
     type: Literal["list_runs"] = "list_runs"
     task_id: str | None = None
@@ -317,6 +327,7 @@ Command = Annotated[
     | Heartbeat
     | BudgetAlert
     | GetTask
+    | ListTasks
     | ListRuns
     | ListDecisions
     | ListStepEntries

@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-import structlog
+from onceflow.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class DatabaseOwnedError(RuntimeError):

@@ -39,6 +39,17 @@ def find_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord | None:
     return _task(row) if row else None
 
 
+def list_tasks(
+    conn: sqlite3.Connection, *, after_task_id: str | None, limit: int
+) -> tuple[list[TaskRecord], bool]:
+    """Up to `limit` tasks with ids after `after_task_id` (None: from the first), in id order, and whether
+    more follow (issue 13 item 4: paged `list_tasks`)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?", (after_task_id or "", limit + 1)
+    ).fetchall()
+    return [_task(row) for row in rows[:limit]], len(rows) > limit
+
+
 def get_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord:
     """The task row. Raises NotFoundError (field task_id) when it does not exist."""
     task = find_task(conn, task_id)

@@ -16,6 +16,7 @@ import queue
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from enum import StrEnum
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import outcome
-import structlog
 import trio
 
+from onceflow import metrics
+from onceflow.logs import get_logger
 from onceflow.store import schema
 from onceflow.store.lock import acquire_database_lock
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -193,6 +195,7 @@ class StoreActor:
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
         itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error.
         """
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for request in batch:
@@ -202,6 +205,8 @@ class StoreActor:
                     conn.execute("ROLLBACK TO request")
                 conn.execute("RELEASE request")
             conn.execute("COMMIT")
+            metrics.COMMIT_DURATION.record(time.perf_counter() - started)
+            metrics.COMMIT_BATCH_SIZE.record(len(batch))
         except BaseException as exc:
             for request in batch:
                 if not isinstance(request.result, outcome.Error):

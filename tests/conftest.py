@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import structlog
 from helpers import FakeClock, setup_office
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from onceflow.actors.host import RecordingHost
 from onceflow.actors.supervisor import Runtime, open_runtime
@@ -54,3 +57,11 @@ async def office(runtime: Runtime, kandev_templates: Path) -> Runtime:
     """The runtime with office-default.yml registered and rev-a, rev-b, boss seated."""
     await setup_office(runtime, kandev_templates / "office-default.yml")
     return runtime
+
+
+@pytest.fixture(scope="session")
+def metric_reader() -> InMemoryMetricReader:
+    """An OpenTelemetry SDK installed as the global meter provider (once per process: the API allows one)."""
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader

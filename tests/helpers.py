@@ -144,3 +144,29 @@ def events(reply: Reply, type_: str) -> list[Any]:
 
 def diagnostics(reply: Reply, code: str) -> list[Any]:
     return [event for event in events(reply, "diagnostic") if event.code == code]
+
+
+def metric_points(reader: Any) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
+    """Cumulative metric values from an OpenTelemetry `InMemoryMetricReader`, keyed by (name, attributes):
+    a counter's sum, or a histogram's count (its sum under `name + ".sum"`)."""
+    values: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    attributes = tuple(sorted((point.attributes or {}).items()))
+                    if hasattr(point, "bucket_counts"):
+                        values[(metric.name, attributes)] = point.count
+                        values[(metric.name + ".sum", attributes)] = point.sum
+                    else:
+                        values[(metric.name, attributes)] = point.value
+    return values
+
+
+def metric_delta(
+    before: dict[tuple[str, tuple[tuple[str, Any], ...]], float],
+    after: dict[tuple[str, tuple[tuple[str, Any], ...]], float],
+) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
+    """What moved between two `metric_points` readings (keys that did not move are left out)."""
+    return {key: value - before.get(key, 0) for key, value in after.items() if value != before.get(key, 0)}

@@ -1,0 +1,582 @@
+"""`onceflow test SCENARIO.yml...`: message-level tests of a workflow template (issue 13 item 3).
+
+A scenario file holds one scenario (or several, as YAML documents separated by `---`):
+
+    name: rejection round                  # default: the file name
+    template: ../office-example.yml         # relative to the scenario file; registered first
+    participants:                           # template-level seats, added after registering
+      - {step_id: review, role: reviewer, agent_profile_id: reviewer-1}
+    steps:
+      - send: {type: create_task, task_id: T1, workflow_id: office-example, step_id: backlog}
+        events: [{type: task_created, step_id: backlog}]
+      - send: {type: turn_complete, task_id: T1}
+        result: {to_step: review}           # a subset of the reply's result
+        events:                             # type plus the fields that matter
+          - {type: run_queued, agent_profile_id: reviewer-1}
+        events_order: any_order             # or in_order (default)
+        event_types: [run_queued, transition]   # compared types (default: those `events` names; or all)
+      - send: {type: finish_run, run_id: 99}
+        error: {code: not_found, field: run_id}  # or just `error: not_found`
+      - advance: 6                          # seconds of wall clock and Trio time
+      - restart: true                       # close the runtime, reopen it on the same file
+
+Each step is exactly one of `send` (a protocol command), `advance`, `restart` or `coordinator` (`{down:
+true}` or `{fence: ...}`: change the scenario's coordinator, declared with a top-level `coordinator: {}`).
+A `send` must succeed unless the step names an `error`. Its events are the reply's, then any emitted in
+the background before the runtime went idle (a promoted task's entry, an outcome's delivery); an `advance`
+step's events are those emitted while time moved. Events of a type the step does not compare are ignored;
+what a restart's recovery scan emits is not compared.
+
+Time: the runtime's wall clock (Unix seconds, starting at 1,700,000,000) and Trio's clock are one mock
+clock, and `advance` moves both, stopping at every Trio deadline on the way (coordinator retries,
+redelivery timers) and letting the runtime go idle before moving on — so the 5 s coalescing window, the
+outcome redelivery interval and the 24 h idempotency window are reached deterministically. Each scenario
+runs on a fresh database in a temporary directory, with a `RecordingHost`.
+
+On a mismatch the failing step is reported with a unified diff of expected vs actual (actual events shown
+with the fields the expectation names) and the scenario stops; exit status 1. On success one line per
+scenario: `ok: NAME (N steps)`. A malformed scenario file is a `ScenarioError` naming the file, the step
+index and the field (`steps[3].send.task_id`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+import tempfile
+import typing
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+import trio.testing
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
+from onceflow.actors.host import RecordingHost
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.protocol.codec import COMMAND_ADAPTER, validation_error
+from onceflow.protocol.commands import Role
+from onceflow.protocol.events import Event, Reply
+from onceflow.store.writer import Durability, StoreActor
+
+START = 1_700_000_000.0
+"""The scenario's wall clock at its start, in Unix seconds."""
+
+EVENT_FIELDS: dict[str, frozenset[str]] = {
+    model.model_fields["type"].default: frozenset(model.model_fields)
+    for model in typing.get_args(typing.get_args(Event)[0])
+}
+"""Every event type and its fields: what an expected event may name."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run: unreadable, not YAML, or failing the format's rules.
+
+    `path` is the file, `field` the offending field as a path (`steps[2].events[0].to_stp`), or None.
+    """
+
+    def __init__(self, path: Path, message: str, field: str | None = None) -> None:
+        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}")
+        self.path, self.field = path, field
+
+
+# --- the file format ------------------------------------------------------------------------------------
+
+
+class _Format(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExpectedError(_Format):
+    """The error a step's command must be refused with; `field`, when given, must match too."""
+
+    code: str
+    field: str | None = None
+
+
+class CoordinatorChange(_Format):
+    """A step changing the scenario's coordinator: `down` fails every call; `fence` is put in receipts."""
+
+    down: bool | None = None
+    fence: str | None = Field(default=None, min_length=1)
+
+
+class Step(_Format):
+    """One step: exactly one of `send`, `advance`, `restart`, `coordinator`, plus what must follow."""
+
+    note: str = ""
+    send: dict[str, Any] | None = None
+    advance: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    restart: Literal[True] | None = None
+    coordinator: CoordinatorChange | None = None
+    events: list[dict[str, Any]] | None = None
+    events_order: Literal["in_order", "any_order"] = "in_order"
+    event_types: list[str] | Literal["all"] | None = None
+    result: Any = None
+    error: str | ExpectedError | None = None
+
+
+class Participant(_Format):
+    step_id: str = Field(min_length=1)
+    role: Role
+    agent_profile_id: str = Field(min_length=1)
+
+
+class CoordinatorSettings(_Format):
+    """The scenario's coordinator: it accepts deliveries (receipts carry `fence`) unless `down`."""
+
+    fence: str = Field(default="coord-1", min_length=1)
+    down: bool = False
+
+
+class Scenario(_Format):
+    name: str | None = None
+    template: str = Field(min_length=1)
+    import_path: bool = False
+    participants: list[Participant] = Field(default_factory=list)
+    coordinator: CoordinatorSettings | None = None
+    redelivery_interval: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    steps: list[Step] = Field(min_length=1)
+
+
+@attrs.frozen
+class LoadedScenario:
+    """A validated scenario and its template's text; `path` is the scenario file."""
+
+    name: str
+    path: Path
+    template_path: Path
+    template_text: str
+    spec: Scenario
+
+
+def load_scenarios(path: Path) -> list[LoadedScenario]:
+    """The scenarios of one file, validated (structure, known event types and fields, commands against
+    the protocol unless the step expects `invalid_message`) and with their templates read.
+
+    Raises:
+        ScenarioError: naming the file, and the step index and field when one is to blame.
+    """
+    try:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+    except OSError as exc:
+        raise ScenarioError(path, f"cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(path, f"not valid YAML: {exc}") from None
+    if not documents:
+        raise ScenarioError(path, "holds no scenario")
+    loaded = []
+    for number, document in enumerate(documents, start=1):
+        prefix = f"[document {number}] " if len(documents) > 1 else ""
+        try:
+            spec = Scenario.model_validate(document)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ScenarioError(path, prefix + first["msg"], _dotted(first["loc"]) or None) from None
+        try:
+            _check(spec)
+        except _Invalid as exc:
+            raise ScenarioError(path, prefix + exc.message, exc.field) from None
+        template = (path.parent / spec.template).resolve()
+        try:
+            text = template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(
+                path, prefix + f"cannot read {template}: {exc.strerror}", "template"
+            ) from None
+        name = spec.name or (f"{path.stem}#{number}" if len(documents) > 1 else path.stem)
+        loaded.append(LoadedScenario(name, path, template, text, spec))
+    return loaded
+
+
+class _Invalid(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _dotted(loc: Iterable[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def _check(spec: Scenario) -> None:
+    """The rules pydantic's structure cannot say; raises _Invalid naming the field."""
+    for index, step in enumerate(spec.steps):
+        at = f"steps[{index}]"
+        kinds = [
+            kind for kind in ("send", "advance", "restart", "coordinator") if getattr(step, kind) is not None
+        ]
+        if len(kinds) != 1:
+            raise _Invalid(
+                at, f"a step is exactly one of send, advance, restart, coordinator; got {kinds or 'none'}"
+            )
+        for key in ("result", "error"):
+            if key in step.model_fields_set and step.send is None:
+                raise _Invalid(f"{at}.{key}", "only a send step has a reply")
+        if step.error is not None and "result" in step.model_fields_set:
+            raise _Invalid(f"{at}.result", "a refused command has no result: give error or result, not both")
+        if (step.restart or step.coordinator) and (step.events is not None or step.event_types is not None):
+            raise _Invalid(f"{at}.events", "only send and advance steps have events")
+        for number, pattern in enumerate(step.events or []):
+            kind = pattern.get("type")
+            if kind not in EVENT_FIELDS:
+                raise _Invalid(f"{at}.events[{number}].type", f"unknown event type {kind!r}")
+            for key in pattern:
+                if key not in EVENT_FIELDS[kind]:
+                    raise _Invalid(f"{at}.events[{number}].{key}", f"not a field of event {kind}")
+        if isinstance(step.event_types, list):
+            for number, kind in enumerate(step.event_types):
+                if kind not in EVENT_FIELDS:
+                    raise _Invalid(f"{at}.event_types[{number}]", f"unknown event type {kind!r}")
+        expects_invalid = _error_code(step.error) == "invalid_message"
+        if step.send is not None and not expects_invalid:
+            try:
+                COMMAND_ADAPTER.validate_python(step.send)
+            except ValidationError as exc:
+                error = validation_error(exc)
+                message = error.message.removeprefix(f"{error.field}: ")
+                raise _Invalid(f"{at}.send" + (f".{error.field}" if error.field else ""), message) from None
+
+
+def _error_code(error: str | ExpectedError | None) -> str | None:
+    return error.code if isinstance(error, ExpectedError) else error
+
+
+# --- running --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ScenarioResult:
+    """`failure` is None when every step held, else the report of the first step that did not."""
+
+    name: str
+    steps: int
+    failure: str | None = None
+
+
+@attrs.define
+class ScenarioCoordinator:
+    """The scenario's coordinator (a `Coordinator`): its receipts (Gas City's `{delivery_ref,
+    coordinator_fence}`) carry `scenario:delivery-N` (N counts calls) and `fence`; while `down`, every call raises ConnectionError."""
+
+    fence: str
+    down: bool
+    calls: int = 0
+
+    async def deliver(self, request: DeliveryRequest) -> dict[str, Any]:
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("the scenario's coordinator is down")
+        return {"delivery_ref": f"scenario:delivery-{self.calls}", "coordinator_fence": self.fence}
+
+    async def acknowledge(self, request: AcknowledgeRequest) -> None:
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("the scenario's coordinator is down")
+
+
+def run_scenario(scenario: LoadedScenario) -> ScenarioResult:
+    """Run one scenario on a fresh database under a mock clock; never raises for a failing step.
+
+    Raises only what the runtime itself raises on open (e.g. an OSError for the temporary directory).
+    """
+    clock = trio.testing.MockClock()
+    with tempfile.TemporaryDirectory(prefix="onceflow-scenario-") as tmp:
+        failure = trio.run(_Runner(scenario, clock, Path(tmp) / "scenario.db").run, clock=clock)
+    return ScenarioResult(scenario.name, len(scenario.spec.steps), failure)
+
+
+class _Runner:
+    def __init__(self, scenario: LoadedScenario, clock: trio.testing.MockClock, db: Path) -> None:
+        self.scenario, self.spec, self.mock, self.db = scenario, scenario.spec, clock, db
+        settings = self.spec.coordinator
+        self.coordinator = None if settings is None else ScenarioCoordinator(settings.fence, settings.down)
+
+    def now(self) -> float:
+        return START + self.mock.current_time()
+
+    async def run(self) -> str | None:
+        """Every step in order, reopening the runtime at each restart; the first failure's report."""
+        index, setup = 0, True
+        while True:
+            async with open_runtime(
+                self.db,
+                host=RecordingHost(),
+                clock=self.now,
+                durability=Durability.NORMAL,  # a scenario never survives a power loss anyway
+                coordinator=self.coordinator,
+                redelivery_interval=self.spec.redelivery_interval,
+            ) as rt:
+                events = rt.subscribe()
+                if setup:
+                    setup = False
+                    failure = await self._setup(rt)
+                    if failure is not None:
+                        return failure
+                while index < len(self.spec.steps):
+                    step, at = self.spec.steps[index], index
+                    index += 1
+                    if step.restart:
+                        break
+                    failure = await self._step(rt, step, events)
+                    if failure is not None:
+                        return f"steps[{at}] ({_describe(step)}): {failure}"
+                else:
+                    return None
+
+    async def _setup(self, rt: Runtime) -> str | None:
+        register = {
+            "type": "register_workflow",
+            "yaml": self.scenario.template_text,
+            "source": str(self.scenario.template_path),
+            "import_path": self.spec.import_path,
+        }
+        reply = await rt.send(register)
+        if not reply.ok or not isinstance(reply.result, dict):
+            return f"template: register_workflow refused: {_refusal(reply)}"
+        workflow_id = reply.result["workflow_id"]
+        for number, seat in enumerate(self.spec.participants):
+            reply = await rt.send(
+                {"type": "add_participant", "workflow_id": workflow_id, **seat.model_dump()}
+            )
+            if not reply.ok:
+                return f"participants[{number}]: add_participant refused: {_refusal(reply)}"
+        await _settle(rt.services.store)
+        return None
+
+    async def _step(
+        self, rt: Runtime, step: Step, background: trio.MemoryReceiveChannel[Event]
+    ) -> str | None:
+        _drain(background)  # what earlier steps emitted
+        if step.coordinator is not None:
+            assert self.coordinator is not None
+            if step.coordinator.down is not None:
+                self.coordinator.down = step.coordinator.down
+            if step.coordinator.fence is not None:
+                self.coordinator.fence = step.coordinator.fence
+            return None
+        if step.advance is not None:
+            await _advance(rt.services.store, self.mock, step.advance)
+            return _compare_events(step, _drain(background))
+        assert step.send is not None
+        reply = await rt.send(step.send)
+        await _settle(rt.services.store)
+        own = {id(event) for event in reply.events}
+        emitted = reply.events + [event for event in _drain(background) if id(event) not in own]
+        return _compare_reply(step, reply) or _compare_events(step, emitted)
+
+
+def _drain(channel: trio.MemoryReceiveChannel[Event]) -> list[Event]:
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return out
+
+
+def _total_changes(conn: Any) -> int:
+    return int(conn.total_changes)
+
+
+async def _settle(store: StoreActor) -> None:
+    """Return once the runtime is idle: every task blocked, and a full round in which no store write ran.
+
+    A task waiting for the store's writer thread counts as blocked, so each round ends with a no-op store
+    request: requests queued before it are answered first (the store is FIFO) and their callers run on.
+    """
+    await trio.testing.wait_all_tasks_blocked()
+    changes = await store.transact(_total_changes)
+    while True:
+        await trio.testing.wait_all_tasks_blocked()
+        now = await store.transact(_total_changes)
+        if now == changes:
+            return
+        changes = now
+
+
+async def _advance(store: StoreActor, clock: trio.testing.MockClock, seconds: float) -> None:
+    """Move the mock clock `seconds` forward, stopping at each Trio deadline on the way until idle."""
+    target = trio.current_time() + seconds
+    while True:
+        await _settle(store)
+        wait = trio.lowlevel.current_statistics().seconds_to_next_deadline
+        if trio.current_time() + wait > target:
+            break
+        clock.jump(wait)
+    clock.jump(target - trio.current_time())
+    await _settle(store)
+
+
+# --- comparing ------------------------------------------------------------------------------------------
+
+
+def _describe(step: Step) -> str:
+    what = (
+        f"send {step.send.get('type', '?')}"
+        if step.send is not None
+        else f"advance {step.advance:g} s"
+        if step.advance is not None
+        else "coordinator"
+    )
+    return f"{what}: {step.note}" if step.note else what
+
+
+def _refusal(reply: Reply) -> str:
+    if reply.error is None:
+        return "no error"
+    field = f" (field {reply.error.field})" if reply.error.field else ""
+    return f"{reply.error.code}{field}: {reply.error.message}"
+
+
+def _compare_reply(step: Step, reply: Reply) -> str | None:
+    expected = step.error
+    if expected is not None:
+        want = expected if isinstance(expected, ExpectedError) else ExpectedError(code=expected)
+        field = f" (field {want.field})" if want.field else ""
+        if reply.ok:
+            return f"expected error {want.code}{field}, but the command succeeded"
+        assert reply.error is not None
+        if reply.error.code != want.code or (want.field is not None and reply.error.field != want.field):
+            return f"expected error {want.code}{field}, got {_refusal(reply)}"
+        return None
+    if not reply.ok:
+        return f"refused: {_refusal(reply)}"
+    if "result" in step.model_fields_set:
+        actual = reply.model_dump(mode="json")["result"]
+        if not matches(step.result, actual):
+            return "result differs\n" + _diff(_render(step.result), _render(_project(step.result, actual)))
+    return None
+
+
+def matches(expected: Any, actual: Any) -> bool:
+    """Subset match: a mapping's named keys match recursively (others are ignored); a list matches item by
+    item and must have the same length; a bool equals only a bool; other values are compared with `==`."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(
+            key in actual and matches(value, actual[key]) for key, value in expected.items()
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(actual, list)
+            and len(expected) == len(actual)
+            and all(matches(want, got) for want, got in zip(expected, actual, strict=True))
+        )
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(expected) is type(actual) and expected == actual
+    return bool(expected == actual)
+
+
+def _project(expected: Any, actual: Any) -> Any:
+    """`actual` cut down to what `expected` names, so a diff shows only what the author asked about."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return {key: _project(expected[key], actual[key]) for key in expected if key in actual}
+    if isinstance(expected, list) and isinstance(actual, list):
+        shape = expected[-1] if expected else None
+        return [_project(expected[i] if i < len(expected) else shape, got) for i, got in enumerate(actual)]
+    return actual
+
+
+def _compare_events(step: Step, emitted: list[Event]) -> str | None:
+    if step.events is None and step.event_types is None:
+        return None
+    expected = step.events or []
+    types = step.event_types if step.event_types is not None else sorted({p["type"] for p in expected})
+    actual = [event.model_dump(mode="json") for event in emitted if types == "all" or event.type in types]
+    if step.events_order == "in_order":
+        same = len(expected) == len(actual) and all(map(matches, expected, actual))
+    else:
+        same = len(expected) == len(actual) and _perfect_matching(expected, actual)
+    if same:
+        return None
+    keys: dict[str, list[str]] = {}  # per type, every field some pattern of that type names
+    for pattern in expected:
+        names = keys.setdefault(pattern["type"], [])
+        names += [key for key in pattern if key not in names]
+
+    def shown(index: int, event: dict[str, Any]) -> dict[str, Any]:
+        if step.events_order == "in_order" and index < len(expected):  # line up with what was expected
+            names = list(expected[index])
+        else:
+            names = keys.get(event["type"]) or list(event)
+        return {key: event[key] for key in names if key in event}
+
+    want = [_line(p) for p in expected]
+    got = [_line(shown(i, event)) for i, event in enumerate(actual)]
+    if step.events_order == "any_order":
+        want, got = sorted(want), sorted(got)
+    scope = "all types" if types == "all" else ", ".join(types) or "none"
+    return f"events differ ({step.events_order}; compared types: {scope})\n" + _diff(want, got)
+
+
+def _perfect_matching(patterns: list[dict[str, Any]], events: list[dict[str, Any]]) -> bool:
+    """Whether each pattern can take a distinct event it matches (Kuhn's augmenting paths)."""
+    owner: dict[int, int] = {}
+
+    def place(p: int, seen: set[int]) -> bool:
+        for e, event in enumerate(events):
+            if e not in seen and matches(patterns[p], event):
+                seen.add(e)
+                if e not in owner or place(owner[e], seen):
+                    owner[e] = p
+                    return True
+        return False
+
+    return all(place(p, set()) for p in range(len(patterns)))
+
+
+def _line(data: dict[str, Any]) -> str:
+    ordered = {"type": data["type"], **data} if "type" in data else data
+    return json.dumps(ordered, separators=(", ", ": "))
+
+
+def _render(value: Any) -> list[str]:
+    return json.dumps(value, indent=2, sort_keys=True).splitlines()
+
+
+def _diff(expected: list[str], actual: list[str]) -> str:
+    lines = difflib.unified_diff(expected, actual, "expected", "actual", lineterm="", n=max(len(expected), 3))
+    return "\n".join(f"    {line}" for line in lines)
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+
+def run_files(paths: list[Path], out: Callable[[str], None] = print) -> int:
+    """Load and run the scenarios of every file; print `ok: NAME (N steps)` or a failure report for each.
+
+    Returns the exit status: 0 when every scenario held, 1 when one failed or a file was invalid (reported
+    on stderr as `invalid: FILE: FIELD: message`; the other files still run).
+    """
+    status = 0
+    for path in paths:
+        try:
+            scenarios = load_scenarios(path)
+        except ScenarioError as exc:
+            print(f"invalid: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        for scenario in scenarios:
+            result = run_scenario(scenario)
+            if result.failure is None:
+                out(f"ok: {result.name} ({result.steps} steps)")
+            else:
+                out(f"FAIL: {result.name}: {result.failure}")
+                status = 1
+    return status
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `onceflow test SCENARIO.yml...` to the `onceflow` parser (it sets `handler`)."""
+    test = sub.add_parser("test", help="run scenario tests of workflow templates")
+    test.add_argument("files", type=Path, nargs="+", help="scenario YAML files")
+    test.set_defaults(handler=lambda args: run_files(args.files))

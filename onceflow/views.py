@@ -1,0 +1,226 @@
+"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes (issue 13 item 4).
+
+`onceflow tasks|runs|entries|decisions|outcomes --db FILE [--task ID] [--json]` reads the SQLite file
+while a runtime may own it: the connection is opened `mode=ro` through a URI, so it is a WAL reader that
+never writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
+committed state. Rows are read with the store's own query functions (`store/`), so a view shows what the
+protocol's queries return. Output is an aligned table for people (control characters escaped, times as
+UTC) or, with `--json`, one JSON object per line for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+import attrs
+
+from onceflow.store import outcomes, participants, runs, step_entries, tasks
+from onceflow.store.records import TaskRecord
+from onceflow.store.schema import SCHEMA_VERSION
+
+VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes")
+TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
+_PAGE = 1000
+
+Row = dict[str, Any]
+
+
+class ViewError(Exception):
+    """The database cannot be read: missing, not SQLite, or at a schema version this code does not know."""
+
+
+@contextlib.contextmanager
+def open_read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the database at `path` (`mode=ro` URI: never writes, never locks it for
+    ownership, never migrates), checked to be at this code's schema version.
+
+    Raises:
+        ViewError: the file does not exist, is not an onceflow database, or its schema version differs from
+            this onceflow's (older: open it once with this version's runtime to migrate; newer: upgrade).
+    """
+    if not path.is_file():
+        raise ViewError(f"no database at {path}")
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ViewError(f"cannot open {path} read-only: {exc}") from None
+    try:
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.DatabaseError as exc:
+            raise ViewError(f"{path} is not an onceflow database: {exc}") from None
+        if version < SCHEMA_VERSION:
+            raise ViewError(
+                f"{path} has schema version {version}, older than this onceflow's {SCHEMA_VERSION}: open it"
+                " once with this version's runtime to migrate it (views never migrate)"
+            )
+        if version > SCHEMA_VERSION:
+            raise ViewError(
+                f"{path} has schema version {version}, newer than this onceflow's {SCHEMA_VERSION}: use the"
+                " onceflow that wrote it"
+            )
+        yield conn
+    finally:
+        conn.close()
+
+
+def rows(conn: sqlite3.Connection, view: str, task_id: str | None = None) -> list[Row]:
+    """The rows of one view (see `VIEWS`), optionally of one task (task-scoped views only).
+
+    Raises:
+        ValueError: an unknown view, or `task_id` given for the outcomes view.
+        ViewError: a query failed (e.g. the database is not onceflow's).
+    """
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r}; one of {', '.join(VIEWS)}")
+    if task_id is not None and view not in TASK_SCOPED:
+        raise ValueError(f"the {view} view is not task-scoped")
+    try:
+        return _QUERIES[view](conn, task_id)
+    except sqlite3.Error as exc:
+        raise ViewError(f"reading the {view} view failed: {exc}") from None
+
+
+def _task_pages(conn: sqlite3.Connection) -> Iterator[list[TaskRecord]]:
+    after: str | None = None
+    while True:
+        page, more = tasks.list_tasks(conn, after_task_id=after, limit=_PAGE)
+        yield page
+        if not more:
+            return
+        after = page[-1].id
+
+
+def _task_ids(conn: sqlite3.Connection, task_id: str | None) -> Iterator[str]:
+    if task_id is not None:
+        yield task_id
+    else:
+        yield from (task.id for page in _task_pages(conn) for task in page)
+
+
+def _tasks(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+    if task_id is not None:
+        found = tasks.find_task(conn, task_id)
+        records = [] if found is None else [found]
+    else:
+        records = [task for page in _task_pages(conn) for task in page]
+    return [{**tasks.task_as_dict(task), "updated_at": task.updated_at} for task in records]
+
+
+def _runs(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+    return [runs.run_as_dict(run) for run in runs.list_runs(conn, task_id=task_id)]
+
+
+def _entries(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+    out: list[Row] = []
+    for tid in _task_ids(conn, task_id):
+        for entry in step_entries.entries_for_task(conn, tid):
+            markers = step_entries.markers(conn, step_entries.EntryKey(tid, entry.step_id, entry.entry_seq))
+            out.append(step_entries.entry_as_dict(entry, markers))
+    return out
+
+
+def _decisions(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+    return [
+        attrs.asdict(decision)
+        for tid in _task_ids(conn, task_id)
+        for decision in participants.decisions_for(conn, task_id=tid)
+    ]
+
+
+def _outcomes(conn: sqlite3.Connection, _: str | None) -> list[Row]:
+    ids = [row[0] for row in conn.execute("SELECT outcome_id FROM outcomes ORDER BY outcome_id")]
+    return [outcomes.get(conn, outcome_id).as_dict() for outcome_id in ids]
+
+
+_QUERIES: dict[str, Callable[[sqlite3.Connection, str | None], list[Row]]] = {
+    "tasks": _tasks,
+    "runs": _runs,
+    "entries": _entries,
+    "decisions": _decisions,
+    "outcomes": _outcomes,
+}
+
+# What a table shows per view (JSON lines carry every field). Nested values are rendered as compact JSON.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "tasks": ("task_id", "workflow_id", "step_id", "wip_admitted", "queued_for_step_id", "priority", "title",
+              "updated_at"),
+    "runs": ("id", "task_id", "step_id", "agent_profile_id", "reason", "status", "coalesced_count",
+             "requested_at", "idempotency_key"),
+    "entries": ("task_id", "step_id", "entry_seq", "entry_path", "terminal", "markers"),
+    "decisions": ("id", "task_id", "step_id", "role", "decider_id", "decision", "created_at", "comment"),
+    "outcomes": ("outcome_id", "phase", "delivery_attempts", "duplicate_signals", "stale_acknowledgements",
+                 "coordinator_fence", "delivered_at", "acknowledged_at", "last_delivery_error"),
+}  # fmt: skip
+_TIMES = {"updated_at", "requested_at", "created_at", "delivered_at", "acknowledged_at"}
+
+
+def escape(text: str) -> str:
+    """`text` with control characters (C0, DEL, C1) written as escapes (`\\n`, `\\x1b`), so a stored value
+    cannot move the cursor or recolour a terminal."""
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text
+    )
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column in _TIMES and isinstance(value, int | float):
+        return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if column == "markers" and isinstance(value, list):
+        return " ".join(f"{m['position']}:{m['kind']}={m['state']}" for m in value) or "-"
+    if isinstance(value, dict | list):
+        return escape(json.dumps(value, separators=(",", ":")))
+    return escape(str(value))
+
+
+def render_table(view: str, data: list[Row]) -> str:
+    """The rows as an aligned text table with a header line (the view's `COLUMNS`)."""
+    columns = COLUMNS[view]
+    cells = [list(columns), *([_cell(column, row.get(column)) for column in columns] for row in data)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    )
+
+
+def show(path: Path, view: str, task_id: str | None, as_json: bool, out: TextIO) -> int:
+    """Print one view of the database at `path` to `out`; return the exit status: 0, or 1 after printing
+    `error: ...` to stderr when the database cannot be read (`open_read_only`, `rows`)."""
+    try:
+        with open_read_only(path) as conn:
+            data = rows(conn, view, task_id)
+    except ViewError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        for row in data:
+            print(json.dumps(row, separators=(",", ":")), file=out)
+    else:
+        print(render_table(view, data), file=out)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add one subcommand per view to the `onceflow` parser; each sets `handler` (args -> exit status)."""
+    for view in VIEWS:
+        parser = sub.add_parser(view, help=f"show the {view} of a database (read-only; safe while it runs)")
+        parser.add_argument("--db", type=Path, required=True, help="the SQLite file")
+        if view in TASK_SCOPED:
+            parser.add_argument("--task", help="only this task")
+        parser.add_argument("--json", action="store_true", help="one JSON object per line")
+        parser.set_defaults(
+            handler=lambda args, view=view: show(
+                args.db, view, getattr(args, "task", None), args.json, sys.stdout
+            )
+        )

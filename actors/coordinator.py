@@ -9,6 +9,7 @@ follow the spec's RetryPolicy (AC-CO-4, AC-CO-10). Source: coordinator-outcome-d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -16,6 +17,7 @@ import attrs
 import structlog
 import trio
 
+from onceflow.actors.durations import seconds
 from onceflow.protocol.outcome import CoordinatorAck, OutcomeDelivery, OutcomeEnvelope
 
 log = structlog.get_logger("onceflow.coordinator")
@@ -62,17 +64,35 @@ class Coordinator(Protocol):
     async def acknowledge(self, request: AcknowledgeRequest) -> None: ...
 
 
+def _duration(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    seconds(attribute.name, value)
+
+
+def _coefficient(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < math.inf:
+        raise ValueError(f"{attribute.name} must be a finite number >= 1, got {value!r}")
+
+
+def _attempts(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
 @attrs.frozen
 class RetryPolicy:
     """The spec's activity options, in seconds: waits of 1, 2, 4, 8 between at most 5 attempts (capped at
-    10), each attempt limited to 30 (StartToClose) and the whole cycle to 120 (ScheduleToClose)."""
+    10), each attempt limited to 30 (StartToClose) and the whole cycle to 120 (ScheduleToClose).
 
-    initial_interval: float = 1.0
-    backoff_coefficient: float = 2.0
-    maximum_interval: float = 10.0
-    maximum_attempts: int = 5
-    attempt_timeout: float = 30.0
-    cycle_timeout: float = 120.0
+    Raises ValueError naming the field for a duration that is not finite and positive, a backoff coefficient
+    below 1 (or not finite), or fewer than 1 attempt (issue 11, section 5).
+    """
+
+    initial_interval: float = attrs.field(default=1.0, validator=_duration)
+    backoff_coefficient: float = attrs.field(default=2.0, validator=_coefficient)
+    maximum_interval: float = attrs.field(default=10.0, validator=_duration)
+    maximum_attempts: int = attrs.field(default=5, validator=_attempts)
+    attempt_timeout: float = attrs.field(default=30.0, validator=_duration)
+    cycle_timeout: float = attrs.field(default=120.0, validator=_duration)
 
     async def run(self, call: Callable[[int], Awaitable[T]], *, cycle_id: str) -> T:
         """Return `call(attempt)` for the first attempt that does not raise.

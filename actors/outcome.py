@@ -45,6 +45,7 @@ import structlog
 import trio
 
 from onceflow.actors.coordinator import RETRY, AcknowledgeRequest, Coordinator, DeliveryRequest, cycle_label
+from onceflow.actors.durations import seconds
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.outcome import (
@@ -209,7 +210,7 @@ class OutcomeSupervisor:
     """Routes the outcome commands and runs one `OutcomeActor` per unfinished outcome.
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
-    `redelivery_interval` is in seconds; `clock` returns Unix seconds.
+    `redelivery_interval` is in seconds (ValueError unless finite and positive); `clock` returns Unix seconds.
     """
 
     def __init__(
@@ -221,12 +222,10 @@ class OutcomeSupervisor:
         redelivery_interval: float,
         clock: Callable[[], float],
     ) -> None:
-        if redelivery_interval <= 0:
-            raise ValueError(f"redelivery_interval must be positive seconds, got {redelivery_interval}")
         self._store = store
         self._hub = hub
         self._coordinator = coordinator
-        self._interval = redelivery_interval
+        self._interval = seconds("redelivery_interval", redelivery_interval)
         self._clock = clock
         self._actors: dict[str, OutcomeActor] = {}
         self._cancel = trio.CancelScope()

@@ -10,12 +10,13 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import outcome
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator
+from onceflow.actors.durations import seconds
 from onceflow.actors.engine import Engine
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
@@ -373,11 +375,76 @@ async def open_runtime(
     soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
     (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
-    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0
-    or a negative `actor_idle_timeout`.
+    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError, before anything is
+    opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is
+    not finite and >= 0 (issue 11, section 5: a NaN interval redelivered in a hot loop).
     """
-    if actor_idle_timeout < 0:
-        raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
+    redelivery_interval = seconds("redelivery_interval", redelivery_interval)
+    actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
+    serving = _serve(
+        db_path,
+        host=host,
+        durability=durability,
+        max_batch=max_batch,
+        clock=clock,
+        executors=executors,
+        coordinator=coordinator,
+        redelivery_interval=redelivery_interval,
+        actor_idle_timeout=actor_idle_timeout,
+    )
+    try:
+        async with serving as runtime:
+            yield runtime
+    except BaseExceptionGroup as group:
+        alone = _sole_leaf(group)
+        if alone is None:
+            raise
+        _reraise(alone)
+
+
+def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one non-group exception nested anywhere in `group`, or None when it holds more than one.
+
+    The runtime's nurseries wrap whatever ends them (Trio's strict exception groups), so a runtime that
+    failed to open, or a body that raised, surfaced as a group nested two deep; a single cause must surface
+    as itself (issue 11, section 5). A group with several causes stays a group: none is dropped.
+    """
+    leaves = list(itertools.islice(_leaves(group), 2))
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    """Raise `exc` keeping its own `__context__` (raising it while handling its group would chain the
+    group onto it, and the traceback would print the group first)."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+
+
+@asynccontextmanager
+async def _serve(
+    db_path: str | os.PathLike[str],
+    *,
+    host: Host | None,
+    durability: Durability,
+    max_batch: int,
+    clock: Callable[[], float],
+    executors: Mapping[str, Executor],
+    coordinator: Coordinator | None,
+    redelivery_interval: float,
+    actor_idle_timeout: float,
+) -> AsyncIterator[Runtime]:
+    """open_runtime's body, with checked arguments (see open_runtime)."""
     async with (
         open_store(db_path, durability=durability, max_batch=max_batch) as store,
         trio.open_nursery() as nursery,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import attrs
@@ -77,6 +78,21 @@ async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, cloc
                 pytest.fail("a second runtime opened the same database")
         assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
     async with open_runtime(db_path, clock=clock) as again:
+        assert (await ok(again, {"type": "list_runs"})).result == []
+
+
+async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
+    db_path: Path, clock: FakeClock
+) -> None:
+    linked = db_path.with_name("linked.db")
+    async with open_runtime(db_path, clock=clock) as first:
+        os.link(db_path, linked)
+        with trio.fail_after(2), pytest.raises(DatabaseOwnedError, match="already owned"):
+            async with open_runtime(linked, clock=clock):
+                pytest.fail("a second runtime opened the database through a hard link")
+        assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
+    assert not linked.with_name("linked.db-wal").exists()  # no second WAL was ever started
+    async with open_runtime(linked, clock=clock) as again:  # free once the owner is gone
         assert (await ok(again, {"type": "list_runs"})).result == []
 
 

@@ -308,6 +308,15 @@ async def test_second_open_fails_at_once_and_reopen_after_close_works(tmp_path: 
         assert await again.transact(workflow_ids) == {"first"}
 
 
+async def test_issue11_a_missing_directory_is_an_error_and_no_folder_is_created(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "o.db"
+    with pytest.raises(FileNotFoundError) as info:
+        async with open_store(path):
+            pytest.fail("a store opened in a folder that does not exist")
+    assert info.value.filename == str(path)
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_close_drains_queued_requests_then_refuses(tmp_path: Path) -> None:
     path = tmp_path / "o.db"
     got: list[str] = []

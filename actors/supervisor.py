@@ -10,13 +10,12 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 import outcome
@@ -28,6 +27,7 @@ from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator
 from onceflow.actors.durations import seconds
 from onceflow.actors.engine import Engine
+from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
 from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
@@ -377,7 +377,9 @@ async def open_runtime(
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
     Raises DatabaseOwnedError at once when another runtime owns the file; ValueError, before anything is
     opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is
-    not finite and >= 0 (issue 11, section 5: a NaN interval redelivered in a hot loop).
+    not finite and >= 0 (issue 11, section 5: a NaN interval redelivered in a hot loop). Whatever ends the
+    runtime (a failure to open, or the body's own exception) surfaces as itself, not wrapped in the
+    runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
@@ -396,39 +398,7 @@ async def open_runtime(
         async with serving as runtime:
             yield runtime
     except BaseExceptionGroup as group:
-        alone = _sole_leaf(group)
-        if alone is None:
-            raise
-        _reraise(alone)
-
-
-def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one non-group exception nested anywhere in `group`, or None when it holds more than one.
-
-    The runtime's nurseries wrap whatever ends them (Trio's strict exception groups), so a runtime that
-    failed to open, or a body that raised, surfaced as a group nested two deep; a single cause must surface
-    as itself (issue 11, section 5). A group with several causes stays a group: none is dropped.
-    """
-    leaves = list(itertools.islice(_leaves(group), 2))
-    return leaves[0] if len(leaves) == 1 else None
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
-def _reraise(exc: BaseException) -> NoReturn:
-    """Raise `exc` keeping its own `__context__` (raising it while handling its group would chain the
-    group onto it, and the traceback would print the group first)."""
-    context = exc.__context__
-    try:
-        raise exc
-    finally:
-        exc.__context__ = context
+        raise_single(group)  # a single cause surfaces as itself (issue 11, section 5)
 
 
 @asynccontextmanager

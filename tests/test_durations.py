@@ -23,7 +23,7 @@ def test_issue11_a_duration_is_accepted_exactly_when_finite_and_positive(value: 
     if math.isfinite(value) and value > 0:
         assert seconds("interval", value) == float(value)
     else:
-        with pytest.raises(ValueError, match="^interval must be"):
+        with pytest.raises(ValueError, match=r"^interval must be"):
             seconds("interval", value)
 
 
@@ -32,7 +32,7 @@ def test_issue11_an_idle_timeout_may_be_zero_but_must_be_finite_and_not_negative
     if math.isfinite(value) and value >= 0:
         assert seconds("idle", value, allow_zero=True) == value
     else:
-        with pytest.raises(ValueError, match="^idle must be"):
+        with pytest.raises(ValueError, match=r"^idle must be"):
             seconds("idle", value, allow_zero=True)
 
 

@@ -383,72 +383,43 @@ async def open_runtime(
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
-    serving = _serve(
-        db_path,
-        host=host,
-        durability=durability,
-        max_batch=max_batch,
-        clock=clock,
-        executors=executors,
-        coordinator=coordinator,
-        redelivery_interval=redelivery_interval,
-        actor_idle_timeout=actor_idle_timeout,
-    )
     try:
-        async with serving as runtime:
-            yield runtime
+        async with (
+            open_store(db_path, durability=durability, max_batch=max_batch) as store,
+            trio.open_nursery() as nursery,
+        ):
+            ledger = LedgerActor()
+            nursery.start_soon(ledger.run)
+            promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
+            services = Services(
+                store=store,
+                ledger=ledger,
+                host=host or RecordingHost(),
+                workflows=WorkflowRegistry(),
+                promotions=promotions,
+                executors=executors,
+                clock=clock,
+            )
+            hub = EventHub()
+            outcome_supervisor = OutcomeSupervisor(
+                store, hub, coordinator, redelivery_interval=redelivery_interval, clock=clock
+            )
+            try:
+                await nursery.start(outcome_supervisor.run)
+                async with trio.open_nursery() as task_nursery:
+                    runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
+                    task_nursery.start_soon(runtime._forward_promotions, promoted)
+                    try:
+                        await runtime._load_workflows()
+                        await recover_open_entries(runtime.services, Outbox(hub))
+                        await runtime.promote_all()
+                        yield runtime
+                    finally:
+                        runtime._close()  # the task nursery then waits for every actor to drain its mailbox
+                        promotions.close()
+            finally:
+                outcome_supervisor.close()
+                ledger.close()
+                hub.close()
     except BaseExceptionGroup as group:
         raise_single(group)  # a single cause surfaces as itself (issue 11, section 5)
-
-
-@asynccontextmanager
-async def _serve(
-    db_path: str | os.PathLike[str],
-    *,
-    host: Host | None,
-    durability: Durability,
-    max_batch: int,
-    clock: Callable[[], float],
-    executors: Mapping[str, Executor],
-    coordinator: Coordinator | None,
-    redelivery_interval: float,
-    actor_idle_timeout: float,
-) -> AsyncIterator[Runtime]:
-    """open_runtime's body, with checked arguments (see open_runtime)."""
-    async with (
-        open_store(db_path, durability=durability, max_batch=max_batch) as store,
-        trio.open_nursery() as nursery,
-    ):
-        ledger = LedgerActor()
-        nursery.start_soon(ledger.run)
-        promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
-        services = Services(
-            store=store,
-            ledger=ledger,
-            host=host or RecordingHost(),
-            workflows=WorkflowRegistry(),
-            promotions=promotions,
-            executors=executors,
-            clock=clock,
-        )
-        hub = EventHub()
-        outcome_supervisor = OutcomeSupervisor(
-            store, hub, coordinator, redelivery_interval=redelivery_interval, clock=clock
-        )
-        try:
-            await nursery.start(outcome_supervisor.run)
-            async with trio.open_nursery() as task_nursery:
-                runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
-                task_nursery.start_soon(runtime._forward_promotions, promoted)
-                try:
-                    await runtime._load_workflows()
-                    await recover_open_entries(runtime.services, Outbox(hub))
-                    await runtime.promote_all()
-                    yield runtime
-                finally:
-                    runtime._close()  # the task nursery then waits for every actor to drain its mailbox
-                    promotions.close()
-        finally:
-            outcome_supervisor.close()
-            ledger.close()
-            hub.close()

@@ -53,7 +53,7 @@ async def wait_for(event: threading.Event) -> None:
 
 
 async def test_open_applies_migrations_and_pragmas(tmp_path: Path) -> None:
-    async with open_store(tmp_path / "sub" / "o.db") as store:
+    async with open_store(tmp_path / "o.db") as store:
         assert re.fullmatch(r"[0-9a-f]{32}", store.epoch)
         assert store.durability is Durability.FULL
 

@@ -73,7 +73,7 @@ class Runtime:
         actor_idle_timeout: float = 0.0,
     ) -> None:
         self.services = services
-        self.actor_idle_timeout = actor_idle_timeout
+        self.actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
         self._outcomes = outcomes
         self.engine = Engine(services)
         self._nursery = nursery

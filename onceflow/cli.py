@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import logging
 import signal
@@ -149,6 +150,11 @@ async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: tr
     return REFUSED if refused else 0
 
 
+async def demo(db: Path, stop: trio.Event) -> int:
+    """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
+    return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
+
+
 def validate(paths: list[Path]) -> int:
     """Check every file and print every problem of each: 0 all valid, 1 some invalid, 2 some unreadable."""
     status = 0
@@ -235,6 +241,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # outside the signal receiver (start-up, validate): nothing is left open
+        say("onceflow: interrupted by SIGINT", err=True)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.verbose)
     if args.command == "validate":
@@ -247,22 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         db = _db_path(args.db, f"{args.command}.db")
         if args.command == "demo":
-
-            async def demo(stop: trio.Event) -> int:
-                assert db is not None
-                return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
-
-            status = trio.run(until_signalled, demo, signalled)
+            work = functools.partial(demo, db)
         else:
-
-            async def run(stop: trio.Event) -> int:
-                assert db is not None
-                return await replay(args.workflow, args.script, db, args.json, stop)
-
-            status = trio.run(until_signalled, run, signalled)
-    except KeyboardInterrupt:  # before or after the signal receiver was installed
-        signalled.append(signal.SIGINT)
-        status = 0
+            work = functools.partial(replay, args.workflow, args.script, db, args.json)
+        status = trio.run(until_signalled, work, signalled)
     except DatabaseOwnedError as exc:
         say(f"error: {exc}", err=True)
         return CANNOT_RUN

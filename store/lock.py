@@ -12,7 +12,10 @@ locks are independent, so ours never blocks SQLite's. POSIX locks have one trap:
 the file drops every fcntl lock the process holds on it. So a process never opens (and closes) a descriptor
 of a database it already owns: this module remembers the (device, inode) of every database the process
 owns and refuses a second acquire from that table before opening anything. flock locks belong to an open
-file description, so a second process is refused by the kernel.
+file description, so a second process is refused by the kernel. onceflow's own connection is always closed
+before its descriptor; a host that keeps sqlite3 connections of its own to the file in the same process
+should know that closing ours (at release, or after a refused acquire) drops their fcntl locks, as closing
+any descriptor of the file does (sqlite.org, "How To Corrupt An SQLite Database File", 2.2).
 """
 
 from __future__ import annotations

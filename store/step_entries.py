@@ -137,27 +137,48 @@ def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int] | Undec
 
 
 def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntry:
-    rowid, values, latest = row[0], row[1:-1], row[-1]
+    rowid, task_id, step_id, entry_seq, workflow_id, digest, entry_path, terminal, latest = row
+    if type(entry_seq) is int and type(terminal) is int and type(latest) is int:
+        try:  # the common case, inline: ~10k entries per start are decoded here (bench/recovery.py)
+            entry = StepEntry(
+                task_id.decode(),
+                step_id.decode(),
+                entry_seq,
+                workflow_id.decode(),
+                digest.decode(),
+                entry_path.decode(),
+                bool(terminal),
+            )
+        except (AttributeError, UnicodeDecodeError):  # not text (no .decode), or not UTF-8
+            pass
+        else:
+            return entry, latest
+    return _undecodable(rowid, row[1:-1], latest)
+
+
+def _undecodable(rowid: int, values: tuple[Any, ...], latest: object) -> UndecodableEntry:
+    """The row as far as it can be shown, with the first reason it cannot be decoded."""
     try:
-        decoded = tuple(_decoded(name, value) for name, value in zip(_ENTRY_NAMES, values, strict=True))
-        if type(latest) is not int:
-            raise ValueError(f"the greatest entry_seq of its task and step is {latest!r}, not an integer")
+        for name, value in zip(_ENTRY_NAMES, values, strict=True):
+            _check_stored(name, value)
+        cause = f"the greatest entry_seq of its task and step is {latest!r:.80}, not an integer"
     except ValueError as exc:
-        task_id, step_id, entry_seq = (_shown(value) for value in values[:3])
-        return UndecodableEntry(rowid, task_id, step_id, entry_seq, str(exc))
-    return _entry(decoded), latest
+        cause = str(exc)
+    task_id, step_id, entry_seq = (_shown(value) for value in values[:3])
+    return UndecodableEntry(rowid, task_id, step_id, entry_seq, cause)
 
 
-def _decoded(column: str, value: object) -> object:
-    """A stored value as this code wrote it: an integer for entry_seq and terminal, UTF-8 text otherwise."""
+def _check_stored(column: str, value: object) -> None:
+    """Raise ValueError unless a stored value is as this code writes it: an integer for entry_seq and
+    terminal, UTF-8 text otherwise."""
     if column in ("entry_seq", "terminal"):
         if type(value) is not int:
             raise ValueError(f"column {column} holds {value!r:.80}, not an integer")
-        return value
+        return
     if not isinstance(value, bytes):
         raise ValueError(f"column {column} holds {value!r:.80}, not text")
     try:
-        return value.decode()
+        value.decode()
     except UnicodeDecodeError as exc:
         raise ValueError(f"column {column} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
 

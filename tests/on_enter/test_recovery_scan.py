@@ -484,18 +484,29 @@ async def test_ac_b9_f_the_scan_query_failing_is_logged_and_startup_still_comple
         assert await rt.services.store.transact(keyed_runs) == full()
 
 
-CORRUPTIONS = {
-    "a step id that is not UTF-8": "UPDATE step_entries SET step_id = CAST(X'72657669ff' AS TEXT)"
-    " WHERE task_id = 'T2'",
-    "a workflow id that is not UTF-8": "UPDATE step_entries SET workflow_id = X'ff' WHERE task_id = 'T2'",
-    "an entry_seq stored as a real number": "UPDATE step_entries SET entry_seq = 1.5 WHERE task_id = 'T2'",
-    "an entry_seq that is not an integer": "UPDATE step_entries SET entry_seq = 'one' WHERE task_id = 'T2'",
+CORRUPTIONS = {  # what a damaged row holds -> what the error names
+    "a step id that is not UTF-8": (
+        "UPDATE step_entries SET step_id = CAST(X'72657669ff' AS TEXT) WHERE task_id = 'T2'",
+        "column step_id is not UTF-8 text",
+    ),
+    "a workflow id that is not UTF-8": (
+        "UPDATE step_entries SET workflow_id = X'ff' WHERE task_id = 'T2'",
+        "column workflow_id is not UTF-8 text",
+    ),
+    "an entry_seq stored as a real number": (
+        "UPDATE step_entries SET entry_seq = 1.5 WHERE task_id = 'T2'",
+        "column entry_seq holds 1.5, not an integer",
+    ),
+    "an entry_seq that is not an integer": (
+        "UPDATE step_entries SET entry_seq = 'one' WHERE task_id = 'T2'",
+        "column entry_seq holds b'one', not an integer",
+    ),
 }
 
 
-@pytest.mark.parametrize("corruption", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+@pytest.mark.parametrize(("corruption", "cause"), CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 async def test_ac_b9_f_an_entry_that_cannot_be_decoded_is_logged_and_the_other_entries_resume(
-    db_path: Path, corruption: str
+    db_path: Path, corruption: str, cause: str
 ) -> None:
     await prepare(db_path, task_ids=("T1", "T2", "T3"))
     for task_id in ("T1", "T2", "T3"):
@@ -516,7 +527,8 @@ async def test_ac_b9_f_an_entry_that_cannot_be_decoded_is_logged_and_the_other_e
         (error,) = logged(logs, "error")
         assert error["event"] == "recovery_entry_undecodable"
         assert error["task_id"] == "T2" and isinstance(error["rowid"], int)
-        assert {"step_id", "entry_seq", "cause"} <= error.keys()
+        assert {"step_id", "entry_seq"} <= error.keys()
+        assert error["cause"].startswith(cause)
 
 
 # --- the task-delete cascade ----------------------------------------------------------------------

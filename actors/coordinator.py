@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 import trio
 
+from onceflow.actors.durations import seconds
 from onceflow.logs import get_logger
 from onceflow.protocol.outcome import (
     OutcomeAcknowledgement,
@@ -85,14 +86,18 @@ class Coordinator(Protocol):
     async def acknowledge(self, request: AcknowledgeRequest) -> None: ...
 
 
-def _finite_positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"retry policy {attribute.name} must be finite positive seconds, got {value!r}")
+def _duration(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    seconds(attribute.name, value)
 
 
-def _positive_count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+def _coefficient(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < math.inf:
+        raise ValueError(f"{attribute.name} must be a finite number >= 1, got {value!r}")
+
+
+def _attempts(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"retry policy {attribute.name} must be an int >= 1, got {value!r}")
+        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
 @attrs.frozen
@@ -105,16 +110,16 @@ class RetryPolicy:
     Pass another to `open_runtime(retry_policy=...)`.
 
     Raises:
-        ValueError: a time or the coefficient is not a finite positive number, or `maximum_attempts` is not
-            an int >= 1 (the message names the field).
+        ValueError: a time is not finite and positive, the coefficient is below 1 or not finite, or
+            `maximum_attempts` is not an int >= 1 (the message names the field; issue 11, section 5).
     """
 
-    initial_interval: float = attrs.field(default=1.0, validator=_finite_positive)
-    backoff_coefficient: float = attrs.field(default=2.0, validator=_finite_positive)
-    maximum_interval: float = attrs.field(default=10.0, validator=_finite_positive)
-    maximum_attempts: int = attrs.field(default=5, validator=_positive_count)
-    attempt_timeout: float = attrs.field(default=30.0, validator=_finite_positive)
-    cycle_timeout: float = attrs.field(default=120.0, validator=_finite_positive)
+    initial_interval: float = attrs.field(default=1.0, validator=_duration)
+    backoff_coefficient: float = attrs.field(default=2.0, validator=_coefficient)
+    maximum_interval: float = attrs.field(default=10.0, validator=_duration)
+    maximum_attempts: int = attrs.field(default=5, validator=_attempts)
+    attempt_timeout: float = attrs.field(default=30.0, validator=_duration)
+    cycle_timeout: float = attrs.field(default=120.0, validator=_duration)
 
     async def run(self, call: Callable[[int], Awaitable[T]], *, cycle_id: str) -> T:
         """Return `call(attempt)` for the first attempt that does not raise.

@@ -62,6 +62,7 @@ from onceflow.actors.coordinator import (
     RetryPolicy,
     cycle_label,
 )
+from onceflow.actors.durations import seconds
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import ConflictError
@@ -244,8 +245,8 @@ class OutcomeSupervisor:
     """Routes the outcome commands and runs one `OutcomeActor` per unfinished outcome.
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
-    `redelivery_interval` is in seconds; `retry_policy` governs the attempts inside one cycle (AC-CO-18);
-    `clock` returns Unix seconds. `open_runtime` validates the settings.
+    `redelivery_interval` is in seconds (ValueError unless finite and positive); `retry_policy` governs the
+    attempts inside one cycle (AC-CO-18); `clock` returns Unix seconds.
     """
 
     def __init__(
@@ -261,7 +262,7 @@ class OutcomeSupervisor:
         self._store = store
         self._hub = hub
         self._coordinator = coordinator
-        self._interval = redelivery_interval
+        self._interval = seconds("redelivery_interval", redelivery_interval)
         self._retry = retry_policy
         self._clock = clock
         self._actors: dict[str, OutcomeActor] = {}

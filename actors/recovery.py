@@ -6,7 +6,8 @@ skipped(step_left); an older entry of a step the task re-entered is closed skipp
 whose workflow or step no longer resolves is closed skipped(unresolvable); an entry whose clear_decisions
 failed is closed as it stands; the rest are re-dispatched
 (engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed by epoch).
-The scan never stops the runtime from starting: a failing record is logged at ERROR and left open.
+The scan never stops the runtime from starting: a failing record, or one whose stored values cannot be
+decoded, is logged at ERROR and left open.
 Entries are classified, closed and re-dispatched in the writer thread, `BATCH_SIZE` per store request
 (issue 7: 10,000 entries took 21 s one by one); an entry with an action that waits on the host is
 re-dispatched from the Trio side after its batch commits.
@@ -30,7 +31,7 @@ from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
 from onceflow.store.records import Marker, StepEntry
 from onceflow.store.savepoint import savepoint
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.step_entries import EntryKey, UndecodableEntry
 
 log = get_logger("onceflow.recovery")
 
@@ -74,13 +75,28 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     Entries are handled in batches of `BATCH_SIZE` per store request: classification, closing and the
     re-dispatch of executor-backed actions all run in the writer thread, every multi-write step in its own
     savepoint (a failing record rolls back alone, is logged at ERROR with its identity and stays open,
-    AC-B9(f)); events and diagnostics are published once the batch has committed.
+    AC-B9(f)); events and diagnostics are published once the batch has committed. A row whose stored values
+    cannot be decoded is logged at ERROR with its identity (rowid, task, step, entry_seq) and left open, and
+    the scan goes on (AC-B9(f), issue 11).
     """
     try:
-        entries = await services.store.transact(step_entries.open_entries)
+        rows = await services.store.transact(step_entries.open_entries)
     except Exception as exc:
         log.error("recovery_scan_query_failed", cause=repr(exc))
         return 0
+    entries = []
+    for row in rows:
+        if isinstance(row, UndecodableEntry):  # left open: reported at every start until repaired
+            log.error(
+                "recovery_entry_undecodable",
+                rowid=row.rowid,
+                task_id=row.task_id,
+                step_id=row.step_id,
+                entry_seq=row.entry_seq,
+                cause=row.cause,
+            )
+        else:
+            entries.append(row)
     metrics.RECOVERED_OPEN_ENTRIES.add(len(entries))
     batches: trio.MemorySendChannel[list[_Recovered]]
     batches, committed = trio.open_memory_channel[list[_Recovered]](1)

@@ -24,7 +24,9 @@ from pydantic import BaseModel, ValidationError
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator, RetryPolicy
+from onceflow.actors.durations import seconds
 from onceflow.actors.engine import Engine
+from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
 from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
@@ -71,7 +73,7 @@ class Runtime:
         actor_idle_timeout: float = 0.0,
     ) -> None:
         self.services = services
-        self.actor_idle_timeout = actor_idle_timeout
+        self.actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
         self._outcomes = outcomes
         self.engine = Engine(services)
         self._nursery = nursery
@@ -385,53 +387,57 @@ async def open_runtime(
     soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
     (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
-    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for a
-    `redelivery_interval` that is not finite and positive or a negative `actor_idle_timeout` (a
-    `RetryPolicy` validates itself when built).
+    Raises DatabaseOwnedError at once when another runtime owns the file; ValueError, before anything is
+    opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is
+    not finite and >= 0 (issue 11, section 5: a NaN interval redelivered in a hot loop); a `RetryPolicy`
+    validates itself when built. Whatever ends the
+    runtime (a failure to open, or the body's own exception) surfaces as itself, not wrapped in the
+    runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
     """
-    if actor_idle_timeout < 0:
-        raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
-    if not (math.isfinite(redelivery_interval) and redelivery_interval > 0):
-        raise ValueError(f"redelivery_interval must be finite positive seconds, got {redelivery_interval!r}")
-    async with (
-        open_store(db_path, durability=durability, max_batch=max_batch) as store,
-        trio.open_nursery() as nursery,
-    ):
-        ledger = LedgerActor()
-        nursery.start_soon(ledger.run)
-        promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
-        services = Services(
-            store=store,
-            ledger=ledger,
-            host=host or RecordingHost(),
-            workflows=WorkflowRegistry(),
-            promotions=promotions,
-            executors=executors,
-            clock=clock,
-        )
-        hub = EventHub()
-        outcome_supervisor = OutcomeSupervisor(
-            store,
-            hub,
-            coordinator,
-            redelivery_interval=redelivery_interval,
-            retry_policy=retry_policy or RetryPolicy(),
-            clock=clock,
-        )
-        try:
-            await nursery.start(outcome_supervisor.run)
-            async with trio.open_nursery() as task_nursery:
-                runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
-                task_nursery.start_soon(runtime._forward_promotions, promoted)
-                try:
-                    await runtime._load_workflows()
-                    await recover_open_entries(runtime.services, Outbox(hub))
-                    await runtime.promote_all()
-                    yield runtime
-                finally:
-                    runtime._close()  # the task nursery then waits for every actor to drain its mailbox
-                    promotions.close()
-        finally:
-            outcome_supervisor.close()
-            ledger.close()
-            hub.close()
+    redelivery_interval = seconds("redelivery_interval", redelivery_interval)
+    actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
+    try:
+        async with (
+            open_store(db_path, durability=durability, max_batch=max_batch) as store,
+            trio.open_nursery() as nursery,
+        ):
+            ledger = LedgerActor()
+            nursery.start_soon(ledger.run)
+            promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
+            services = Services(
+                store=store,
+                ledger=ledger,
+                host=host or RecordingHost(),
+                workflows=WorkflowRegistry(),
+                promotions=promotions,
+                executors=executors,
+                clock=clock,
+            )
+            hub = EventHub()
+            outcome_supervisor = OutcomeSupervisor(
+                store,
+                hub,
+                coordinator,
+                redelivery_interval=redelivery_interval,
+                retry_policy=retry_policy or RetryPolicy(),
+                clock=clock,
+            )
+            try:
+                await nursery.start(outcome_supervisor.run)
+                async with trio.open_nursery() as task_nursery:
+                    runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
+                    task_nursery.start_soon(runtime._forward_promotions, promoted)
+                    try:
+                        await runtime._load_workflows()
+                        await recover_open_entries(runtime.services, Outbox(hub))
+                        await runtime.promote_all()
+                        yield runtime
+                    finally:
+                        runtime._close()  # the task nursery then waits for every actor to drain its mailbox
+                        promotions.close()
+            finally:
+                outcome_supervisor.close()
+                ledger.close()
+                hub.close()
+    except BaseExceptionGroup as group:
+        raise_single(group)  # a single cause surfaces as itself (issue 11, section 5)

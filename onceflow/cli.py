@@ -5,18 +5,31 @@
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema                                             JSON Schema of commands, events, reply
+  onceflow --version
 
-Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 on usage
-errors (argparse). Logs go to stderr (WARNING and up unless --verbose).
+Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 when the
+command cannot run: a usage error, or a file it names cannot be used (missing, a directory, not UTF-8, not
+a database, a database another runtime owns, a --db whose folder does not exist: no folder is created).
+Such a file gets one `error:` line on stderr naming it, never a traceback. SIGINT or SIGTERM during `run` or
+`demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
+143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
+(`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
+--verbose). Source: issue 11, section 6.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import json
 import logging
+import signal
+import sqlite3
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +38,70 @@ import trio
 import yaml
 
 from onceflow import scenario, views
+from onceflow.actors.groups import raise_single
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
-from onceflow.protocol.workflow import WorkflowError, load_workflow_file
+from onceflow.protocol.errors import OnceflowError
+from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
-from onceflow.trace import describe
+from onceflow.trace import describe, escape_controls
+
+REFUSED = 1
+"""Exit status: a template is invalid or a replayed command was refused."""
+CANNOT_RUN = 2
+"""Exit status: a usage error, or a file the command names cannot be used."""
 
 
 def configure_logging(verbose: bool) -> None:
-    """Structured logs to stderr; identifying fields stay discrete keys."""
+    """Structured logs to stderr; identifying fields stay discrete keys, control characters escaped."""
     structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.StackInfoRenderer(),
+            structlog.dev.set_exc_info,
+            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+            _escape_values,
+            structlog.dev.ConsoleRenderer(),
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call
         cache_logger_on_first_use=False,
     )
 
 
+def _escape_values(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    return {key: escape_controls(value) if isinstance(value, str) else value for key, value in event.items()}
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print one line of human output, control characters escaped."""
+    print(escape_controls(text), file=sys.stderr if err else sys.stdout)
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of `path`.
+
+    Raises:
+        OSError: the file cannot be read (its `filename` names it). ValueError: it is not UTF-8 (the message
+            names the file and the offset of the first bad byte).
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def load_script(path: Path) -> list[Any]:
     """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
 
     Raises:
-        OSError: the file cannot be read. ValueError: a line is not JSON, or the YAML is not a list
-        (the message names the file and line).
+        OSError: the file cannot be read. ValueError: it is not UTF-8, a line is not JSON, or the YAML is not
+        a list (the message names the file and line).
     """
-    text = path.read_text()
+    text = read_text(path)
     if path.suffix not in (".jsonl", ".json"):
         try:
             loaded = yaml.safe_load(text)
@@ -69,53 +121,110 @@ def load_script(path: Path) -> list[Any]:
     return commands
 
 
-async def replay(workflow: Path, script: Path, db: Path, as_json: bool) -> int:
-    """Register `workflow`, send every command of `script`, print each reply and its events."""
+async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: trio.Event) -> int:
+    """Register `workflow`, send every command of `script`, print each reply and its events.
+
+    Stops before the next command once `stop` is set; the command under way finishes and is printed.
+    """
     commands = load_script(script)
+    register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
     async with open_runtime(db) as runtime:
-        register = {"type": "register_workflow", "yaml": workflow.read_text(), "source": str(workflow)}
         for command in [register, *commands]:
+            if stop.is_set():
+                break
             reply = await runtime.send(command)
             refused += not reply.ok
             if as_json:
-                print(encode(reply))
+                print(encode(reply), flush=True)
                 continue
             kind = command.get("type", "?") if isinstance(command, dict) else "?"
             status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
             if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
                 status = "ok, idempotent: already applied, nothing ran"
-            print(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
+            say(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
             for event in reply.events:
-                print(f"    {describe(event)}")
-            if reply.ok and kind.startswith(("get_", "list_", "claim_")):
-                print(f"    result: {json.dumps(reply.result)}")
-    return 1 if refused else 0
+                say(f"    {describe(event)}")
+            if reply.ok and str(kind).startswith(("get_", "list_", "claim_")):
+                say(f"    result: {json.dumps(reply.result)}")
+            sys.stdout.flush()
+    return REFUSED if refused else 0
+
+
+async def demo(db: Path, stop: trio.Event) -> int:
+    """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
+    return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
 
 
 def validate(paths: list[Path]) -> int:
+    """Check every file and print every problem of each: 0 all valid, 1 some invalid, 2 some unreadable."""
     status = 0
     for path in paths:
         try:
-            workflow = load_workflow_file(path)
-        except (WorkflowError, OSError) as exc:
-            print(f"invalid: {exc}", file=sys.stderr)
-            status = 1
+            text = read_text(path)
+        except OSError as exc:
+            say(f"error: {_os_error(exc)}", err=True)
+            status = max(status, CANNOT_RUN)
             continue
-        print(f"ok: {path}: {workflow.id} ({len(workflow.steps)} steps)")
+        except ValueError as exc:
+            say(f"error: {exc}", err=True)
+            status = max(status, CANNOT_RUN)
+            continue
+        try:
+            workflow = load_workflow_text(text, str(path))
+        except WorkflowError as exc:
+            for problem in (exc, *exc.others):
+                say(f"invalid: {problem}", err=True)
+            status = max(status, REFUSED)
+            continue
+        say(f"ok: {path}: {workflow.id} ({len(workflow.steps)} steps)")
     return status
 
 
-def _fresh_db(given: Path | None, name: str) -> Path:
-    if given is not None:
-        return given
-    return Path(tempfile.mkdtemp(prefix="onceflow-")) / name
+async def until_signalled(work: Callable[[trio.Event], Awaitable[int]], signalled: list[int]) -> int:
+    """Run `work(stop)` and return its status: the first SIGINT or SIGTERM sets `stop` (work finishes the
+    command under way and closes the runtime), a second cancels work (the runtime still closes and releases
+    the database; status 0). Signals received are appended to `signalled`. A single failure of work is
+    raised as itself."""
+    stop = trio.Event()
+    status = 0
+
+    async def watch(signals: AsyncIterator[int], cancel: trio.CancelScope) -> None:
+        async for signum in signals:
+            signalled.append(signum)
+            if stop.is_set():
+                cancel.cancel()
+            stop.set()
+
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, signals, nursery.cancel_scope)
+                status = await work(stop)
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_single(group)
+    return status
 
 
-def main(argv: list[str] | None = None) -> int:
+def _db_path(given: Path | None, name: str) -> Path:
+    """`given`, whose folder must exist (a typo must not create folders), or a fresh file in a temp dir."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="onceflow-")) / name
+    if not given.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"folder {given.parent} does not exist", str(given))
+    return given
+
+
+def _os_error(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onceflow", description=__doc__.splitlines()[0] if __doc__ else None
     )
+    parser.add_argument("--version", action="version", version=f"onceflow {metadata.version('onceflow')}")
     parser.add_argument("--verbose", action="store_true", help="debug logs on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled office example end to end")
@@ -130,23 +239,54 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("schema", help="print the protocol's JSON Schema")
     views.add_commands(sub)
     scenario.add_commands(sub)
-    args = parser.parse_args(argv)
-    configure_logging(args.verbose)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (see the module docstring)."""
     try:
-        if hasattr(args, "handler"):  # the subcommands defined in their own modules
-            return int(args.handler(args))
-        if args.command == "demo":
-            final = trio.run(run_demo, _fresh_db(args.db, "demo.db"))
-            return 0 if final == "done" else 1
-        if args.command == "run":
-            return trio.run(replay, args.workflow, args.script, _fresh_db(args.db, "run.db"), args.json)
-        if args.command == "validate":
-            return validate(args.files)
+        return _main(argv)
+    except KeyboardInterrupt:  # outside the signal receiver (start-up, validate): nothing is left open
+        say("onceflow: interrupted by SIGINT", err=True)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.verbose)
+    if hasattr(args, "handler"):  # the subcommands defined in their own modules
+        return int(args.handler(args))
+    if args.command == "validate":
+        return validate(args.files)
+    if args.command == "schema":
         print(json.dumps(command_schema(), indent=2))
         return 0
-    except (DatabaseOwnedError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    signalled: list[int] = []
+    db: Path | None = args.db
+    try:
+        db = _db_path(args.db, f"{args.command}.db")
+        if args.command == "demo":
+            work = functools.partial(demo, db)
+        else:
+            work = functools.partial(replay, args.workflow, args.script, db, args.json)
+        status = trio.run(until_signalled, work, signalled)
+    except DatabaseOwnedError as exc:
+        say(f"error: {exc}", err=True)
+        return CANNOT_RUN
+    except OSError as exc:
+        say(f"error: {_os_error(exc)}", err=True)
+        return CANNOT_RUN
+    except (sqlite3.Error, OnceflowError) as exc:  # the database cannot be used (not one, damaged, ...)
+        say(f"error: {db}: {exc}", err=True)
+        return CANNOT_RUN
+    except ValueError as exc:  # a script or template file that cannot be read (the message names it)
+        say(f"error: {exc}", err=True)
+        return CANNOT_RUN
+    if signalled:
+        name = signal.Signals(signalled[0]).name
+        say(f"onceflow: interrupted by {name}: the runtime shut down and released {db}", err=True)
+        return 128 + signalled[0]
+    return status
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from onceflow.actors.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import DecisionRecorded, Reply, RunQueued, StepEntered
 from onceflow.trace import describe
@@ -103,9 +105,15 @@ def _label(command: dict[str, Any]) -> str:
 
 
 async def _play(
-    runtime: Runtime, commands: list[dict[str, Any]], replies: list[Reply], echo: Callable[[str], None]
+    runtime: Runtime,
+    commands: list[dict[str, Any]],
+    replies: list[Reply],
+    echo: Callable[[str], None],
+    stop: trio.Event,
 ) -> None:
     for command in commands:
+        if stop.is_set():
+            return
         reply = await runtime.send(command)
         replies.append(reply)
         status = "ok" if reply.ok else f"REFUSED {reply.error.code if reply.error else ''}"
@@ -132,17 +140,23 @@ def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
     return {step: dict(counts) for step, counts in table.items()}
 
 
-async def run_demo(db_path: Path, echo: Callable[[str], None] = print) -> str:
-    """Run the walkthrough against `db_path`; returns the task's final step id."""
+async def run_demo(db_path: Path, echo: Callable[[str], None] = print, stop: trio.Event | None = None) -> str:
+    """Run the walkthrough against `db_path`; returns the task's final step id, or "stopped" when `stop`
+    was set (no command is sent after that; the one under way finishes and the runtime closes)."""
+    stop = trio.Event() if stop is None else stop
     replies: list[Reply] = []
     echo(f"onceflow demo: database {db_path}")
     async with open_runtime(db_path) as runtime:
         echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
-        await _play(runtime, first_half(), replies, echo)
+        await _play(runtime, first_half(), replies, echo, stop)
+    if stop.is_set():
+        return "stopped"
     echo("-- runtime stopped: simulated restart on the same database file")
     async with open_runtime(db_path) as runtime:
         echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
-        await _play(runtime, second_half(), replies, echo)
+        await _play(runtime, second_half(), replies, echo, stop)
+    if stop.is_set():
+        return "stopped"
     final = replies[-1].result["step_id"] if replies[-1].ok else "unknown"
     echo("")
     echo(f"Summary: task {TASK} finished in step '{final}'")

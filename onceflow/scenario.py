@@ -266,7 +266,8 @@ class ScenarioResult:
 @attrs.define
 class ScenarioCoordinator:
     """The scenario's coordinator (a `Coordinator`): its receipts (Gas City's `{delivery_ref,
-    coordinator_fence}`) carry `scenario:delivery-N` (N counts calls) and `fence`; while `down`, every call raises ConnectionError."""
+    coordinator_fence}`) carry `scenario:delivery-N` (N counts calls) and `fence`; while `down`, every
+    call raises ConnectionError."""
 
     fence: str
     down: bool

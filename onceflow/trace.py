@@ -15,8 +15,30 @@ ENTRY_PATHS = {
 """How a task entered a step (the spec's entry paths E1-E5)."""
 
 
+_CONTROLS: dict[int, str] = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))},
+    **{ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"},
+    # line/paragraph separators and the bidirectional overrides ("Trojan Source") reorder or break lines too
+    **{code: f"\\u{code:04x}" for code in (0x061C, 0x200E, 0x200F, 0x2028, 0x2029)},
+    **{code: f"\\u{code:04x}" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+}
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as a backslash escape (`\\n`, `\\x1b`, `\\u202e`).
+
+    For human output: an id holding a newline can no longer forge a trace line, nor an ANSI escape drive the
+    terminal (issue 11, section 6). Idempotent: the result holds no control character.
+    """
+    return text.translate(_CONTROLS)
+
+
 def describe(event: e.Event) -> str:
-    """A short human-readable description of an event."""
+    """A short human-readable description of an event, control characters escaped (`escape_controls`)."""
+    return escape_controls(_describe(event))
+
+
+def _describe(event: e.Event) -> str:
     match event:
         case e.TaskCreated():
             return f"task {event.task_id} created in {event.workflow_id} at {event.step_id}"

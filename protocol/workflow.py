@@ -7,14 +7,17 @@ hold. onceflow adds two optional step keys, `wip_limit` and `pull_from_step_id`,
 E3, kandev-engine-notes.md, "WIP limits") can be declared.
 
 Every problem is reported as a `WorkflowError` naming the source, the step id (when inside a step) and the
-dotted field path; only the first problem found is reported. Scalars are not coerced (`position: "1"` and
-`mode: 5` are errors).
+dotted field path; the error is the first problem found and its `others` hold the rest of what the same pass
+found (`onceflow validate` prints them all). An unknown key or action type names the closest known one.
+Scalars are not coerced (`position: "1"` and `mode: 5` are errors).
 """
 
+import difflib
 import os
 import re
 import reprlib
-from collections.abc import Hashable, Mapping
+import typing
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -43,10 +46,21 @@ class WorkflowError(ValueError):
     None; `field` is the dotted path from the document root, e.g. `steps[2].events.on_enter[1].config.mode`
     ('' for a problem with the document itself); `message` says what is wrong. `str(err)` reads
     "office.yml: step 'review': field 'events.on_enter[1].type': action 'move_to_next' is not allowed for
-    trigger on_enter" -- inside a step, the field is shown relative to it.
+    trigger on_enter" -- inside a step, the field is shown relative to it. `others` are the further problems
+    found in the same pass, in document order: every field error at once (a template-wide check, such as
+    unique ids, runs only once the fields are valid). Source: issue 11, section 6.
     """
 
-    def __init__(self, source: str, step_id: str | None, field: str, message: str) -> None:
+    def __init__(
+        self,
+        source: str,
+        step_id: str | None,
+        field: str,
+        message: str,
+        *,
+        others: Sequence["WorkflowError"] = (),
+    ) -> None:
+        self.others = tuple(others)
         self.source = source
         self.step_id = step_id
         self.field = field
@@ -324,12 +338,13 @@ class ActionDecl(_Model):
             raise _Located(("type",), "required key is missing")
         config_model = _CONFIG_MODELS.get(data["type"]) if isinstance(data["type"], str) else None
         if config_model is None:
-            raise _Located(("type",), f"unknown action type {data['type']!r}")
+            hint = _did_you_mean(data["type"], _CONFIG_MODELS)
+            raise _Located(("type",), f"unknown action type {data['type']!r}{hint}")
         raw = data.get("config")
         try:
             config = config_model.model_validate({} if raw is None else raw)
         except ValidationError as exc:
-            loc, message = _first_problem(exc)
+            loc, message = _problem(exc.errors()[0], config_model)
             raise _Located(("config", *loc), message) from exc
         return {**data, "config": config}
 
@@ -522,20 +537,46 @@ def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: 
         raise _Located(loc, "pull_from_step_id links form a cycle: " + " -> ".join([*chain, step.id]))
 
 
-def _first_problem(exc: ValidationError) -> tuple[_Loc, str]:
-    """The location and message of the first error in `exc` (our own `_Located` messages kept verbatim)."""
-    error: ErrorDetails = exc.errors()[0]
+def _problem(error: ErrorDetails, model: type[BaseModel]) -> tuple[_Loc, str]:
+    """The location and message of one validation error of `model` (our own `_Located` messages kept
+    verbatim; an unknown key names the closest key accepted there)."""
     loc: _Loc = tuple(error["loc"])
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, _Located):
         return (*loc, *cause.loc), cause.message
     if error["type"] == "extra_forbidden":
-        return loc, f"unknown key {loc[-1]!r}"
+        return loc, f"unknown key {loc[-1]!r}{_did_you_mean(loc[-1], _keys_at(model, loc[:-1]))}"
     if error["type"] == "missing":
         return loc, "required key is missing"
     if error["type"] == "tuple_type":
         return loc, f"expected a list (got {reprlib.repr(error['input'])})"
     return loc, f"{error['msg']} (got {reprlib.repr(error['input'])})"
+
+
+def _did_you_mean(word: object, known: Collection[str]) -> str:
+    close = difflib.get_close_matches(str(word), known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _keys_at(model: type[BaseModel], loc: _Loc) -> Collection[str]:
+    """The keys the mapping at `loc` inside a `model` document accepts (empty when `loc` leaves the models).
+    List indexes are skipped: a list field's model is its items' model."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, str):
+            field = current.model_fields.get(part) if current is not None else None
+            current = _model_in(field.annotation) if field is not None else None
+    return current.model_fields.keys() if current is not None else ()
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The first model class inside a field annotation (`tuple[Step, ...]` -> Step, `X | None` -> X)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
 
 
 def _dotted(loc: _Loc) -> str:
@@ -589,8 +630,11 @@ def workflow_from_dict(
     try:
         return Workflow.model_validate(dict(data), context={_ALLOWED_CONTEXT_KEY: allowed_actions})
     except ValidationError as exc:
-        loc, message = _first_problem(exc)
-        raise WorkflowError(source, _step_id_at(data, loc), _dotted(loc), message) from exc
+        first, *others = (
+            WorkflowError(source, _step_id_at(data, loc), _dotted(loc), message)
+            for loc, message in (_problem(error, Workflow) for error in exc.errors())
+        )
+        raise WorkflowError(first.source, first.step_id, first.field, first.message, others=others) from exc
 
 
 def load_workflow_text(

@@ -1,11 +1,21 @@
-"""The OS lock that makes one onceflow runtime the sole owner of a database file.
+"""The OS lock that makes one onceflow runtime the sole owner of a database file, whatever its name.
 
 Exactly one runtime owns a database at a time; a second one fails at once rather than waiting
 (on-enter-action-dispatch.md, "Epoch": the ownership lock is what makes an epoch other than ours
-definitionally stale). The lock is `flock(LOCK_EX | LOCK_NB)` on the sidecar file `<db path>.lock`, which
-holds the owner's pid for the error message. flock locks belong to an open file description, so a second
-acquire inside the same process conflicts too. The sidecar is never deleted: unlinking it on release would let
-two later runtimes lock two different inodes of the same name.
+definitionally stale). Ownership is keyed by the file's identity, not its name (issue 11, section 5): a lock
+on a sidecar `<db>.lock` let a hard link to a live database open a second owner, with its own WAL, whose
+writes the first owner then lost. The lock is `flock(LOCK_EX | LOCK_NB)` on a descriptor of the database
+file itself, so every name of the file (hard link, symlink, another relative path) meets the same lock.
+
+Why flock and not fcntl: SQLite locks the same file with POSIX fcntl locks, and on Linux flock and fcntl
+locks are independent, so ours never blocks SQLite's. POSIX locks have one trap: closing *any* descriptor of
+the file drops every fcntl lock the process holds on it. So a process never opens (and closes) a descriptor
+of a database it already owns: this module remembers the (device, inode) of every database the process
+owns and refuses a second acquire from that table before opening anything. flock locks belong to an open
+file description, so a second process is refused by the kernel. onceflow's own connection is always closed
+before its descriptor; a host that keeps sqlite3 connections of its own to the file in the same process
+should know that closing ours (at release, or after a refused acquire) drops their fcntl locks, as closing
+any descriptor of the file does (sqlite.org, "How To Corrupt An SQLite Database File", 2.2).
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -20,32 +32,35 @@ from onceflow.logs import get_logger
 
 log = get_logger(__name__)
 
+_Identity = tuple[int, int]  # (st_dev, st_ino)
+
 
 class DatabaseOwnedError(RuntimeError):
-    """Another onceflow runtime (in this process or another) holds the database's lock file."""
+    """Another onceflow runtime (in this process or another) owns the database file."""
 
 
 class DatabaseLock:
-    """A held lock on `<db_path>.lock`. Release it with `release()` or by leaving its `with` block.
+    """A held lock on the database file `db_path`. Release it with `release()` or by leaving its `with` block.
 
-    `db_path` is the database file, `lock_path` the sidecar holding the lock. Releasing twice is harmless.
+    `identity` is the file's (device, inode). Releasing twice is harmless. Release only once the database's
+    SQLite connection is closed (closing our descriptor drops this process's fcntl locks on the file).
     """
 
-    def __init__(self, db_path: Path, lock_path: Path, fd: int) -> None:
+    def __init__(self, db_path: Path, identity: _Identity, fd: int) -> None:
         self.db_path = db_path
-        self.lock_path = lock_path
-        self._fd: int | None = fd
+        self.identity = identity
+        self._fds = [fd]
 
     def release(self) -> None:
-        """Clear the pid and drop the lock (closing the descriptor releases the flock)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            os.ftruncate(fd, 0)
-        finally:
+        """Forget the ownership and close the descriptors (closing the last one releases the flock)."""
+        with _owned_guard:
+            if _owned.get(self.identity) is self:
+                del _owned[self.identity]
+            fds, self._fds = self._fds, []
+        for fd in fds:
             os.close(fd)
-        log.debug("database_lock_released", path=str(self.db_path))
+        if fds:
+            log.debug("database_lock_released", path=str(self.db_path))
 
     def __enter__(self) -> DatabaseLock:
         return self
@@ -59,42 +74,64 @@ class DatabaseLock:
         self.release()
 
 
-def acquire_database_lock(db_path: Path) -> DatabaseLock:
-    """Take exclusive ownership of `db_path` for this runtime, without waiting.
+_owned: dict[_Identity, DatabaseLock] = {}
+"""Every database this process owns, by (device, inode)."""
+_owned_guard = threading.Lock()
 
-    Creates `<db_path>.lock` if missing (its directory must exist) and writes this process's pid into it.
+
+def acquire_database_lock(db_path: Path) -> DatabaseLock:
+    """Take exclusive ownership of the database file `db_path`, without waiting.
+
+    Creates the file, empty, if missing (SQLite treats an empty file as a new database); its directory must
+    exist. Every name of one file shares one lock: a hard link or symlink to an owned database is refused.
 
     Raises:
-        DatabaseOwnedError: the lock is held by another runtime; the message names the database path and
-            the owner's pid when the lock file has one.
-        OSError: the lock file cannot be opened or locked for any other reason.
+        DatabaseOwnedError: another runtime owns the file; the message names `db_path` and the owner's pid
+            when it can be found (this process, or Linux's /proc/locks).
+        OSError: the file cannot be opened (a missing directory, a directory, no permission), is not a
+            regular file, or cannot be locked for another reason.
     """
-    lock_path = db_path.with_name(db_path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = _read_pid(fd)
-        os.close(fd)
-        who = f" (pid {owner})" if owner is not None else ""
-        raise DatabaseOwnedError(
-            f"database {db_path} is already owned by another onceflow runtime{who}; lock file {lock_path}"
-        ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
+    with _owned_guard:
+        with contextlib.suppress(FileNotFoundError):
+            before = os.stat(db_path)
+            if (before.st_dev, before.st_ino) in _owned:  # checked before opening: see the module docstring
+                raise _owned_error(db_path, os.getpid())
+        fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            opened = os.fstat(fd)
+            identity = (opened.st_dev, opened.st_ino)
+            owner = _owned.get(identity)
+            if owner is not None:  # the name was pointed at a file we own between stat and open
+                owner._fds.append(fd)  # never close it while the owner's SQLite holds fcntl locks
+                raise _owned_error(db_path, os.getpid())
+            if not stat.S_ISREG(opened.st_mode):
+                raise OSError(f"{db_path} is not a regular file")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _owned_error(db_path, _flock_owner(identity)) from None
+        except DatabaseOwnedError:
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        lock = _owned[identity] = DatabaseLock(db_path, identity, fd)
     log.debug("database_lock_acquired", path=str(db_path), pid=os.getpid())
-    return DatabaseLock(db_path, lock_path, fd)
+    return lock
 
 
-def _read_pid(fd: int) -> int | None:
-    # The owner may not have written its pid yet (or wrote it elsewhere); absence is not an error.
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
+def _owned_error(db_path: Path, pid: int | None) -> DatabaseOwnedError:
+    who = f" (pid {pid})" if pid is not None else ""
+    return DatabaseOwnedError(f"database {db_path} is already owned by another onceflow runtime{who}")
+
+
+def _flock_owner(identity: _Identity) -> int | None:
+    """The pid holding a flock on the file, from /proc/locks (Linux); None when it cannot be told."""
+    device, inode = identity
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/locks", encoding="ascii") as locks:
+        for line in locks:
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[5] == wanted:  # "N: FLOCK ADVISORY WRITE pid dev:ino ..."
+                return int(fields[4])
     return None

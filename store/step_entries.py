@@ -58,6 +58,7 @@ def _entry(row: tuple[Any, ...]) -> StepEntry:
 
 
 _ENTRY_COLUMNS = "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal"
+_ENTRY_NAMES = _ENTRY_COLUMNS.split(", ")
 
 
 def allocate_entry(
@@ -101,15 +102,89 @@ def entries_for_task(conn: sqlite3.Connection, task_id: str) -> list[StepEntry]:
     return [_entry(row) for row in rows]
 
 
-def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int]]:
+@attrs.frozen
+class UndecodableEntry:
+    """An open entry row whose stored values are not what this code writes (text that is not UTF-8, a number
+    where text belongs, a non-integer entry_seq). `rowid` identifies the row; `task_id`, `step_id` and
+    `entry_seq` are its values as far as they can be shown (invalid UTF-8 backslash-escaped); `cause` says
+    what failed to decode."""
+
+    rowid: int
+    task_id: str
+    step_id: str
+    entry_seq: str
+    cause: str
+
+
+def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int] | UndecodableEntry]:
     """Every non-terminal entry with the greatest entry_seq of its (task, step) over ALL its entries,
-    open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2))."""
-    rows = conn.execute(
-        f"SELECT {_ENTRY_COLUMNS}, (SELECT MAX(entry_seq) FROM step_entries AS later"
-        " WHERE later.task_id = open.task_id AND later.step_id = open.step_id)"
-        " FROM step_entries AS open WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
-    ).fetchall()
-    return [(_entry(row), int(row[-1])) for row in rows]
+    open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2)).
+
+    Rows are decoded one by one, so a row that cannot be decoded is returned as an `UndecodableEntry` in its
+    place and never fails the others (AC-B9(f); issue 11: one corrupt row stopped the scan at every start).
+    """
+    factory = conn.text_factory
+    conn.text_factory = bytes  # decoded below, per row: SQLite's own decoding fails the whole fetch
+    try:
+        rows = conn.execute(
+            f"SELECT rowid, {_ENTRY_COLUMNS}, (SELECT MAX(entry_seq) FROM step_entries AS later"
+            " WHERE later.task_id = open.task_id AND later.step_id = open.step_id)"
+            " FROM step_entries AS open WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
+        ).fetchall()
+    finally:
+        conn.text_factory = factory
+    return [_open_entry(row) for row in rows]
+
+
+def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntry:
+    rowid, task_id, step_id, entry_seq, workflow_id, digest, entry_path, terminal, latest = row
+    if type(entry_seq) is int and type(terminal) is int and type(latest) is int:
+        try:  # the common case, inline: ~10k entries per start are decoded here (bench/recovery.py)
+            entry = StepEntry(
+                task_id.decode(),
+                step_id.decode(),
+                entry_seq,
+                workflow_id.decode(),
+                digest.decode(),
+                entry_path.decode(),
+                bool(terminal),
+            )
+        except (AttributeError, UnicodeDecodeError):  # not text (no .decode), or not UTF-8
+            pass
+        else:
+            return entry, latest
+    return _undecodable(rowid, row[1:-1], latest)
+
+
+def _undecodable(rowid: int, values: tuple[Any, ...], latest: object) -> UndecodableEntry:
+    """The row as far as it can be shown, with the first reason it cannot be decoded."""
+    try:
+        for name, value in zip(_ENTRY_NAMES, values, strict=True):
+            _check_stored(name, value)
+        cause = f"the greatest entry_seq of its task and step is {latest!r:.80}, not an integer"
+    except ValueError as exc:
+        cause = str(exc)
+    task_id, step_id, entry_seq = (_shown(value) for value in values[:3])
+    return UndecodableEntry(rowid, task_id, step_id, entry_seq, cause)
+
+
+def _check_stored(column: str, value: object) -> None:
+    """Raise ValueError unless a stored value is as this code writes it: an integer for entry_seq and
+    terminal, UTF-8 text otherwise."""
+    if column in ("entry_seq", "terminal"):
+        if type(value) is not int:
+            raise ValueError(f"column {column} holds {value!r:.80}, not an integer")
+        return
+    if not isinstance(value, bytes):
+        raise ValueError(f"column {column} holds {value!r:.80}, not text")
+    try:
+        value.decode()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"column {column} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def _shown(value: object) -> str:
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else repr(value)
 
 
 def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:

@@ -230,7 +230,7 @@ async def open_store(
     durability: Durability = Durability.FULL,
     max_batch: int = 1,
 ) -> AsyncIterator[StoreActor]:
-    """Open the database at `path` (creating it and its parent directory if missing) and yield its actor.
+    """Open the database at `path` (created if missing; its directory must exist) and yield its actor.
 
     Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
     (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout 5 s) and migrations are
@@ -240,15 +240,17 @@ async def open_store(
     this even when cancelled.
 
     Raises:
-        DatabaseOwnedError: another onceflow runtime owns the database (at once, without waiting).
+        DatabaseOwnedError: another onceflow runtime owns the database file, under any of its names (at once,
+            without waiting).
+        OSError: the file cannot be opened: its directory is missing (issue 11: a typo in a path must not
+            create folders), it is a directory, or permission is denied.
         ValueError: `durability` is not a `Durability`, or `max_batch` < 1.
         sqlite3.Error, RuntimeError: the connection could not be set up or migrated (the thread has exited).
     """
     durability = Durability(durability)
     if max_batch < 1:
         raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-    db_path = Path(path).resolve()  # one lock per file, whatever the spelling
-    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db_path = Path(path).resolve()
     with acquire_database_lock(db_path):
         store = StoreActor(db_path, durability, max_batch)
         try:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
+from onceflow.actors.supervisor import open_runtime
 from onceflow.cli import main
+from onceflow.store.lock import acquire_database_lock
 
 REPO = Path(__file__).resolve().parents[1]
 KANDEV = REPO / "tests" / "fixtures" / "kandev"
@@ -103,3 +113,184 @@ def test_schema_lists_every_command_type(capsys: pytest.CaptureFixture[str]) -> 
     schema = json.loads(capsys.readouterr().out)
     tags = set(schema["command"]["discriminator"]["mapping"])
     assert {"turn_complete", "record_decision", "claim_run", "children_completed"} <= tags
+
+
+# --- the command line behaves like a Unix tool (issue 11, section 6) -----------------------------------
+# Real processes of `python -m onceflow.cli`, as a shell would run them.
+
+MINIMAL = REPO / "tests" / "fixtures" / "workflows" / "minimal.yml"
+
+
+def _env() -> dict[str, str]:
+    # Same import path as this process; the child runs in a temp dir so the checkout cannot shadow it.
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def onceflow(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def one_error_line(done: subprocess.CompletedProcess[str], *names: str) -> str:
+    """The single stderr line of a failed command: `error: ...` naming every one of `names`."""
+    assert done.returncode == 2, done
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: ") and "Traceback" not in done.stderr
+    assert all(name in line for name in names), line
+    return line
+
+
+def test_issue11_version_prints_the_package_version(tmp_path: Path) -> None:
+    done = onceflow(tmp_path, "--version")
+    assert (done.returncode, done.stdout) == (0, f"onceflow {metadata.version('onceflow')}\n")
+
+
+def _corrupt(path: Path) -> Path:
+    path.write_bytes(b"this is not an SQLite database, not even close" * 100)
+    return path
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("make", [_corrupt, _directory], ids=["corrupt-database", "a-directory"])
+def test_issue11_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path, make: Any) -> None:
+    db = make(tmp_path / "bad.db")
+    for args in (["demo", "--db", str(db)], ["run", "--workflow", str(MINIMAL), "--script", str(SCRIPT)]):
+        if args[0] == "run":
+            args += ["--db", str(db)]
+        one_error_line(onceflow(tmp_path, *args), str(db))
+
+
+def test_issue11_db_in_a_missing_folder_is_refused_and_no_folder_is_created(tmp_path: Path) -> None:
+    db = tmp_path / "typo" / "run.db"
+    line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
+    assert "does not exist" in line
+    assert not (tmp_path / "typo").exists()
+
+
+def test_issue11_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.jsonl"
+    one_error_line(
+        onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(missing)), str(missing)
+    )
+    latin1 = tmp_path / "latin1.yml"
+    latin1.write_bytes(MINIMAL.read_bytes().replace(b"name: Fixture", b"name: Caf\xe9"))
+    line = one_error_line(
+        onceflow(tmp_path, "run", "--workflow", str(latin1), "--script", str(SCRIPT)), str(latin1)
+    )
+    assert "not UTF-8" in line
+
+
+def test_issue11_a_database_owned_by_another_runtime_is_one_error_line(tmp_path: Path) -> None:
+    db = tmp_path / "owned.db"
+    with acquire_database_lock(db):
+        line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
+    assert "already owned" in line
+
+
+def test_issue11_validate_checks_every_file_and_reports_every_error_with_close_names(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.yml"
+    latin1.write_bytes(MINIMAL.read_bytes().replace(b"name: Fixture", b"name: Caf\xe9"))
+    typos = tmp_path / "typos.yml"
+    typos.write_text(
+        MINIMAL.read_text().replace("steps:", "stpes:").replace("description:", "descripton:"),
+        encoding="utf-8",
+    )
+    done = onceflow(
+        tmp_path, "validate", str(latin1), str(tmp_path / "missing.yml"), str(typos), str(MINIMAL)
+    )
+    assert done.returncode == 2  # the worst of: a file that cannot be read (2), an invalid one (1)
+    assert done.stdout == f"ok: {MINIMAL}: fixture (4 steps)\n"  # the files after the bad ones were checked
+    lines = done.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["error", "error", "invalid", "invalid", "invalid"]
+    assert str(latin1) in lines[0] and "not UTF-8" in lines[0]
+    assert "missing.yml" in lines[1]
+    assert f"invalid: {typos}: field 'steps': required key is missing" in lines[2:]
+    assert any("unknown key 'stpes' (did you mean 'steps'?)" in line for line in lines[2:])
+    assert any("unknown key 'descripton' (did you mean 'description'?)" in line for line in lines[2:])
+
+
+def test_issue11_run_escapes_control_characters_in_human_output(tmp_path: Path) -> None:
+    forged = "T1\n    task FORGED created in fixture at work\x1b[2J\u202e"
+    script = tmp_path / "script.jsonl"
+    lines = [
+        {"type": "create_task", "task_id": forged, "workflow_id": "fixture", "title": "t"},
+        {"type": "get_task", "task_id": forged},
+        {"type": "nope\n> forged [ok]", "task_id": forged},
+    ]
+    script.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    done = onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script))
+    out = done.stdout + done.stderr
+    assert not any(ch in out for ch in "\x1b\r\u202e")
+    assert not any(line.lstrip().startswith(("task FORGED", "> forged")) for line in out.splitlines())
+    assert "\\n    task FORGED" in done.stdout and "\\x1b[2J" in done.stdout
+
+
+def _long_script(path: Path, tasks: int) -> Path:
+    with path.open("w", encoding="utf-8") as out:
+        for i in range(tasks):
+            out.write(
+                json.dumps({"type": "create_task", "task_id": f"T{i}", "workflow_id": "fixture"}) + "\n"
+            )
+    return path
+
+
+def _interrupt(db: Path, script: Path, signum: int, times: int) -> tuple[int, list[str], list[str]]:
+    """Run `onceflow run --json` on the long script, signal it once 20 replies are out; returns its exit
+    status, stdout lines and stderr lines."""
+    args = ["run", "--json", "--workflow", str(MINIMAL), "--script", str(script), "--db", str(db)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        cwd=db.parent,
+    )
+    assert proc.stdout is not None
+    seen = b""
+    while seen.count(b"\n") < 20:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "no reply within 60 s"
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, "the run ended before it could be interrupted"
+        seen += chunk
+    for _ in range(times):
+        proc.send_signal(signum)
+    rest, err = proc.communicate(timeout=60)
+    return proc.returncode, (seen + rest).decode().splitlines(), err.decode().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("signum", "times", "status"),
+    [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143), (signal.SIGINT, 2, 130)],
+    ids=["SIGINT", "SIGTERM", "SIGINT-twice"],
+)
+async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and_exits_128_plus_n(
+    tmp_path: Path, signum: int, times: int, status: int
+) -> None:
+    db, script = tmp_path / "run.db", _long_script(tmp_path / "long.jsonl", 20_000)
+    code, out, err = await trio.to_thread.run_sync(_interrupt, db, script, signum, times)
+    assert code == status
+    (line,) = err  # one line, no traceback
+    assert line.startswith(f"onceflow: interrupted by {signal.Signals(signum).name}") and str(db) in line
+    created = [json.loads(reply) for reply in out[1:]]  # after register_workflow's reply
+    assert all(reply["ok"] for reply in created) and 20 <= len(created) < 20_000
+    async with open_runtime(db) as rt:  # the lock was released
+        stored = (await rt.send({"type": "get_task", "task_id": f"T{len(created) - 1}"})).ok
+        after = (await rt.send({"type": "get_task", "task_id": f"T{len(created) + 1}"})).ok
+    assert stored  # every printed reply was committed
+    if times == 1:  # drained: the command under way finished and was printed, none was sent after it
+        assert not after

@@ -531,3 +531,52 @@ def test_any_unknown_action_config_key_is_named(key: str) -> None:
         workflow_from_dict(data, "prop.yml")
     assert caught.value.field == f"steps[2].events.on_enter[1].config.{key}"
     assert f"unknown key {key!r}" in str(caught.value)
+
+
+# --- every problem at once, with the closest known name (issue 11, section 6) ---------------------------
+
+
+def test_issue11_every_field_error_of_a_template_is_reported_not_only_the_first() -> None:
+    data = _base()
+    data["stpes"] = data.pop("steps")
+    with pytest.raises(WorkflowError) as caught:
+        workflow_from_dict(data, "t.yml")
+    assert [(e.field, e.message) for e in (caught.value, *caught.value.others)] == [
+        ("steps", "required key is missing"),
+        ("stpes", "unknown key 'stpes' (did you mean 'steps'?)"),
+    ]
+
+    data = _base()
+    data["steps"][0]["colr"] = "red"
+    data["steps"][1]["events"]["on_entr"] = []
+    data["steps"][2]["events"]["on_enter"][0]["type"] = "clear_decisons"
+    data["steps"][2]["events"]["on_enter"][1]["config"]["rol"] = "reviewer"
+    data["steps"][3]["position"] = "3"
+    with pytest.raises(WorkflowError) as caught:
+        workflow_from_dict(data, "t.yml")
+    found = [(e.step_id, e.field, e.message) for e in (caught.value, *caught.value.others)]
+    assert found == [
+        ("todo", "steps[0].colr", "unknown key 'colr' (did you mean 'color'?)"),
+        ("work", "steps[1].events.on_entr", "unknown key 'on_entr' (did you mean 'on_enter'?)"),
+        (
+            "review",
+            "steps[2].events.on_enter[0].type",
+            "unknown action type 'clear_decisons' (did you mean 'clear_decisions'?)",
+        ),
+        (
+            "review",
+            "steps[2].events.on_enter[1].config.rol",
+            "unknown key 'rol' (did you mean 'role'?)",
+        ),
+        ("done", "steps[3].position", "Input should be a valid integer (got '3')"),
+    ]
+    assert str(caught.value) == "t.yml: step 'todo': field 'colr': unknown key 'colr' (did you mean 'color'?)"
+
+
+def test_issue11_an_unknown_key_with_no_close_name_gets_no_suggestion() -> None:
+    data = _base()
+    data["zzzzzz"] = 1
+    with pytest.raises(WorkflowError) as caught:
+        workflow_from_dict(data, "t.yml")
+    assert caught.value.message == "unknown key 'zzzzzz'"
+    assert caught.value.others == ()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from pathlib import Path
 
 import attrs
@@ -78,6 +80,84 @@ async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, cloc
         assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
     async with open_runtime(db_path, clock=clock) as again:
         assert (await ok(again, {"type": "list_runs"})).result == []
+
+
+async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
+    db_path: Path, clock: FakeClock
+) -> None:
+    linked = db_path.with_name("linked.db")
+    async with open_runtime(db_path, clock=clock) as first:
+        os.link(db_path, linked)
+        with trio.fail_after(2), pytest.raises(DatabaseOwnedError, match="already owned"):
+            async with open_runtime(linked, clock=clock):
+                pytest.fail("a second runtime opened the database through a hard link")
+        assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
+    assert not linked.with_name("linked.db-wal").exists()  # no second WAL was ever started
+    async with open_runtime(linked, clock=clock) as again:  # free once the owner is gone
+        assert (await ok(again, {"type": "list_runs"})).result == []
+
+
+# --- a single cause surfaces as itself (issue 11, section 5) -----------------------------------------
+
+
+async def test_issue11_an_error_in_the_body_surfaces_as_itself_not_as_an_exception_group(
+    db_path: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        async with open_runtime(db_path):
+            (tmp_path / "missing-template.yml").read_text()
+    assert type(info.value) is FileNotFoundError
+    assert info.value.__context__ is None  # no group chained onto it either
+
+
+def break_the_workflows_table(conn: sqlite3.Connection) -> None:
+    """Reading the registered workflows at start-up fails (a view calling an unknown SQL function)."""
+    conn.execute("ALTER TABLE workflows RENAME TO workflows_real")
+    conn.execute(
+        "CREATE VIEW workflows AS SELECT *, onceflow_no_such_function(1) AS broken FROM workflows_real"
+    )
+
+
+async def test_issue11_a_runtime_that_fails_to_open_raises_the_single_cause(db_path: Path) -> None:
+    async with open_runtime(db_path):
+        pass
+    conn = sqlite3.connect(db_path)
+    with conn:
+        break_the_workflows_table(conn)
+    conn.close()
+    with pytest.raises(sqlite3.OperationalError, match="onceflow_no_such_function"):
+        async with open_runtime(db_path):
+            pytest.fail("the runtime opened on a broken database")
+    async with open_runtime(db_path.with_name("other.db")):  # the lock was released, nothing leaked
+        pass
+
+
+async def test_issue11_a_cause_keeps_its_own_context(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="bad value") as info:
+        async with open_runtime(db_path):
+            try:
+                raise KeyError("first")
+            except KeyError:
+                raise ValueError("bad value") from None
+    assert isinstance(info.value.__context__, KeyError)
+    assert info.value.__suppress_context__
+
+
+async def test_issue11_several_causes_stay_an_exception_group(db_path: Path) -> None:
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with open_runtime(db_path):
+            raise ExceptionGroup("two", [ValueError("a"), KeyError("b")])
+    assert info.value.subgroup(ValueError) is not None  # neither cause is dropped
+    assert info.value.subgroup(KeyError) is not None
+
+
+async def test_issue11_a_cancelled_runtime_still_exits_through_its_cancel_scope(db_path: Path) -> None:
+    with trio.move_on_after(0.05) as scope:
+        async with open_runtime(db_path):
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    async with open_runtime(db_path):  # closed and released
+        pass
 
 
 async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(

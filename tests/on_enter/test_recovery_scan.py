@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from entry_support import (
     CLEAR_AND_FAN_OUT,
     REVIEWERS,
@@ -481,6 +482,53 @@ async def test_ac_b9_f_the_scan_query_failing_is_logged_and_startup_still_comple
 
     async with restart(db_path) as rt:  # entries resume on a later start
         assert await rt.services.store.transact(keyed_runs) == full()
+
+
+CORRUPTIONS = {  # what a damaged row holds -> what the error names
+    "a step id that is not UTF-8": (
+        "UPDATE step_entries SET step_id = CAST(X'72657669ff' AS TEXT) WHERE task_id = 'T2'",
+        "column step_id is not UTF-8 text",
+    ),
+    "a workflow id that is not UTF-8": (
+        "UPDATE step_entries SET workflow_id = X'ff' WHERE task_id = 'T2'",
+        "column workflow_id is not UTF-8 text",
+    ),
+    "an entry_seq stored as a real number": (
+        "UPDATE step_entries SET entry_seq = 1.5 WHERE task_id = 'T2'",
+        "column entry_seq holds 1.5, not an integer",
+    ),
+    "an entry_seq that is not an integer": (
+        "UPDATE step_entries SET entry_seq = 'one' WHERE task_id = 'T2'",
+        "column entry_seq holds b'one', not an integer",
+    ),
+}
+
+
+@pytest.mark.parametrize(("corruption", "cause"), CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+async def test_ac_b9_f_an_entry_that_cannot_be_decoded_is_logged_and_the_other_entries_resume(
+    db_path: Path, corruption: str, cause: str
+) -> None:
+    await prepare(db_path, task_ids=("T1", "T2", "T3"))
+    for task_id in ("T1", "T2", "T3"):
+        await on_disk(db_path, lambda conn, t=task_id: admit(conn, t, "review", THREE_KINDS))
+    await on_disk(db_path, lambda conn: conn.execute(corruption))
+
+    for _ in range(2):  # at every start: the others resume (then stay done), the bad row is reported again
+        logs: list[dict[str, Any]] = []
+        async with restart(db_path, logs) as rt:
+            store = rt.services.store
+            for task_id in ("T1", "T3"):
+                assert await store.transact(
+                    lambda conn, t=task_id: is_terminal(conn, EntryKey(t, "review", 1))
+                )
+                assert await store.transact(lambda conn, t=task_id: keyed_runs(conn, t)) == full()
+            assert await store.transact(lambda conn: keyed_runs(conn, "T2")) == []
+            await ok(rt, {"type": "list_runs"})  # serving
+        (error,) = logged(logs, "error")
+        assert error["event"] == "recovery_entry_undecodable"
+        assert error["task_id"] == "T2" and isinstance(error["rowid"], int)
+        assert {"step_id", "entry_seq"} <= error.keys()
+        assert error["cause"].startswith(cause)
 
 
 # --- the task-delete cascade ----------------------------------------------------------------------

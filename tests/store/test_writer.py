@@ -53,7 +53,7 @@ async def wait_for(event: threading.Event) -> None:
 
 
 async def test_open_applies_migrations_and_pragmas(tmp_path: Path) -> None:
-    async with open_store(tmp_path / "sub" / "o.db") as store:
+    async with open_store(tmp_path / "o.db") as store:
         assert re.fullmatch(r"[0-9a-f]{32}", store.epoch)
         assert store.durability is Durability.FULL
 
@@ -306,6 +306,15 @@ async def test_second_open_fails_at_once_and_reopen_after_close_works(tmp_path: 
         assert await store.transact(workflow_ids) == {"first"}  # the owner is undisturbed
     async with open_store(path) as again:
         assert await again.transact(workflow_ids) == {"first"}
+
+
+async def test_issue11_a_missing_directory_is_an_error_and_no_folder_is_created(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "o.db"
+    with pytest.raises(FileNotFoundError) as info:
+        async with open_store(path):
+            pytest.fail("a store opened in a folder that does not exist")
+    assert info.value.filename == str(path)
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_close_drains_queued_requests_then_refuses(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ from pydantic import (
     field_validator,
 )
 
+from onceflow.protocol.limits import INT64_MAX
+
 CONTRACT_VERSION = 1
 
 SEGMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -81,7 +83,7 @@ class Evidence(_Message):
     """One piece of evidence for an outcome: what it is, where it lives, and its SHA-256 (lowercase hex)."""
 
     kind: EvidenceKind
-    uri: Annotated[str, AfterValidator(_uri)]
+    uri: Annotated[str, Field(max_length=512), AfterValidator(_uri)]
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -89,7 +91,7 @@ class ProducerFence(_Message):
     """The producer's fence: who produced the outcome, in which generation (> 0), under which token."""
 
     producer_id: Segment
-    generation: StrictInt = Field(gt=0)
+    generation: StrictInt = Field(gt=0, le=INT64_MAX)
     token: Segment
 
 
@@ -134,8 +136,8 @@ class OutcomeEnvelope(_Message):
     step_key: Segment
     workflow_id: WorkflowId | None = None
     run_id: Segment | None = None
-    summary: Annotated[str, AfterValidator(_text(512))]
-    impact: Annotated[str, AfterValidator(_text(1024))]
+    summary: Annotated[str, Field(max_length=512), AfterValidator(_text(512))]  # the schema shows the bound
+    impact: Annotated[str, Field(max_length=1024), AfterValidator(_text(1024))]
     state: Literal["terminal", "verified"]
     evidence: list[Evidence] = Field(min_length=1, max_length=64)
     producer_fence: ProducerFence

@@ -49,15 +49,16 @@ async def stall_while(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
     gap = 0.0
     async with trio.open_nursery() as nursery:
 
-        async def tick() -> None:
+        async def tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             nonlocal gap
             last = time.perf_counter()
+            task_status.started()
             while True:
                 await trio.sleep(0.001)
                 now = time.perf_counter()
                 gap, last = max(gap, now - last), now
 
-        nursery.start_soon(tick)
+        await nursery.start(tick)  # ticking before the work starts
         result = await work()
         nursery.cancel_scope.cancel()
     return result, gap

@@ -690,7 +690,7 @@ class _StrictLoader(yaml.SafeLoader):
         if len(text) <= _INT_TEXT_LIMIT:
             return super().construct_yaml_int(node)
         huge = _HugeInt(INT64_MIN - 1 if text.startswith("-") else INT64_MAX + 1)
-        huge.digits = len(text.lstrip("+-"))
+        huge.digits = len(re.sub(r"^[-+]?(0[xob])?", "", text))
         return huge
 
     def construct_timestamp_text(self, node: yaml.ScalarNode) -> str:

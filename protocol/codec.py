@@ -49,22 +49,25 @@ def decode_command(data: object) -> Command:
 
 def parse_json(line: str | bytes) -> Any:
     """Decode one JSON text within the protocol's bounds (issue 11 section 2); raises ProtocolError."""
+    _check_size(len(line))  # a str's length in characters never exceeds its length in UTF-8 bytes
     if isinstance(line, bytes):
-        size = len(line)
         try:
             line = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"not valid UTF-8: byte {exc.start} cannot be decoded") from None
-    else:
-        size = len(line.encode("utf-8", "surrogatepass"))
-    if size > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"a message is at most {MAX_MESSAGE_BYTES} bytes, this one has {size}")
+    elif 4 * len(line) > MAX_MESSAGE_BYTES:  # only then can its UTF-8 exceed the limit
+        _check_size(len(line.encode("utf-8", "surrogatepass")))
     try:
         return json.loads(line, parse_int=_bounded_int, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:  # the C scanner's own depth guard, long before MAX_JSON_DEPTH is checked
         raise ProtocolError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"a message is at most {MAX_MESSAGE_BYTES} bytes of UTF-8, this one has {size}")
 
 
 def _bounded_int(literal: str) -> int:

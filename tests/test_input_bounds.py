@@ -94,6 +94,10 @@ HOSTILE: dict[str, tuple[Any, str | None]] = {
     "nan_constant": (finish_run_with("NaN"), None),
     "infinity_constant": (finish_run_with("-Infinity"), None),
     "message_too_large": ('{"type": "get_task", "task_id": "' + "x" * MAX_MESSAGE_BYTES + '"}', None),
+    "message_too_large_in_utf8_only": (
+        '{"type": "get_task", "task_id": "' + "é" * (MAX_MESSAGE_BYTES // 2) + '"}',
+        None,
+    ),
     "id_too_long": ({"type": "get_task", "task_id": "x" * (MAX_ID_CHARS + 1)}, "task_id"),
     "comment_id_of_1_mb": (
         {"type": "task_comment", "task_id": "T1", "comment_id": "c" * 2**20},

@@ -392,9 +392,8 @@ class Engine:
             if _takes_promotions(source_workflow, source):
                 await self.promote(source_workflow, source)
         if admitted_to is not None:
-            for step in workflow.ordered_steps:
-                if step.pull_from_step_id == admitted_to.id:
-                    await self.promote(workflow, step)
+            for step in workflow.fed_by(admitted_to.id):
+                await self.promote(workflow, step)
 
     async def promote(self, workflow: Workflow, step: Step) -> int:
         """Admit candidates into `step` while it has room; each admitted task's actor dispatches its entry.
@@ -419,8 +418,4 @@ def _takes_promotions(workflow: Workflow, step: Step) -> bool:
     Without any of them no task can be waiting for the slot, so the promotion query is skipped (the start-up
     promotion still covers a task queued under a limit since removed).
     """
-    return (
-        step.wip_limit > 0
-        or bool(step.pull_from_step_id)
-        or any(other.pull_from_step_id == step.id for other in workflow.steps)
-    )
+    return step.wip_limit > 0 or bool(step.pull_from_step_id) or bool(workflow.fed_by(step.id))

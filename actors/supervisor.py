@@ -36,11 +36,17 @@ from onceflow.actors.outcome import OutcomeSupervisor
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services, WorkflowRegistry, find_step
 from onceflow.actors.task_actor import TaskActor
-from onceflow.actors.wip import Promotion
+from onceflow.actors.wip import Promotion, may_promote
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
-from onceflow.protocol.errors import NotFoundError, OnceflowError, ShuttingDownError, WorkflowInvalidError
+from onceflow.protocol.errors import (
+    NotFoundError,
+    OnceflowError,
+    ShuttingDownError,
+    WorkflowInvalidError,
+    shown,
+)
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
@@ -50,6 +56,7 @@ from onceflow.protocol.workflow import (
     load_workflow_text,
 )
 from onceflow.store import participants, runs, tasks, workflows
+from onceflow.store import wip as store_wip
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import Durability, open_store
 
@@ -96,15 +103,18 @@ class Runtime:
         return self._hub.subscribe()
 
     async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
-        """Apply one command and return its reply. Never raises for bad input: the reply says what failed.
+        """Apply one command and return its reply. Never raises (but for cancellation): the reply says what
+        failed.
 
-        A malformed or unknown message gets `ok: false` with `error.code == "invalid_message"` and
-        `error.field` naming the field; the runtime keeps serving.
+        A malformed, oversized or unknown message — any bytes at all — gets `ok: false` with
+        `error.code == "invalid_message"` and `error.field` naming the field when one is to blame; the
+        runtime keeps serving and nothing is applied. Anything unexpected is logged at ERROR with its
+        traceback and answered `internal` (issue 11, "`Runtime.send` never raises, whatever the bytes").
         """
         name = "unknown"
         out = Outbox(self._hub)
         try:
-            parsed = command if isinstance(command, BaseModel) else decode_command(command)
+            parsed = command if isinstance(command, c.COMMAND_TYPES) else decode_command(command)
             name = getattr(parsed, "type", type(parsed).__name__)
             if self._closing:
                 raise ShuttingDownError("the runtime is shutting down")
@@ -121,6 +131,10 @@ class Runtime:
             return Reply(command=name, ok=False, error=_error_info(refused.error), events=refused.out.events)
         except _ActorFailure as failure:
             return Reply(command=name, ok=False, error=failure.info, events=failure.out.events)
+        except Exception as exc:
+            log.error("command_failed", command=name, cause=shown(exc), exc_info=True)
+            info = ErrorInfo(code="internal", message=f"{name} failed: {shown(exc)}")
+            return Reply(command=name, ok=False, error=info, events=out.events)
         return Reply(command=name, ok=True, result=result, events=out.events)
 
     def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
@@ -257,7 +271,7 @@ class Runtime:
         Returns its id and step ids. Raises WorkflowInvalidError (`field` names the offending field).
         """
         stored = StoredWorkflow("", source, text, import_path)
-        workflow = _parse(stored)
+        workflow = await trio.to_thread.run_sync(_parse, stored)  # never stall the other tasks
         now = self.services.now()
         stored = attrs.evolve(stored, workflow_id=workflow.id)
         await self.services.store.transact(
@@ -297,11 +311,20 @@ class Runtime:
 
     async def promote_all(self) -> int:
         """Start-up promotion: every step admits while it has room (E3). Steps without a WIP limit are
-        included: a task queued at a step whose limit was since removed is admitted here."""
+        included: a task queued at a step whose limit was since removed is admitted here.
+
+        Only a step with a candidate (`wip.may_promote`, against one read of where tasks stand) costs a
+        transaction: a 1,000-step template with few tasks restarts in one read, not 1,000 (issue 11).
+        """
+        occupied = await self.services.store.transact(store_wip.occupied_steps)
         promoted = 0
         for workflow in list(self.services.workflows.workflows.values()):
             for step in workflow.ordered_steps:
-                promoted += await self.engine.promote(workflow, step)
+                if may_promote(workflow, step, occupied):
+                    count = await self.engine.promote(workflow, step)
+                    if count:  # a task admitted here may now be pulled by a step this one feeds
+                        occupied.add((workflow.id, step.id, True))
+                    promoted += count
         return promoted
 
     async def _forward_promotions(self, promotions: trio.MemoryReceiveChannel[Promotion]) -> None:
@@ -317,7 +340,7 @@ class Runtime:
     async def _load_workflows(self) -> None:
         for stored in await self.services.store.transact(workflows.all_workflows):
             try:
-                self.services.workflows.put(_parse(stored))
+                self.services.workflows.put(await trio.to_thread.run_sync(_parse, stored))
             except WorkflowInvalidError as exc:
                 log.error("stored_workflow_invalid", workflow_id=stored.workflow_id, cause=exc.message)
 

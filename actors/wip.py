@@ -62,11 +62,23 @@ def _claims(
     if step.pull_from_step_id:
         feeder = step.pull_from_step_id
         yield wip.feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
-    for target in workflow.ordered_steps:
-        if target.pull_from_step_id == step.id and not wip.has_room(
-            conn, workflow.id, target.id, target.wip_limit
-        ):
+    for target in workflow.fed_by(step.id):
+        if not wip.has_room(conn, workflow.id, target.id, target.wip_limit):
             yield wip.queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id
+
+
+def may_promote(workflow: Workflow, step: Step, occupied: set[tuple[str, str, bool]]) -> bool:
+    """Whether rules 1-3 can find any candidate for `step`, given `occupied` (`store.wip.occupied_steps`:
+    (workflow, step, admitted?) triples). False means promoting the step would find nobody to admit."""
+
+    def holds(step_id: str, admitted: bool) -> bool:
+        return (workflow.id, step_id, admitted) in occupied
+
+    return (
+        holds(step.id, False)
+        or (step.pull_from_step_id is not None and holds(step.pull_from_step_id, True))
+        or any(holds(target.id, False) for target in workflow.fed_by(step.id))
+    )
 
 
 def promote_one(conn: sqlite3.Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:

@@ -97,28 +97,24 @@ def read_text(path: Path) -> str:
 def load_script(path: Path) -> list[Any]:
     """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
 
+    A JSON line is passed to the runtime as its raw bytes, so a line that is not UTF-8 or not JSON gets its
+    own typed reply and the rest of the script still runs (issue 11).
+
     Raises:
-        OSError: the file cannot be read. ValueError: it is not UTF-8, a line is not JSON, or the YAML is not
-        a list (the message names the file and line).
+        OSError: the file cannot be read. ValueError: a YAML script is not UTF-8 or not a list (the message
+        names the file).
     """
-    text = read_text(path)
     if path.suffix not in (".jsonl", ".json"):
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.safe_load(read_text(path))
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(loaded, list):
             raise ValueError(f"{path}: a YAML script must be a list of commands")
         return loaded
-    commands = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            commands.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-    return commands
+    return [
+        line for line in path.read_bytes().splitlines() if line.strip() and not line.lstrip().startswith(b"#")
+    ]
 
 
 async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: trio.Event) -> int:
@@ -138,7 +134,7 @@ async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: tr
             if as_json:
                 print(encode(reply), flush=True)
                 continue
-            kind = command.get("type", "?") if isinstance(command, dict) else "?"
+            kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
             status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
             if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
                 status = "ok, idempotent: already applied, nothing ran"

@@ -1,7 +1,10 @@
 """JSON-lines codec: one command or event per line.
 
-`decode_command` turns a line into a typed command or raises `ProtocolError` naming the offending field;
-`encode` writes any protocol model as one compact JSON line (no trailing newline).
+`decode_command` turns a line (or a mapping) into a typed command or raises `ProtocolError` naming the
+offending field; `encode` writes any protocol model as one compact JSON line (no trailing newline).
+A line is bounded before it is validated: UTF-8, at most `MAX_MESSAGE_BYTES`, nested at most
+`MAX_JSON_DEPTH` levels, no NaN/Infinity; an integer literal too long for int64 is kept as an out-of-range
+value so the field's int64 bound names it. Source: issue 11, sections 2 and 3.
 """
 
 from __future__ import annotations
@@ -12,43 +15,108 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from onceflow.protocol.commands import Command
-from onceflow.protocol.errors import ProtocolError
+from onceflow.protocol.errors import ProtocolError, shown
 from onceflow.protocol.events import Event, Reply
+from onceflow.protocol.limits import INT64_MAX, INT64_MIN, MAX_ID_CHARS, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
+_INT64_DIGITS = len(str(INT64_MIN))  # "-9223372036854775808": 20 characters
 
-def decode_command(data: str | bytes | dict[str, Any]) -> Command:
-    """Parse one command from a JSON line (or an already-decoded mapping).
+
+def decode_command(data: object) -> Command:
+    """Parse one command from a JSON line (str or bytes) or an already-decoded mapping.
 
     Raises:
-        ProtocolError: invalid JSON (field None), an unknown or missing `type` (field "type"), or a field
-            failing validation (field = its dotted path, e.g. "children.0.state").
+        ProtocolError: not UTF-8, too large, too deeply nested or not JSON (field None), an unknown or
+            missing `type` (field "type"), or a field failing validation (field = its dotted path, e.g.
+            "children.0.state"; an integer outside int64 fails its field's bound).
     """
     if isinstance(data, str | bytes):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise ProtocolError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+        data = parse_json(data)
     if not isinstance(data, dict):
-        raise ProtocolError("a command must be a JSON object")
+        raise ProtocolError(f"a command must be a JSON object, not {type(data).__name__}")
+    check_depth(data)
+    kind = data.get("type")
+    if kind is not None and not isinstance(kind, str):  # pydantic would print it, even a 5,000-digit int
+        raise ProtocolError(f"type must be the command's name, not {type(kind).__name__}", field="type")
     try:
         return COMMAND_ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
 
 
+def parse_json(line: str | bytes) -> Any:
+    """Decode one JSON text within the protocol's bounds (issue 11 section 2); raises ProtocolError."""
+    _check_size(len(line))  # a str's length in characters never exceeds its length in UTF-8 bytes
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"not valid UTF-8: byte {exc.start} cannot be decoded") from None
+    elif 4 * len(line) > MAX_MESSAGE_BYTES:  # only then can its UTF-8 exceed the limit
+        _check_size(len(line.encode("utf-8", "surrogatepass")))
+    try:
+        return json.loads(line, parse_int=_bounded_int, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:  # the C scanner's own depth guard, long before MAX_JSON_DEPTH is checked
+        raise ProtocolError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"a message is at most {MAX_MESSAGE_BYTES} bytes of UTF-8, this one has {size}")
+
+
+def _bounded_int(literal: str) -> int:
+    """An int64-sized literal as its value; a longer one as a value just outside int64 (no 5,000-digit
+    conversion, which Python refuses anyway), so the field's bound reports it."""
+    if len(literal) <= _INT64_DIGITS:
+        return int(literal)
+    return INT64_MIN - 1 if literal.startswith("-") else INT64_MAX + 1
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ProtocolError(f"not valid JSON: {name} is not a JSON number")
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise ProtocolError when lists/dicts in `value` nest deeper than `limit` (iterative: no recursion;
+    a container reached twice, as a mapping a host built may share, is walked once)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen: set[int] = set()
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if depth > limit:
+            raise ProtocolError(f"JSON nested deeper than {limit} levels")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+
+
 def validation_error(exc: ValidationError) -> ProtocolError:
-    """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped)."""
+    """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped).
+
+    Values and unknown keys the host sent are shown escaped and cut short (`errors.shown`).
+    """
     first = exc.errors()[0]
-    loc = [str(part) for part in first["loc"]]
+    loc = [_field_part(part) for part in first["loc"]]
     if first["type"] == "union_tag_not_found":
         return ProtocolError("missing field 'type' (the command name)", field="type")
     if first["type"] == "union_tag_invalid":
-        return ProtocolError(f"unknown command type {first['input'].get('type')!r}", field="type")
+        return ProtocolError(f"unknown command type {shown(first['input'].get('type'))}", field="type")
     field = ".".join(loc[1:]) or None  # loc[0] is the command's type tag; a model-level error has no field
     return ProtocolError(f"{field}: {first['msg']}" if field else first["msg"], field=field)
+
+
+def _field_part(part: str | int) -> str:
+    """One location part; a key the host made up is shown escaped unless it is short and printable."""
+    text = str(part)
+    return text if text.isprintable() and len(text) <= MAX_ID_CHARS else shown(text)
 
 
 def encode(model: BaseModel) -> str:

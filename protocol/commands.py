@@ -2,20 +2,39 @@
 
 Every command is one JSON object on the wire (see `codec.py`). Unknown fields are rejected so a typo in a
 host never silently does nothing. Identifiers are non-empty strings; times are Unix seconds.
-Source: the foundation issue, "Protocol"; operation-id shapes from operation-ledger-lifetime.md.
+Every field is bounded (`limits.py`, shown by `onceflow schema`): ids at most MAX_ID_CHARS characters without
+control characters, free text MAX_TEXT_CHARS, integers int64, lists MAX_LIST_ITEMS; a string holding a lone
+surrogate is not valid Unicode and is refused. Source: the foundation issue, "Protocol"; operation-id shapes
+from operation-ledger-lifetime.md; bounds from issue 11, "Bounded everything".
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from onceflow.protocol.limits import (
+    ID_PATTERN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ID_CHARS,
+    MAX_LIST_ITEMS,
+    MAX_SOURCE_CHARS,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEXT_CHARS,
+)
 from onceflow.protocol.outcome import CoordinatorAck as CoordinatorAck  # re-exported: the outcome commands
 from onceflow.protocol.outcome import GetOutcome as GetOutcome
 from onceflow.protocol.outcome import OutcomeReady as OutcomeReady
 
-Id = Annotated[str, Field(min_length=1)]
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
+"""A required identifier."""
+Name = Annotated[str, Field(max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
+"""An optional identifier or short name, where empty means "none" (as `agent_profile_id: ""`)."""
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+"""Free text: a title or a comment."""
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Role = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
 Priority = Literal["critical", "high", "medium", "low"]
 
@@ -28,8 +47,10 @@ class RegisterWorkflow(_Command):
     """Register (or replace) a workflow from template YAML text; `source` names it in errors."""
 
     type: Literal["register_workflow"] = "register_workflow"
-    yaml: str
-    source: str = "<protocol>"
+    yaml: Annotated[str, Field(max_length=MAX_TEMPLATE_BYTES)]
+    source: Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS, pattern=ID_PATTERN)] = (
+        "<protocol>"
+    )
     import_path: bool = False
     """Accept the import path's extra action types (run_code_review and configure_session under on_enter,
     transitions under the event triggers); templates otherwise get the strict allow-lists."""
@@ -41,11 +62,11 @@ class CreateTask(_Command):
     type: Literal["create_task"] = "create_task"
     task_id: Id
     workflow_id: Id
-    step_id: str | None = None
-    title: str = ""
-    session_id: str | None = None
-    primary_agent_id: str | None = None
-    ceo_agent_id: str | None = None
+    step_id: Name | None = None
+    title: Text = ""
+    session_id: Name | None = None
+    primary_agent_id: Name | None = None
+    ceo_agent_id: Name | None = None
     priority: Priority = "medium"
 
 
@@ -55,11 +76,11 @@ class AddParticipant(_Command):
     type: Literal["add_participant"] = "add_participant"
     step_id: Id
     role: Role
-    agent_profile_id: str = ""
+    agent_profile_id: Name = ""
     decision_required: bool = True
-    position: int = 0
-    task_id: str | None = None
-    workflow_id: str | None = None
+    position: Int64 = 0
+    task_id: Name | None = None
+    workflow_id: Name | None = None
 
     @model_validator(mode="after")
     def _scope(self) -> AddParticipant:
@@ -70,7 +91,7 @@ class AddParticipant(_Command):
 
 class RemoveParticipant(_Command):
     type: Literal["remove_participant"] = "remove_participant"
-    participant_id: int
+    participant_id: Int64
 
 
 class TurnStart(_Command):
@@ -109,10 +130,10 @@ class RecordDecision(_Command):
     decider_type: Literal["agent", "user"]
     decider_id: Id
     decision: Literal["approved", "rejected", "changes_requested"]
-    role: str = ""
-    participant_id: int | None = None
-    comment: str = ""
-    decision_id: str | None = None
+    role: Name = ""
+    participant_id: Int64 | None = None
+    comment: Text = ""
+    decision_id: Name | None = None
 
 
 class SwitchWorkflow(_Command):
@@ -121,8 +142,8 @@ class SwitchWorkflow(_Command):
     type: Literal["switch_workflow"] = "switch_workflow"
     task_id: Id
     workflow_id: Id
-    step_id: str | None = None
-    operation_id: str | None = None
+    step_id: Name | None = None
+    operation_id: Name | None = None
 
 
 class UpdateTask(_Command):
@@ -130,11 +151,11 @@ class UpdateTask(_Command):
 
     type: Literal["update_task"] = "update_task"
     task_id: Id
-    title: str | None = None
+    title: Text | None = None
     priority: Priority | None = None
-    step_id: str | None = None
-    session_id: str | None = None
-    primary_agent_id: str | None = None
+    step_id: Name | None = None
+    session_id: Name | None = None
+    primary_agent_id: Name | None = None
 
 
 class StartTask(_Command):
@@ -142,8 +163,8 @@ class StartTask(_Command):
 
     type: Literal["start_task"] = "start_task"
     task_id: Id
-    step_id: str | None = None
-    session_id: str | None = None
+    step_id: Name | None = None
+    session_id: Name | None = None
 
 
 class DeleteTask(_Command):
@@ -160,7 +181,7 @@ class ClaimRun(_Command):
 
 class FinishRun(_Command):
     type: Literal["finish_run"] = "finish_run"
-    run_id: int
+    run_id: Int64
     status: Literal["finished", "failed"] = "finished"
 
 
@@ -190,9 +211,9 @@ class ChildRow(_Command):
     """
 
     task_id: Id
-    state: str
-    workflow_id: str | None = None
-    step_id: str | None = None
+    state: Name
+    workflow_id: Id | None = None
+    step_id: Id | None = None
 
     @model_validator(mode="after")
     def _place(self) -> ChildRow:
@@ -210,7 +231,7 @@ class ChildrenCompleted(_Command):
 
     type: Literal["children_completed"] = "children_completed"
     task_id: Id
-    children: list[ChildRow] = Field(min_length=1)
+    children: list[ChildRow] = Field(min_length=1, max_length=MAX_LIST_ITEMS)
 
 
 class ApprovalResolved(_Command):
@@ -226,9 +247,9 @@ class AgentError(_Command):
 
     type: Literal["agent_error"] = "agent_error"
     task_id: Id
-    run_id: str | None = None
-    session_id: str | None = None
-    execution_id: str | None = None
+    run_id: Name | None = None
+    session_id: Name | None = None
+    execution_id: Name | None = None
 
     @model_validator(mode="after")
     def _identity(self) -> AgentError:
@@ -243,7 +264,7 @@ class Heartbeat(_Command):
     type: Literal["heartbeat"] = "heartbeat"
     task_id: Id
     step_id: Id
-    unix: int
+    unix: Int64
 
 
 class BudgetAlert(_Command):
@@ -254,8 +275,8 @@ class BudgetAlert(_Command):
     workspace_id: Id
     scope: Id
     scope_id: Id
-    pct: int
-    period_start: int
+    pct: Int64
+    period_start: Int64
 
 
 # --- queries ----------------------------------------------------------------------------------------
@@ -272,21 +293,21 @@ class ListTasks(_Command):
     latter None on the last page, else the value to pass for the next one. Source: issue 13 item 4."""
 
     type: Literal["list_tasks"] = "list_tasks"
-    after_task_id: str | None = None
+    after_task_id: Name | None = None
     limit: int = Field(default=100, ge=1, le=1000)
 
 
 class ListRuns(_Command):
     type: Literal["list_runs"] = "list_runs"
-    task_id: str | None = None
-    agent_profile_id: str | None = None
+    task_id: Name | None = None
+    agent_profile_id: Name | None = None
     status: Literal["queued", "claimed", "finished", "failed"] | None = None
 
 
 class ListDecisions(_Command):
     type: Literal["list_decisions"] = "list_decisions"
     task_id: Id
-    step_id: str | None = None
+    step_id: Name | None = None
 
 
 class ListStepEntries(_Command):
@@ -336,6 +357,10 @@ Command = Annotated[
     | GetOutcome,
     Field(discriminator="type"),
 ]
+
+
+COMMAND_TYPES: tuple[type[BaseModel], ...] = get_args(get_args(Command)[0])
+"""Every command model class (what `Runtime.send` accepts without decoding)."""
 
 
 def task_id_of(command: Any) -> str | None:

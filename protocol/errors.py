@@ -6,6 +6,23 @@ the runtime keeps serving. Source: the foundation issue, "Protocol" (typed error
 
 from __future__ import annotations
 
+import reprlib
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+
+
+def shown(value: object) -> str:
+    """A short, printable repr of a value a host sent, for an error message; never raises.
+
+    Strings are cut to ~80 characters with control characters and lone surrogates escaped (a message is
+    echoed to terminals and encoded as UTF-8 JSON); an integer too long to print shows its type.
+    """
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # int -> str refused beyond sys.get_int_max_str_digits()
+        return f"<{type(value).__name__} too large to show>"
+
 
 class OnceflowError(Exception):
     """Base of every error a host can be told about. `code` is stable; `field` names the culprit if any."""

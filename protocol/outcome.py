@@ -35,6 +35,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from onceflow.protocol.limits import INT64_MAX, INT64_MIN
+
 CONTRACT_VERSION = 1
 
 SEGMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -54,7 +56,7 @@ def _contract_version(value: int) -> int:
     return value
 
 
-ContractVersion = Annotated[StrictInt, AfterValidator(_contract_version)]
+ContractVersion = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX), AfterValidator(_contract_version)]
 """The contract version: the JSON integer 1 (as Go decodes an int: not 1.0, not true)."""
 
 Producer = Literal["direct-worker", "formula-step", "project-lead", "maintenance-order", "temporal"]
@@ -140,7 +142,7 @@ class Evidence(_Message):
     """One piece of evidence for an outcome: what it is, where it lives, and its SHA-256 (lowercase hex)."""
 
     kind: EvidenceKind
-    uri: Annotated[str, AfterValidator(_uri)]
+    uri: Annotated[str, Field(max_length=512), AfterValidator(_uri)]
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -149,7 +151,7 @@ class ProducerFence(_Message):
     token."""
 
     producer_id: Segment
-    generation: StrictInt = Field(gt=0, le=2**63 - 1)
+    generation: StrictInt = Field(gt=0, le=INT64_MAX)
     token: Segment
 
 
@@ -230,17 +232,19 @@ class OutcomeEnvelope(_Message):
     store_ref: StoreRef
     work_id: Segment
     source_root_id: Segment
-    workflow_id: Annotated[str | None, BeforeValidator(_absent_when_empty), AfterValidator(_workflow_id)] = (
-        _OmittedWhenEmpty
-    )
+    workflow_id: Annotated[
+        Annotated[str, Field(max_length=255)] | None,
+        BeforeValidator(_absent_when_empty),
+        AfterValidator(_workflow_id),
+    ] = _OmittedWhenEmpty
     workflow_run_id: Annotated[Segment | None, BeforeValidator(_absent_when_empty)] = _OmittedWhenEmpty
     step_key: Segment
-    summary: Annotated[str, AfterValidator(_text(512, "\x00\r"))]
-    impact: Annotated[str, AfterValidator(_text(1024, "\x00\r"))]
+    summary: Annotated[str, Field(max_length=512), AfterValidator(_text(512, "\x00\r"))]
+    impact: Annotated[str, Field(max_length=1024), AfterValidator(_text(1024, "\x00\r"))]
     state: OutcomeState
     evidence: list[Evidence] = Field(min_length=1, max_length=64)
     fence: ProducerFence
-    occurred_at: Annotated[str, AfterValidator(_occurred_at)]
+    occurred_at: Annotated[str, Field(max_length=64), AfterValidator(_occurred_at)]
 
     @field_validator("workflow_run_id")
     @classmethod
@@ -293,7 +297,7 @@ class OutcomeDelivery(_Message):
 
     outcome_id: Segment | None = _OmittedWhenEmpty
     work_id: Segment | None = _OmittedWhenEmpty
-    delivery_ref: Annotated[str, AfterValidator(_delivery_ref)]
+    delivery_ref: Annotated[str, Field(max_length=512), AfterValidator(_delivery_ref)]  # bytes: checked
     coordinator_fence: Segment
 
     @field_validator("outcome_id", "work_id")

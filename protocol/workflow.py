@@ -13,18 +13,20 @@ Scalars are not coerced (`position: "1"` and `mode: 5` are errors).
 """
 
 import difflib
+import json
 import os
 import re
-import reprlib
 import typing
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Self, cast
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,6 +37,19 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails
+
+from onceflow.protocol.errors import shown
+from onceflow.protocol.limits import (
+    ID_PATTERN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ID_CHARS,
+    MAX_PAYLOAD_BYTES,
+    MAX_TEMPLATE_ACTIONS,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_STEPS,
+    MAX_YAML_DEPTH,
+)
 
 _Loc = tuple[int | str, ...]
 
@@ -163,6 +178,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A payload must encode as canonical JSON (string keys, no NaN) within MAX_PAYLOAD_BYTES: it is
+    stored and hashed at every entry of its step, so its cost is paid at load time (issue 11)."""
+    if value is None:
+        return None
+    try:
+        encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise _Located((), f"must be JSON (string keys, no NaN or infinity): {exc}") from None
+    if len(encoded) > MAX_PAYLOAD_BYTES:
+        raise _Located((), f"encodes to {len(encoded)} bytes of JSON; the limit is {MAX_PAYLOAD_BYTES}")
+    return value
+
+
+_Payload = Annotated[dict[str, Any] | None, AfterValidator(_json_payload)]
+_StepId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
+_Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+
+
 class QuorumGuard(_Model):
     """`{role, threshold}`: a transition waits until the role's seats satisfy the threshold.
 
@@ -225,7 +259,7 @@ class QueueRunConfig(_Model):
     target: str = "primary"
     task_id: str = Field(default="this", min_length=1)
     reason: str | None = None
-    payload: dict[str, Any] | None = None
+    payload: _Payload = None
 
     @field_validator("target")
     @classmethod
@@ -244,7 +278,7 @@ class QueueRunForEachParticipantConfig(_Model):
 
     role: str = ""
     reason: str | None = None
-    payload: dict[str, Any] | None = None
+    payload: _Payload = None
 
 
 class SetSessionModeConfig(_Model):
@@ -265,13 +299,13 @@ class ConfigureSessionRule(_Model):
     agent_name: str
     operation: Literal["set", "keep", "restore_original"]
     model: str | None = None
-    config_options: dict[str, Any] | None = None
+    config_options: _Payload = None
 
 
 class ConfigureSessionConfig(_Model):
     """Config of configure_session (import path only, see IMPORT_ALLOWED_ACTIONS)."""
 
-    rules: Annotated[tuple[ConfigureSessionRule, ...], Strict(False)]
+    rules: Annotated[tuple[ConfigureSessionRule, ...], Strict(False), Field(max_length=MAX_TEMPLATE_ACTIONS)]
 
 
 class RunCodeReviewConfig(_Model):
@@ -358,7 +392,7 @@ class ActionDecl(_Model):
         return self
 
 
-_ActionList = Annotated[tuple[ActionDecl, ...], Strict(False)]
+_ActionList = Annotated[tuple[ActionDecl, ...], Strict(False), Field(max_length=MAX_TEMPLATE_ACTIONS)]
 
 
 class StepEvents(_Model):
@@ -404,16 +438,16 @@ class Step(_Model):
     `pull_from_step_id` (the feeder step; checked by Workflow: another step of the same workflow, no cycles).
     """
 
-    id: str = Field(min_length=1)
+    id: _StepId
     name: str
-    position: int
+    position: _Int64
     color: str = ""
     prompt: str = ""
     stage_type: Literal["work", "review", "approval", "custom"] = "custom"
     is_start_step: bool = False
     show_in_command_panel: bool = False
     allow_manual_move: bool = False
-    auto_archive_after_hours: int | None = None
+    auto_archive_after_hours: _Int64 | None = None
     auto_advance_requires_signal: bool = False
     cancel_triggers_turn_complete: bool = False
     events: StepEvents = StepEvents()
@@ -422,7 +456,7 @@ class Step(_Model):
     profile_session_end_policy: str | None = None
     session_target: str | None = None
     complete_task_on_enter: bool = False
-    wip_limit: int = 0
+    wip_limit: _Int64 = 0
     pull_from_step_id: str | None = None
 
     @field_validator("stage_type", mode="before")
@@ -439,11 +473,11 @@ class Workflow(_Model):
     this workflow and the pull_from links have no cycle.
     """
 
-    id: str = Field(min_length=1)
+    id: _StepId
     name: str
     description: str = ""
     hidden: bool = False
-    steps: Annotated[tuple[Step, ...], Strict(False)]
+    steps: Annotated[tuple[Step, ...], Strict(False), Field(max_length=MAX_TEMPLATE_STEPS)]
 
     @model_validator(mode="after")
     def _template_checks(self) -> Self:
@@ -470,43 +504,62 @@ class Workflow(_Model):
                 start_index = index
         if start_index is None:
             raise _Located(("steps",), "no start step: exactly one step needs is_start_step: true")
+        on_cycle = _feeder_cycles(self.steps, first_index)
         for index, step in enumerate(self.steps):
             _check_move_targets(index, step, first_index)
-            _check_pull_from(index, step, self.steps, first_index)
+            _check_pull_from(index, step, self.steps, first_index, on_cycle)
         return self
+
+    # Indexes over the (frozen) steps, built on first use: lookups are O(1) however many steps there are.
+
+    @cached_property
+    def _by_id(self) -> Mapping[str, Step]:
+        return MappingProxyType({step.id: step for step in self.steps})
+
+    @cached_property
+    def _order(self) -> Mapping[str, int]:
+        return MappingProxyType({step.id: index for index, step in enumerate(self.ordered_steps)})
+
+    @cached_property
+    def _fed_by(self) -> Mapping[str, tuple[Step, ...]]:
+        fed: dict[str, list[Step]] = {}
+        for step in self.ordered_steps:
+            if step.pull_from_step_id is not None:
+                fed.setdefault(step.pull_from_step_id, []).append(step)
+        return MappingProxyType({feeder: tuple(steps) for feeder, steps in fed.items()})
 
     def step(self, step_id: str) -> Step:
         """The step with id `step_id`; raises KeyError when there is none."""
-        for step in self.steps:
-            if step.id == step_id:
-                return step
-        raise KeyError(step_id)
+        return self._by_id[step_id]
 
     def has_step(self, step_id: str) -> bool:
         """Whether a step with id `step_id` exists."""
-        return any(step.id == step_id for step in self.steps)
+        return step_id in self._by_id
+
+    def fed_by(self, step_id: str) -> tuple[Step, ...]:
+        """The steps whose `pull_from_step_id` is `step_id`, in position order (empty for none)."""
+        return self._fed_by.get(step_id, ())
 
     @property
     def start_step(self) -> Step:
         """The one step with is_start_step."""
         return next(step for step in self.steps if step.is_start_step)
 
-    @property
+    @cached_property
     def ordered_steps(self) -> tuple[Step, ...]:
         """The steps sorted by position."""
         return tuple(sorted(self.steps, key=lambda step: step.position))
 
     def next_step(self, step_id: str) -> Step | None:
         """The step after `step_id` in position order (None at the end); KeyError for an unknown id."""
+        index = self._order[step_id]
         ordered = self.ordered_steps
-        index = ordered.index(self.step(step_id))
         return ordered[index + 1] if index + 1 < len(ordered) else None
 
     def previous_step(self, step_id: str) -> Step | None:
         """The step before `step_id` in position order (None at the start); KeyError for an unknown id."""
-        ordered = self.ordered_steps
-        index = ordered.index(self.step(step_id))
-        return ordered[index - 1] if index > 0 else None
+        index = self._order[step_id]
+        return self.ordered_steps[index - 1] if index > 0 else None
 
 
 def _check_move_targets(index: int, step: Step, step_ids: Mapping[str, int]) -> None:
@@ -520,7 +573,34 @@ def _check_move_targets(index: int, step: Step, step_ids: Mapping[str, int]) -> 
                 )
 
 
-def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: Mapping[str, int]) -> None:
+def _feeder_cycles(steps: tuple[Step, ...], step_ids: Mapping[str, int]) -> frozenset[str]:
+    """The ids of the steps lying on a cycle of pull_from_step_id links, found in linear time.
+
+    Each step has at most one feeder, so the links form a functional graph: walk from each unvisited step
+    until reaching a step already seen; if it was seen on this very walk, the walk closed a cycle.
+    """
+    done: set[str] = set()
+    on_cycle: set[str] = set()
+    for start in steps:
+        walk: dict[str, int] = {}  # step id -> its place on this walk
+        current: str | None = start.id
+        while current is not None and current not in done and current not in walk:
+            walk[current] = len(walk)
+            feeder = steps[step_ids[current]].pull_from_step_id
+            current = feeder if feeder in step_ids else None  # an unknown feeder is reported per step
+        if current is not None and current in walk:
+            on_cycle.update(list(walk)[walk[current] :])
+        done.update(walk)
+    return frozenset(on_cycle)
+
+
+def _check_pull_from(
+    index: int,
+    step: Step,
+    steps: tuple[Step, ...],
+    step_ids: Mapping[str, int],
+    on_cycle: frozenset[str],
+) -> None:
     feeder = step.pull_from_step_id
     loc: _Loc = ("steps", index, "pull_from_step_id")
     if feeder is None:
@@ -529,11 +609,11 @@ def _check_pull_from(index: int, step: Step, steps: tuple[Step, ...], step_ids: 
         raise _Located(loc, "a step cannot pull from itself")
     if feeder not in step_ids:
         raise _Located(loc, f"pull_from_step_id {feeder!r} is not a step of this workflow")
-    chain = [step.id]
-    while feeder is not None and feeder not in chain:
-        chain.append(feeder)
-        feeder = steps[step_ids[feeder]].pull_from_step_id
-    if feeder == step.id:
+    if step.id in on_cycle:
+        chain = [step.id]
+        while feeder != step.id and feeder is not None:
+            chain.append(feeder)
+            feeder = steps[step_ids[feeder]].pull_from_step_id
         raise _Located(loc, "pull_from_step_id links form a cycle: " + " -> ".join([*chain, step.id]))
 
 
@@ -549,8 +629,8 @@ def _problem(error: ErrorDetails, model: type[BaseModel]) -> tuple[_Loc, str]:
     if error["type"] == "missing":
         return loc, "required key is missing"
     if error["type"] == "tuple_type":
-        return loc, f"expected a list (got {reprlib.repr(error['input'])})"
-    return loc, f"{error['msg']} (got {reprlib.repr(error['input'])})"
+        return loc, f"expected a list (got {shown(error['input'])})"
+    return loc, f"{error['msg']} (got {shown(error['input'])})"
 
 
 def _did_you_mean(word: object, known: Collection[str]) -> str:
@@ -593,8 +673,69 @@ def _step_id_at(data: Mapping[str, Any], loc: _Loc) -> str | None:
     return step_id if isinstance(step_id, str) else None
 
 
+class _HugeInt(int):
+    """An integer literal too long for int64, kept as a value just outside int64 so the field's bound
+    reports it where it stands (step and field); it shows how many digits were written."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+_INT_TEXT_LIMIT = 70  # an int64 in any YAML 1.1 form ("0b" + 64 binary digits, sign, base-60) is shorter
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects a key repeated within one mapping, as Kandev's Go decoder does."""
+    """yaml.SafeLoader that rejects a key repeated within one mapping, as Kandev's Go decoder does.
+
+    Bounded for untrusted text (issue 11, "Bounded everything"): aliases are refused (no Kandev template
+    uses one, and an alias bomb expands exponentially); mappings and sequences nest at most MAX_YAML_DEPTH
+    levels (the composer recurses per level); a scalar YAML 1.1 reads as a timestamp stays its text, as
+    Kandev's Go decoder keeps it (a date object, or `2001-13-45`'s ValueError, never escapes); an integer
+    literal longer than int64 is never converted (Python refuses beyond 4,300 digits).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        mark = cast(yaml.Mark, event.start_mark)
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML aliases (*{event.anchor}) are not allowed in a template", mark
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def fetch_flow_collection_start(self, TokenClass: type[yaml.Token]) -> None:
+        # The scanner looks ahead up to 1,024 characters per possible key, each step costing the flow
+        # depth: refuse deep `[[[[...` as it is scanned rather than after that lookahead.
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node)).replace("_", "")
+        if len(text) <= _INT_TEXT_LIMIT:
+            return super().construct_yaml_int(node)
+        huge = _HugeInt(INT64_MIN - 1 if text.startswith("-") else INT64_MAX + 1)
+        huge.digits = len(re.sub(r"^[-+]?(0[xob])?", "", text))
+        return huge
+
+    def construct_timestamp_text(self, node: yaml.ScalarNode) -> str:
+        return str(self.construct_scalar(node))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         seen: set[object] = set()
@@ -607,6 +748,10 @@ class _StrictLoader(yaml.SafeLoader):
                     )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _StrictLoader.construct_timestamp_text)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -645,9 +790,16 @@ def load_workflow_text(
 ) -> Workflow:
     """Parse YAML `text` (safe loader, repeated keys rejected) into a Workflow.
 
-    Raises WorkflowError (field '') when the text is not valid YAML or not a mapping, and as
+    Bounded (issue 11): at most MAX_TEMPLATE_BYTES of UTF-8, no aliases, nesting at most MAX_YAML_DEPTH,
+    payloads at most MAX_PAYLOAD_BYTES, at most MAX_TEMPLATE_STEPS steps; the cost is linear in the text,
+    so an oversized or hostile file is refused in milliseconds. CPU-bound: an async caller runs it in a
+    worker thread.
+    Raises WorkflowError (field '') when the text is too large, not valid YAML or not a mapping, and as
     workflow_from_dict does otherwise. Source: kandev-engine-notes.md, Template format.
     """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEMPLATE_BYTES:
+        raise WorkflowError(source, None, "", f"a template is at most {MAX_TEMPLATE_BYTES} bytes, not {size}")
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:

@@ -57,6 +57,12 @@ def feeder_candidate(
     return row[0] if row else None
 
 
+def occupied_steps(conn: sqlite3.Connection) -> set[tuple[str, str, bool]]:
+    """Where tasks stand, one read: (workflow id, step id, admitted?) for every step holding any task."""
+    rows = conn.execute("SELECT DISTINCT workflow_id, workflow_step_id, wip_admitted FROM tasks").fetchall()
+    return {(workflow_id, step_id, bool(admitted)) for workflow_id, step_id, admitted in rows}
+
+
 def admit(
     conn: sqlite3.Connection,
     *,

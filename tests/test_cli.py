@@ -227,16 +227,18 @@ def test_issue11_run_escapes_control_characters_in_human_output(tmp_path: Path) 
     forged = "T1\n    task FORGED created in fixture at work\x1b[2J\u202e"
     script = tmp_path / "script.jsonl"
     lines = [
-        {"type": "create_task", "task_id": forged, "workflow_id": "fixture", "title": "t"},
-        {"type": "get_task", "task_id": forged},
-        {"type": "nope\n> forged [ok]", "task_id": forged},
+        {"type": "create_task", "task_id": forged, "workflow_id": "fixture", "title": "t"},  # refused id
+        {"type": "create_task", "task_id": "T2", "workflow_id": "fixture", "title": forged},
+        {"type": "get_task", "task_id": "T2"},
+        {"type": "nope\n> forged [ok]", "task_id": "T2"},
     ]
     script.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     done = onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script))
     out = done.stdout + done.stderr
     assert not any(ch in out for ch in "\x1b\r\u202e")
     assert not any(line.lstrip().startswith(("task FORGED", "> forged")) for line in out.splitlines())
-    assert "\\n    task FORGED" in done.stdout and "\\x1b[2J" in done.stdout
+    assert "'nope\\n> forged [ok]'" in done.stdout  # an echoed unknown type stays on its line
+    assert "refused: invalid_message] task_id" in done.stdout  # ids refuse control characters
 
 
 def _long_script(path: Path, tasks: int) -> Path:

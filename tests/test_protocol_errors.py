@@ -137,7 +137,9 @@ async def test_cross_field_validation_error_does_not_name_the_type_tag_as_field(
 
 # --- the JSON-lines codec ---------------------------------------------------------------------------
 
-ids = st.text(min_size=1, max_size=20)
+# Ids refuse control characters (issue 11, "Bounded everything"): category Cc is exactly those.
+id_chars = st.characters(blacklist_categories=("Cc", "Cs"))
+ids = st.text(id_chars, min_size=1, max_size=20)
 move_tasks = st.builds(c.MoveTask, task_id=ids, step_id=ids)
 decisions = st.builds(
     c.RecordDecision,
@@ -146,7 +148,7 @@ decisions = st.builds(
     decider_type=st.sampled_from(["agent", "user"]),
     decider_id=ids,
     decision=st.sampled_from(["approved", "rejected", "changes_requested"]),
-    role=st.text(max_size=10),
+    role=st.text(id_chars, max_size=10),
     participant_id=st.none() | st.integers(min_value=-(2**31), max_value=2**31),
     comment=st.text(max_size=40),
     decision_id=st.none() | ids,
@@ -154,7 +156,9 @@ decisions = st.builds(
 children = st.builds(
     c.ChildrenCompleted,
     task_id=ids,
-    children=st.lists(st.builds(c.ChildRow, task_id=ids, state=st.text(max_size=10)), min_size=1, max_size=4),
+    children=st.lists(
+        st.builds(c.ChildRow, task_id=ids, state=st.text(id_chars, max_size=10)), min_size=1, max_size=4
+    ),
 )
 heartbeats = st.builds(c.Heartbeat, task_id=ids, step_id=ids, unix=st.integers(min_value=0, max_value=2**40))
 

@@ -1,0 +1,129 @@
+"""Template cost at the step cap: parse + validate, registration, restart, and the Trio thread's stalls.
+
+Run: python bench/template_cost.py [-n STEPS] [--tasks T]
+
+Two templates of N steps (default: MAX_TEMPLATE_STEPS): `plain` (no WIP keys) and `chain` (every step has
+a WIP limit and pulls from the step before it, the shape whose feeder check used to be cubic). For each:
+the time of `load_workflow_text` alone; `register_workflow` through a runtime while a ticker task records
+the longest gap between its 1 ms ticks (parsing runs in a worker thread, so the gap stays small); then,
+with T tasks created at the last step (nothing pulls from it), the time of a restart (`open_runtime` until
+it yields: load, recovery scan, start-up promotion) and the store transactions that restart ran.
+Invariants (exit 1): registration succeeds and the restart runs fewer than N transactions (start-up
+promotion skips steps nobody can be promoted into). Source: issue 11, "Template cost".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+import trio
+
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.protocol.limits import MAX_TEMPLATE_STEPS
+from onceflow.protocol.workflow import load_workflow_text
+from onceflow.store.writer import StoreActor
+
+T = TypeVar("T")
+
+
+def template(n: int, chain: bool) -> str:
+    lines = ["id: cost", "name: Cost", "steps:"]
+    for i in range(n):
+        lines += [f"  - id: s{i}", f"    name: Step {i}", f"    position: {i}"]
+        if i == 0:
+            lines.append("    is_start_step: true")
+        if chain and i > 0:
+            lines += ["    wip_limit: 100", f"    pull_from_step_id: s{i - 1}"]
+    return "\n".join(lines) + "\n"
+
+
+async def stall_while(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+    """Run `work` while a ticker sleeps 1 ms at a time; return its result and the longest tick gap (s)."""
+    gap = 0.0
+    async with trio.open_nursery() as nursery:
+
+        async def tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            nonlocal gap
+            last = time.perf_counter()
+            task_status.started()
+            while True:
+                await trio.sleep(0.001)
+                now = time.perf_counter()
+                gap, last = max(gap, now - last), now
+
+        await nursery.start(tick)  # ticking before the work starts
+        result = await work()
+        nursery.cancel_scope.cancel()
+    return result, gap
+
+
+async def send(rt: Runtime, message: dict[str, Any]) -> Any:
+    reply = await rt.send(message)
+    if not reply.ok:
+        raise SystemExit(f"refused: {message['type']}: {reply.error}")
+    return reply.result
+
+
+async def measure(kind: str, n: int, tasks: int, directory: Path) -> bool:
+    text = template(n, chain=kind == "chain")
+    started = time.perf_counter()
+    load_workflow_text(text, f"{kind}.yml")
+    parse = time.perf_counter() - started
+    db = directory / f"{kind}.db"
+    async with open_runtime(db) as rt:
+        started = time.perf_counter()
+        _, gap = await stall_while(
+            lambda: send(rt, {"type": "register_workflow", "yaml": text, "source": f"{kind}.yml"})
+        )
+        register = time.perf_counter() - started
+        last = f"s{n - 1}"  # in the chain nothing pulls from the last step: a restart has nobody to promote
+        for i in range(tasks):
+            await send(
+                rt, {"type": "create_task", "task_id": f"T{i}", "workflow_id": "cost", "step_id": last}
+            )
+    commits = 0
+    original = StoreActor.transact
+
+    async def counting(self: StoreActor, fn: Callable[..., T]) -> T:
+        nonlocal commits
+        commits += 1
+        return await original(self, fn)
+
+    StoreActor.transact = counting  # type: ignore[method-assign]
+    try:
+        started = time.perf_counter()
+        async with open_runtime(db):
+            restart = time.perf_counter() - started
+    finally:
+        StoreActor.transact = original  # type: ignore[method-assign]
+    print(
+        f"{kind:>5} n={n:,} bytes={len(text):,}: parse+validate {parse * 1000:.0f} ms, register "
+        f"{register * 1000:.0f} ms (longest Trio stall {gap * 1000:.1f} ms), restart with {tasks} tasks "
+        f"{restart * 1000:.0f} ms in {commits} transactions"
+    )
+    return commits < n
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-n", type=int, default=MAX_TEMPLATE_STEPS)
+    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    directory = Path(tempfile.mkdtemp(prefix="onceflow-template-cost-", dir=args.dir))
+    ok = all([trio.run(measure, kind, args.n, args.tasks, directory) for kind in ("plain", "chain")])
+    if not ok:
+        print("FAILED: a restart ran a transaction per step", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

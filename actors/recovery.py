@@ -26,7 +26,7 @@ from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import step_entries, tasks
+from onceflow.store import faults, step_entries, tasks
 from onceflow.store.records import Marker, StepEntry
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
@@ -154,6 +154,10 @@ def _recover(
     try:
         return _classify(conn, services, entry, latest, now, out)
     except Exception as exc:
+        if faults.ends_transaction(
+            conn, exc
+        ):  # the batch's transaction is gone: fail the batch, not the record
+            raise
         return _Failed(entry, repr(exc))
 
 

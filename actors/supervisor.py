@@ -49,7 +49,7 @@ from onceflow.protocol.workflow import (
 )
 from onceflow.store import participants, runs, workflows
 from onceflow.store.workflows import StoredWorkflow
-from onceflow.store.writer import Durability, open_store
+from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
 
 log = structlog.get_logger("onceflow.supervisor")
 
@@ -344,7 +344,7 @@ def _parse(stored: StoredWorkflow) -> Workflow:
 
 
 def _error_info(exc: OnceflowError) -> ErrorInfo:
-    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
+    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field, retryable=exc.retryable)
 
 
 @asynccontextmanager
@@ -359,6 +359,7 @@ async def open_runtime(
     coordinator: Coordinator | None = None,
     redelivery_interval: float = 60.0,
     actor_idle_timeout: float = 0.0,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
@@ -373,13 +374,17 @@ async def open_runtime(
     soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
     (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
+    `busy_timeout` is how many seconds a transaction waits for another connection's write lock; past it the
+    command is answered `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only,
+    corrupt) is answered as a typed `storage_<kind>` error, and the transaction that met it commits nothing
+    (issue 11, items 2 and 4).
     Raises DatabaseOwnedError at once when another runtime owns the file; ValueError for an interval <= 0
-    or a negative `actor_idle_timeout`.
+    or a negative `actor_idle_timeout`, or a `busy_timeout` that is not finite and > 0.
     """
     if actor_idle_timeout < 0:
         raise ValueError(f"actor_idle_timeout must be >= 0 seconds, got {actor_idle_timeout}")
     async with (
-        open_store(db_path, durability=durability, max_batch=max_batch) as store,
+        open_store(db_path, durability=durability, max_batch=max_batch, busy_timeout=busy_timeout) as store,
         trio.open_nursery() as nursery,
     ):
         ledger = LedgerActor()

@@ -1,0 +1,272 @@
+"""Storage faults are typed refusals and never half-commit (issue 11, items 2 and 4).
+
+A full database is made in-process with a capped `PRAGMA max_page_count` on the writer's own connection
+(SQLite then answers SQLITE_FULL and rolls the whole transaction back, as a full disk can); a busy one by a
+second, plain sqlite3 connection holding `BEGIN IMMEDIATE` past the runtime's busy timeout. A real full disk
+is exercised in tests/test_storage_full_disk.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from helpers import FakeClock, ok, send
+from structlog.testing import capture_logs
+
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.store.writer import StoreActor
+
+REVIEWERS = [f"rev-{n:02}" for n in range(40)]
+BRIEF = "x" * 3000  # more than half a 4 KiB page: no two runs share one, so 40 runs need 40 new pages
+
+BOARD = f"""
+id: board
+name: Board
+steps:
+  - id: work
+    name: Work
+    position: 0
+    is_start_step: true
+    events:
+      on_turn_complete:
+        - type: move_to_next
+      on_agent_error:
+        - type: move_to_step
+          config: {{step_id: review}}
+      on_comment:
+        - type: queue_run
+          config: {{target: primary, reason: comment, payload: {{brief: "{BRIEF * 3}"}}}}
+  - id: review
+    name: Review
+    position: 1
+    events:
+      on_enter:
+        - type: clear_decisions
+        - type: queue_run_for_each_participant
+          config: {{role: reviewer, reason: review, payload: {{brief: "{BRIEF}"}}}}
+"""
+
+# on_agent_error transitions are declared through the import path (evaluate-only-operation-marking.md).
+REGISTER = {"type": "register_workflow", "yaml": BOARD, "source": "board.yml", "import_path": True}
+
+UNLIMITED_PAGES = 4294967294  # SQLite's default max_page_count
+
+
+async def cap_pages(store: StoreActor, extra: int | None) -> None:
+    """Let the database grow by at most `extra` pages from now on (None: lift the cap).
+
+    `max_page_count` belongs to the connection, so it is set through the writer's own connection.
+    """
+
+    def cap(conn: sqlite3.Connection) -> None:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        limit = UNLIMITED_PAGES if extra is None else pages + extra
+        conn.execute(f"PRAGMA max_page_count={limit}").fetchone()
+
+    await store.transact(cap)
+
+
+async def board(rt: Runtime) -> None:
+    """The board with 40 reviewers, task T1 in Work and a stale rejection left at Review."""
+    await ok(rt, REGISTER)
+    for agent in REVIEWERS:
+        await ok(
+            rt,
+            {
+                "type": "add_participant",
+                "workflow_id": "board",
+                "step_id": "review",
+                "role": "reviewer",
+                "agent_profile_id": agent,
+            },
+        )
+    await ok(
+        rt,
+        {
+            "type": "create_task",
+            "task_id": "T1",
+            "workflow_id": "board",
+            "step_id": "work",
+            "primary_agent_id": "worker",
+        },
+    )
+    await ok(
+        rt,
+        {
+            "type": "record_decision",
+            "task_id": "T1",
+            "step_id": "review",
+            "decider_type": "agent",
+            "decider_id": "rev-00",
+            "decision": "rejected",
+        },
+    )
+
+
+async def state(rt: Runtime) -> dict[str, Any]:
+    """Everything a half-commit could leave behind, read through the protocol."""
+    return {
+        "task": (await ok(rt, {"type": "get_task", "task_id": "T1"})).result,
+        "runs": (await ok(rt, {"type": "list_runs"})).result,
+        "decisions": (await ok(rt, {"type": "list_decisions", "task_id": "T1"})).result,
+        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": "T1"})).result,
+    }
+
+
+def assert_typed_full(reply: Any) -> None:
+    assert not reply.ok and reply.error is not None, reply
+    assert (reply.error.code, reply.error.retryable) == ("storage_full", True), reply.error
+
+
+@contextmanager
+def no_actor_crash() -> Iterator[None]:
+    """A storage fault is a typed refusal: no task actor may crash (and be restarted) over it."""
+    with capture_logs() as logs:
+        yield
+    assert [r for r in logs if r["event"] in ("task_actor_crashed", "outcome_actor_crashed")] == []
+
+
+async def test_storage_full_mid_fanout_commits_nothing_and_retry_is_exact(
+    db_path: Path, clock: FakeClock
+) -> None:
+    async with open_runtime(db_path, clock=clock) as rt:
+        await board(rt)
+        before = await state(rt)
+        assert before["task"]["step_id"] == "work" and before["runs"] == [] and len(before["decisions"]) == 1
+
+        # Each cap lets the admitting transaction get further (the step change, the entry, the clear, then
+        # 0, 5, 10 ... of the 40 runs) before the database is full.
+        with no_actor_crash():
+            for extra in range(0, 40, 5):
+                await cap_pages(rt.services.store, extra)
+                reply = await send(rt, {"type": "turn_complete", "task_id": "T1"})
+                assert_typed_full(reply)
+                assert await state(rt) == before, f"a partial commit with {extra} pages to spare"
+
+        # Space returns: the same command, sent again, does the whole thing exactly once.
+        await cap_pages(rt.services.store, None)
+        await ok(rt, {"type": "turn_complete", "task_id": "T1"})
+        after = await state(rt)
+        assert after["task"]["step_id"] == "review"
+        assert sorted(run["agent_profile_id"] for run in after["runs"]) == REVIEWERS
+        assert {run["idempotency_key"].split(":")[3] for run in after["runs"]} == {"1"}  # all of entry 1
+        assert after["decisions"] == []  # the stale rejection was cleared
+        [entry] = after["entries"]
+        assert (entry["step_id"], entry["entry_seq"], entry["terminal"]) == ("review", 1, True)
+
+
+async def test_storage_full_leaves_a_comment_unapplied_so_its_redelivery_after_space_returns_runs_once(
+    db_path: Path, clock: FakeClock
+) -> None:
+    comment = {"type": "task_comment", "task_id": "T1", "comment_id": "C-1"}
+    async with open_runtime(db_path, clock=clock) as rt:
+        await board(rt)
+        await cap_pages(rt.services.store, 0)
+        with no_actor_crash():
+            assert_typed_full(await send(rt, comment))
+        assert (await ok(rt, {"type": "list_runs"})).result == []
+
+        await cap_pages(rt.services.store, None)
+        redelivered = await ok(rt, comment)  # the operation id was not marked: it is evaluated again
+        assert not redelivered.result.get("idempotent")
+        assert (await ok(rt, comment)).result["idempotent"] is True  # marked once it committed
+        [run] = (await ok(rt, {"type": "list_runs"})).result
+        assert (run["agent_profile_id"], run["reason"]) == ("worker", "comment")
+
+
+async def test_storage_full_in_a_deferred_agent_error_transition_is_typed_and_leaves_it_unmarked(
+    db_path: Path, clock: FakeClock
+) -> None:
+    error = {"type": "agent_error", "task_id": "T1", "run_id": "R-1", "execution_id": "X-1"}
+    async with open_runtime(db_path, clock=clock) as rt:
+        await board(rt)
+        before = await state(rt)
+        await cap_pages(rt.services.store, 0)
+        with no_actor_crash():
+            reply = await send(rt, error)
+        assert_typed_full(reply)
+        assert [e.code for e in reply.events if e.type == "diagnostic"] == ["deferred_commit_failed"]
+        assert await state(rt) == before
+
+        await cap_pages(rt.services.store, None)
+        applied = await ok(rt, error)  # AC-EO-11: still unmarked, so the redelivery transitions
+        assert applied.result["applied"] is True
+        assert (await ok(rt, error)).result["idempotent"] is True
+        after = await state(rt)
+        assert after["task"]["step_id"] == "review" and len(after["runs"]) == len(REVIEWERS)
+
+
+@contextmanager
+def write_lock_held(db_path: Path) -> Iterator[None]:
+    """Another connection (not the runtime's store) holds the database's write lock."""
+    other = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        yield
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+OUTCOME = "outcome-" + "0" * 32
+
+BUSY_COMMANDS: list[dict[str, Any]] = [
+    # runtime-level: these raised sqlite3.OperationalError out of `send`
+    REGISTER,
+    {"type": "add_participant", "workflow_id": "board", "step_id": "review", "role": "reviewer"},
+    {"type": "remove_participant", "participant_id": 1},
+    {"type": "claim_run", "agent_profile_id": "worker"},
+    {"type": "finish_run", "run_id": 1},
+    {"type": "list_runs"},
+    {"type": "get_outcome", "outcome_id": OUTCOME},
+    {
+        "type": "coordinator_ack",
+        "store_ref": "city:c1",
+        "outcome_id": OUTCOME,
+        "work_id": "w1",
+        "coordinator_fence": "f1",
+    },
+    # task-level: these answered `internal` and restarted the task's actor
+    {"type": "create_task", "task_id": "T2", "workflow_id": "board"},
+    {"type": "get_task", "task_id": "T1"},
+    {"type": "turn_complete", "task_id": "T1"},
+    {"type": "move_task", "task_id": "T1", "step_id": "review"},
+    {"type": "task_comment", "task_id": "T1", "comment_id": "C-1"},
+    {"type": "agent_error", "task_id": "T1", "run_id": "R-1"},
+    {
+        "type": "record_decision",
+        "task_id": "T1",
+        "step_id": "review",
+        "decider_type": "agent",
+        "decider_id": "rev-01",
+        "decision": "approved",
+    },
+    {"type": "add_participant", "task_id": "T1", "step_id": "review", "role": "reviewer"},
+    {"type": "list_decisions", "task_id": "T1"},
+    {"type": "list_step_entries", "task_id": "T1"},
+    {"type": "update_task", "task_id": "T1", "title": "renamed"},
+    {"type": "delete_task", "task_id": "T1"},
+]
+
+
+async def test_busy_database_answers_typed_busy_for_runtime_and_task_commands(
+    db_path: Path, clock: FakeClock
+) -> None:
+    async with open_runtime(db_path, clock=clock, busy_timeout=0.05) as rt:
+        await board(rt)
+        before = await state(rt)
+        answers: dict[str, tuple[str, bool] | None] = {}
+        with no_actor_crash(), write_lock_held(db_path):
+            for command in BUSY_COMMANDS:
+                reply = await send(rt, command)
+                label = f"{command['type']}{'@task' if 'task_id' in command else ''}"
+                answers[label] = None if reply.error is None else (reply.error.code, reply.error.retryable)
+        assert answers == {label: ("storage_busy", True) for label in answers}
+        # The lock is gone: the runtime serves as before, and nothing of the refused commands landed.
+        assert await state(rt) == before
+        await ok(rt, {"type": "turn_complete", "task_id": "T1"})
+        assert len((await ok(rt, {"type": "list_runs"})).result) == len(REVIEWERS)

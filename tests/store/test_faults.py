@@ -6,6 +6,7 @@ its batch fail, none is told it succeeded, and nothing is written outside BEGIN 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 import threading
@@ -130,12 +131,12 @@ def test_savepoint_whose_block_swallowed_a_transaction_ending_error_does_not_rel
     with scratch(tmp_path) as conn:
         conn.execute("BEGIN IMMEDIATE")
         fill_up(conn)
-        with pytest.raises(sqlite3.OperationalError, match="transaction ended inside savepoint sp"):
-            with savepoint(conn, "sp"):
-                try:
-                    conn.execute("INSERT INTO t VALUES (randomblob(?))", (BIG,))
-                except sqlite3.Error:
-                    pass  # the catch-and-continue shape issue 11 found
+        with (
+            pytest.raises(sqlite3.OperationalError, match="transaction ended inside savepoint sp"),
+            savepoint(conn, "sp"),
+            contextlib.suppress(sqlite3.Error),  # the catch-and-continue shape issue 11 found
+        ):
+            conn.execute("INSERT INTO t VALUES (randomblob(?))", (BIG,))
 
 
 def test_savepoint_still_rolls_back_only_its_block_after_an_ordinary_error(tmp_path: Path) -> None:
@@ -164,10 +165,8 @@ def swallowing(name: str) -> Callable[[sqlite3.Connection], str]:
     """A request that catches the disk-full error and carries on, as the fan-out once did."""
 
     def fn(conn: sqlite3.Connection) -> str:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             conn.execute("INSERT INTO kv VALUES (?, zeroblob(?))", (name, BIG))
-        except sqlite3.Error:
-            pass
         return name
 
     return fn

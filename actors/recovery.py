@@ -154,9 +154,7 @@ def _recover(
     try:
         return _classify(conn, services, entry, latest, now, out)
     except Exception as exc:
-        if faults.ends_transaction(
-            conn, exc
-        ):  # the batch's transaction is gone: fail the batch, not the record
+        if faults.ends_transaction(conn, exc):  # the batch's transaction is gone: fail it, not the record
             raise
         return _Failed(entry, repr(exc))
 

@@ -9,7 +9,7 @@ is exercised in tests/test_storage_full_disk.py.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,12 @@ from helpers import FakeClock, ok, send
 from storage_support import REGISTER, REVIEWERS, assert_reviewed_once, board, cap_pages, state
 from structlog.testing import capture_logs
 
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.recovery import recover_open_entries
+from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.protocol.workflow import ActionDecl
+from onceflow.store import step_entries
 
 
 def assert_typed_full(reply: Any) -> None:
@@ -168,3 +173,72 @@ async def test_busy_database_answers_typed_busy_for_runtime_and_task_commands(
         assert await state(rt) == before
         await ok(rt, {"type": "turn_complete", "task_id": "T1"})
         assert len((await ok(rt, {"type": "list_runs"})).result) == len(REVIEWERS)
+
+
+def fan_out_unavailable(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+    """A fan-out whose adapter fails transiently: no marker, the entry stays open for recovery (AC-B9(f))."""
+    raise sqlite3.OperationalError("fan-out adapter unavailable")
+
+
+TASKS = ["T1", "T2", "T3"]
+
+
+async def open_entries_left(rt: Runtime) -> None:
+    """T1..T3 entered Review while the fan-out adapter was down: three open entries, no runs."""
+    rt.reconfigure(executors={**DEFAULT_EXECUTORS, "queue_run_for_each_participant": fan_out_unavailable})
+    await board(rt)
+    for task_id in TASKS[1:]:
+        await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "board"})
+    for task_id in TASKS:
+        await ok(rt, {"type": "turn_complete", "task_id": task_id})
+    assert len(await rt.services.store.transact(step_entries.open_entries)) == len(TASKS)
+    rt.reconfigure(executors=DEFAULT_EXECUTORS)
+
+
+async def assert_scan_commits_nothing_then_is_exact(
+    rt: Runtime, restore: Callable[[], Awaitable[None]]
+) -> None:
+    store = rt.services.store
+    with no_actor_crash():
+        assert await recover_open_entries(rt.services, Outbox(EventHub())) == 0
+    assert (await ok(rt, {"type": "list_runs"})).result == []  # no entry after the failing one ran alone
+    assert len(await store.transact(step_entries.open_entries)) == len(TASKS)
+
+    await restore()
+    assert await recover_open_entries(rt.services, Outbox(EventHub())) == len(TASKS)
+    runs = (await ok(rt, {"type": "list_runs"})).result
+    assert sorted((run["task_id"], run["agent_profile_id"]) for run in runs) == [
+        (task_id, agent) for task_id in TASKS for agent in REVIEWERS
+    ]
+    assert await store.transact(step_entries.open_entries) == []
+
+
+async def test_storage_full_during_the_recovery_scan_fails_its_batch_whole_and_a_later_scan_is_exact(
+    db_path: Path, clock: FakeClock
+) -> None:
+    async with open_runtime(db_path, clock=clock) as rt:
+        await open_entries_left(rt)
+        # Room for one entry's 40 runs and half the next: the scan's batch must not go on after the second.
+        await cap_pages(rt.services.store, 60)
+        await assert_scan_commits_nothing_then_is_exact(rt, lambda: cap_pages(rt.services.store, None))
+
+
+ROLLBACK_AT_FINISH = """
+CREATE TRIGGER rollback_at_finish BEFORE UPDATE OF terminal ON step_entries WHEN NEW.task_id = 'T2'
+BEGIN SELECT RAISE(ROLLBACK, 'rolled back while finishing'); END
+"""
+
+
+async def test_a_transaction_sqlite_ends_while_an_entry_finishes_fails_the_recovery_batch_whole(
+    db_path: Path, clock: FakeClock
+) -> None:
+    """Not a storage code at all: SQLite left the transaction (`in_transaction` is False), which is enough."""
+    async with open_runtime(db_path, clock=clock) as rt:
+        await open_entries_left(rt)
+        store = rt.services.store
+        await store.transact(lambda conn: conn.execute(ROLLBACK_AT_FINISH).fetchall())
+
+        async def restore() -> None:
+            await store.transact(lambda conn: conn.execute("DROP TRIGGER rollback_at_finish").fetchall())
+
+        await assert_scan_commits_nothing_then_is_exact(rt, restore)

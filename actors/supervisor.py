@@ -9,7 +9,6 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -97,7 +96,9 @@ class Runtime:
         """Apply one command and return its reply. Never raises for bad input: the reply says what failed.
 
         A malformed or unknown message gets `ok: false` with `error.code == "invalid_message"` and
-        `error.field` naming the field; the runtime keeps serving.
+        `error.field` naming the field; the runtime keeps serving. A storage fault (the database busy past
+        the busy timeout, a full disk, an I/O error, a read-only or corrupt file) gets `storage_<kind>` with
+        `error.retryable` saying whether sending the same command again later can help (issue 11).
         """
         name = "unknown"
         out = Outbox(self._hub)
@@ -299,8 +300,20 @@ class Runtime:
                 self._nursery.start_soon(self._deliver_promotion, promotion)
 
     async def _deliver_promotion(self, promotion: Promotion) -> None:
-        with contextlib.suppress(OnceflowError, _Refused, _ActorFailure, trio.ClosedResourceError):
+        """Dispatch a committed promotion's entry; a refusal (a storage fault now refuses instead of crashing
+        the actor) is logged, and the entry stays open for the next start's recovery scan."""
+        try:
             await self._mailbox(promotion.task_id).ask(_TaskMessage(promotion))
+        except _Refused as refused:
+            log.warning(
+                "promotion_dispatch_refused",
+                task_id=promotion.task_id,
+                step_id=promotion.step_id,
+                code=refused.error.code,
+                cause=refused.error.message,
+            )
+        except (OnceflowError, _ActorFailure, trio.ClosedResourceError):
+            pass  # shutting down, or the crash was logged by the actor's supervision
 
     async def _load_workflows(self) -> None:
         for stored in await self.services.store.transact(workflows.all_workflows):

@@ -22,6 +22,7 @@ from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.wip import Promotion
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries
 
@@ -242,3 +243,16 @@ async def test_a_transaction_sqlite_ends_while_an_entry_finishes_fails_the_recov
             await store.transact(lambda conn: conn.execute("DROP TRIGGER rollback_at_finish").fetchall())
 
         await assert_scan_commits_nothing_then_is_exact(rt, restore)
+
+
+async def test_a_promotion_refused_for_a_busy_database_is_logged_not_swallowed(
+    db_path: Path, clock: FakeClock
+) -> None:
+    async with open_runtime(db_path, clock=clock, busy_timeout=0.05) as rt:
+        await board(rt)
+        promotion = Promotion("T1", "board", "work", None)
+        with capture_logs() as logs, write_lock_held(db_path):
+            await rt._deliver_promotion(promotion)  # the forwarder's call for a committed promotion
+        [refused] = [r for r in logs if r["event"] == "promotion_dispatch_refused"]
+        assert (refused["task_id"], refused["step_id"], refused["code"]) == ("T1", "work", "storage_busy")
+        assert [r for r in logs if r["event"] == "task_actor_crashed"] == []

@@ -2,7 +2,8 @@
 
 An effect never raises for a business failure (no target agent, a participant without a profile): it
 returns an `Effect` whose state is `failed` with a cause, plus the events and diagnostics to publish once
-the transaction has committed. Database errors do raise, rolling the whole transaction back.
+the transaction has committed. Database errors do raise, rolling the whole transaction back; the fan-out
+collects one participant's database error and goes on, unless it ended the transaction (issue 11, item 4).
 Sources: on-enter-action-dispatch.md AC-A3, AC-A4, AC-A5, AC-A7, AC-C1, AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9;
 kandev-engine-notes.md "Runs queue".
 """
@@ -29,8 +30,8 @@ from onceflow.protocol.events import (
     RunSuppressed,
 )
 from onceflow.protocol.workflow import SESSION_ACTION_TYPES, ActionDecl
+from onceflow.store import faults, runs, tasks
 from onceflow.store import participants as participant_rows
-from onceflow.store import runs, tasks
 from onceflow.store.records import Participant, TaskRecord
 
 # Builds the idempotency key for a run from (agent_profile_id, config digest); None means no key.
@@ -207,7 +208,8 @@ def queue_run_for_each_participant(
     """Fan a run out to every participant of the configured role at the step: collect-and-continue.
 
     The participant set is read once (AC-F2); selection is by role alone (AC-H3); reason defaults to the
-    trigger name (AC-H1); no payload stays NULL (AC-H2).
+    trigger name (AC-H1); no payload stays NULL (AC-H2). A database error that ends the transaction (disk
+    full, I/O) is not one participant's failure: it propagates and nothing of the fan-out commits (issue 11).
     """
     config = action.config
     role: str = getattr(config, "role", "") or ""
@@ -246,6 +248,8 @@ def queue_run_for_each_participant(
         try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
             result, event = _enqueue(conn, request, ctx.now)
         except sqlite3.Error as exc:
+            if faults.ends_transaction(conn, exc):  # nothing to continue in: fail the whole request
+                raise
             failures.append(repr(exc))
             notes.append(_participant_failed(task, step_id, participant, repr(exc)))
             continue

@@ -26,6 +26,7 @@ from onceflow.logs import get_logger
 from onceflow.protocol.errors import (
     ActionError,
     ActionNotWiredError,
+    StorageError,
     TransitionFailedError,
     TransitionRefusedError,
 )
@@ -43,7 +44,7 @@ from onceflow.protocol.workflow import (
     Trigger,
     Workflow,
 )
-from onceflow.store import participants, tasks, wip
+from onceflow.store import faults, participants, tasks, wip
 from onceflow.store.records import Decision, Participant, TaskRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
@@ -253,7 +254,8 @@ class Engine:
 
         The step change is a compare-and-set on the task's current step, and the step-entry record (when
         the target declares an engine-owned on_enter action) is allocated in the same transaction. If that
-        transaction fails nothing lands and an ERROR names task and step (AC-B7); the error propagates.
+        transaction fails nothing lands and an ERROR names task and step (AC-B7); the error propagates, as
+        TransitionFailedError or, for a storage fault, as the StorageError itself (issue 11, item 2).
         When no host action has to come first (no on_exit on the source step, no leading session action)
         the dispatch's leading segment runs in the admitting transaction too, in a savepoint: one commit
         for the move and its first effects, and a failure there leaves the move standing (AC-C4).
@@ -301,6 +303,8 @@ class Engine:
                     with savepoint(conn, "dispatch"):
                         first = dispatch.segment(conn, key, actions, now, check_digest=False, finish=finish)
                 except Exception as exc:  # the move stands; the dispatch runs on its own after the commit
+                    if faults.ends_transaction(conn, exc):  # unless the transaction itself is gone
+                        raise
                     log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
             return "admitted", key, first
 
@@ -310,6 +314,8 @@ class Engine:
             log.error(
                 "step_admission_failed", task_id=task.id, step_id=target.id, entry_path=path, cause=repr(exc)
             )
+            if isinstance(exc, StorageError):  # the host learns the fault's kind and whether to retry
+                raise
             raise TransitionFailedError(
                 f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
                 field="step_id",
@@ -370,11 +376,13 @@ class Engine:
     ) -> None:
         """Run the on_enter of a committed entry (`first`: its leading segment, already committed with the
         admission). Never raises: the transition stands whatever its actions do (AC-C4), and an entry left
-        open is resumed by the next start's recovery scan."""
+        open is resumed by the next start's recovery scan. A failure (a storage fault included) is logged
+        and reported as an `on_enter_dispatch_failed` diagnostic, never silent."""
         try:
             await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run(first)
         except Exception as exc:
-            log.error(
+            out.diagnostic(  # logged at ERROR too
+                "error",
                 "on_enter_dispatch_failed",
                 task_id=task.id,
                 step_id=step.id,

@@ -27,7 +27,7 @@ from onceflow.actors.session import SessionOutcome, request_session_action
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
-from onceflow.store import review_runs, step_entries
+from onceflow.store import faults, review_runs, step_entries
 from onceflow.store.records import Marker, StepEntry, TaskRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
@@ -229,6 +229,10 @@ class OnEnterDispatch:
         own savepoint: an executor that raises rolls back only itself (transient: no marker, the entry stays
         open for the next start, AC-B9(f)) and stops the entry only if it is clear_decisions (AC-C2, AC-C3).
         A live peer's claim stops the entry (the stop rule).
+
+        Raises:
+            sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`: disk full, I/O):
+                no later action runs outside it, and the caller's whole request fails (issue 11, item 4).
         """
         if check_digest:
             recorded = self._mismatch(conn, key, now, entry)
@@ -252,6 +256,8 @@ class OnEnterDispatch:
                             conn, key, position, action.type, effect.state, effect.detail, now
                         )
             except Exception as exc:
+                if faults.ends_transaction(conn, exc):  # the segment's transaction is gone: fail it whole
+                    raise
                 runs.append(ActionRun(position, action, None, error=repr(exc)))
                 if clearing:
                     return SegmentResult(tuple(runs), stopped=True)
@@ -269,6 +275,8 @@ class OnEnterDispatch:
             else:
                 finish_if_terminal(conn, key, declaration)
         except Exception as exc:
+            if faults.ends_transaction(conn, exc):
+                raise
             return SegmentResult(tuple(runs), finish_error=repr(exc))
         return SegmentResult(tuple(runs))
 

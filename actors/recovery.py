@@ -28,7 +28,7 @@ from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import step_entries, tasks
+from onceflow.store import faults, step_entries, tasks
 from onceflow.store.records import Marker, StepEntry
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey, UndecodableEntry
@@ -172,6 +172,8 @@ def _recover(
     try:
         return _classify(conn, services, entry, latest, now, out)
     except Exception as exc:
+        if faults.ends_transaction(conn, exc):  # the batch's transaction is gone: fail it, not the record
+            raise
         return _Failed(entry, repr(exc))
 
 

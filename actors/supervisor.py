@@ -9,7 +9,6 @@ closes every mailbox, lets the actors drain what is queued, then closes the stor
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -58,7 +57,7 @@ from onceflow.protocol.workflow import (
 from onceflow.store import participants, runs, tasks, workflows
 from onceflow.store import wip as store_wip
 from onceflow.store.workflows import StoredWorkflow
-from onceflow.store.writer import Durability, open_store
+from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
 
 log = get_logger("onceflow.supervisor")
 
@@ -110,6 +109,9 @@ class Runtime:
         `error.code == "invalid_message"` and `error.field` naming the field when one is to blame; the
         runtime keeps serving and nothing is applied. Anything unexpected is logged at ERROR with its
         traceback and answered `internal` (issue 11, "`Runtime.send` never raises, whatever the bytes").
+        A storage fault (the database busy past the busy timeout, a full disk, an I/O error, a read-only or
+        corrupt file) gets `storage_<kind>` with `error.retryable` saying whether sending the same command
+        again later can help (issue 11, items 2 and 4).
         """
         name = "unknown"
         out = Outbox(self._hub)
@@ -334,8 +336,20 @@ class Runtime:
                 self._nursery.start_soon(self._deliver_promotion, promotion)
 
     async def _deliver_promotion(self, promotion: Promotion) -> None:
-        with contextlib.suppress(OnceflowError, _Refused, _ActorFailure, trio.ClosedResourceError):
+        """Dispatch a committed promotion's entry; a refusal (a storage fault now refuses instead of crashing
+        the actor) is logged, and the entry stays open for the next start's recovery scan."""
+        try:
             await self._mailbox(promotion.task_id).ask(_TaskMessage(promotion))
+        except _Refused as refused:
+            log.warning(
+                "promotion_dispatch_refused",
+                task_id=promotion.task_id,
+                step_id=promotion.step_id,
+                code=refused.error.code,
+                cause=refused.error.message,
+            )
+        except (OnceflowError, _ActorFailure, trio.ClosedResourceError):
+            pass  # shutting down, or the crash was logged by the actor's supervision
 
     async def _load_workflows(self) -> None:
         for stored in await self.services.store.transact(workflows.all_workflows):
@@ -379,7 +393,7 @@ def _parse(stored: StoredWorkflow) -> Workflow:
 
 
 def _error_info(exc: OnceflowError) -> ErrorInfo:
-    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
+    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field, retryable=exc.retryable)
 
 
 @asynccontextmanager
@@ -395,6 +409,7 @@ async def open_runtime(
     redelivery_interval: float = 60.0,
     retry_policy: RetryPolicy | None = None,
     actor_idle_timeout: float = 0.0,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file and serve until the context exits.
 
@@ -410,18 +425,25 @@ async def open_runtime(
     soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
     (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
     bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
+    `busy_timeout` is how many seconds a transaction waits for another connection's write lock; past it the
+    command is answered `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only,
+    corrupt) is answered as a typed `storage_<kind>` error, and the transaction that met it commits nothing
+    (issue 11, items 2 and 4).
     Raises DatabaseOwnedError at once when another runtime owns the file; ValueError, before anything is
     opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is
-    not finite and >= 0 (issue 11, section 5: a NaN interval redelivered in a hot loop); a `RetryPolicy`
-    validates itself when built. Whatever ends the
+    not finite and >= 0, or a `busy_timeout` that is not finite and > 0 (issue 11, section 5: a NaN
+    interval redelivered in a hot loop); a `RetryPolicy` validates itself when built. Whatever ends the
     runtime (a failure to open, or the body's own exception) surfaces as itself, not wrapped in the
     runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
+    busy_timeout = seconds("busy_timeout", busy_timeout)
     try:
         async with (
-            open_store(db_path, durability=durability, max_batch=max_batch) as store,
+            open_store(
+                db_path, durability=durability, max_batch=max_batch, busy_timeout=busy_timeout
+            ) as store,
             trio.open_nursery() as nursery,
         ):
             ledger = LedgerActor()

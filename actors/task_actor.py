@@ -19,7 +19,7 @@ from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import find_step
 from onceflow.actors.wip import Promotion
 from onceflow.protocol import commands as c
-from onceflow.protocol.errors import WipLimitError
+from onceflow.protocol.errors import StorageError, WipLimitError
 from onceflow.protocol.events import DecisionRecorded, EntryPath, StepEntered, TaskCreated, TaskQueued
 from onceflow.protocol.workflow import Trigger
 from onceflow.store import participants, step_entries, tasks, wip
@@ -174,7 +174,8 @@ class TaskActor:
         """Commit a deferred transition; False (and a warning) on any of the non-committing paths.
 
         Those are: the source step no longer loads, the target step is missing, the host's preflight
-        refuses, the write fails, or the task already left the source step (AC-EO-11).
+        refuses, the write fails, or the task already left the source step (AC-EO-11). A storage fault is
+        re-raised after the warning, so the command's reply is the typed `StorageError` (issue 11, item 2).
         """
         services = self.engine.services
         try:
@@ -197,6 +198,8 @@ class TaskActor:
                 to_step=result.to_step,
                 cause=repr(exc),
             )
+            if isinstance(exc, StorageError):  # still unmarked (AC-EO-11), and the reply says why, typed
+                raise
             return False
 
     async def _create(self, command: c.CreateTask, out: Outbox) -> Any:

@@ -7,6 +7,7 @@ the runtime keeps serving. Source: the foundation issue, "Protocol" (typed error
 from __future__ import annotations
 
 import reprlib
+from typing import Literal
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80
@@ -25,9 +26,14 @@ def shown(value: object) -> str:
 
 
 class OnceflowError(Exception):
-    """Base of every error a host can be told about. `code` is stable; `field` names the culprit if any."""
+    """Base of every error a host can be told about. `code` is stable; `field` names the culprit if any.
+
+    `retryable` is True when nothing of the command was committed and sending it again unchanged may succeed
+    once the condition clears (a busy database, a full disk); False when a retry alone cannot help.
+    """
 
     code = "error"
+    retryable = False
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -99,3 +105,53 @@ class BusyError(OnceflowError):
     """The target cannot take the message now (an outcome's acknowledgement inbox is full); retry later."""
 
     code = "busy"
+    retryable = True
+
+
+StorageKind = Literal["busy", "full", "io", "out_of_memory", "read_only", "corrupt", "aborted"]
+"""What went wrong with the database (issue 11, items 2 and 4):
+
+- busy: another connection held the write lock past the busy timeout (SQLITE_BUSY, SQLITE_LOCKED);
+- full: the disk, a file-size limit or `max_page_count` left no room (SQLITE_FULL);
+- io: the operating system failed a read, write, sync or open (SQLITE_IOERR, SQLITE_CANTOPEN,
+  SQLITE_PROTOCOL);
+- out_of_memory: SQLite could not allocate memory (SQLITE_NOMEM);
+- read_only: the file or its folder cannot be written (SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH);
+- corrupt: the file is damaged or not a database (SQLITE_CORRUPT, SQLITE_NOTADB);
+- aborted: SQLite ended the transaction for a reason it did not report as a storage fault.
+"""
+
+_RETRYABLE_KINDS: frozenset[StorageKind] = frozenset({"busy", "full", "io", "out_of_memory", "aborted"})
+
+_EXPLANATIONS: dict[StorageKind, str] = {
+    "busy": "the database is busy: another connection held its write lock past the busy timeout",
+    "full": "the database or disk is full",
+    "io": "the database hit an I/O error",
+    "out_of_memory": "SQLite ran out of memory",
+    "read_only": "the database cannot be written",
+    "corrupt": "the database file is corrupt",
+    "aborted": "SQLite ended the transaction",
+}
+
+
+class StorageError(OnceflowError):
+    """The database could not serve the command (issue 11, items 2 and 4).
+
+    None of the failing store request's writes were committed; when the fault ended the transaction (disk
+    full, I/O, out of memory, corrupt) neither were those of any request sharing its group commit. An
+    earlier, separate transaction of the same command stands.
+
+    `code` is `storage_<kind>` (see `StorageKind`). `retryable` is True for busy, full, io, out_of_memory and
+    aborted: the same command may succeed once the lock is released, space returns or the device recovers.
+    It is False for read_only and corrupt, which need an operator. `detail` (the SQLite message, and why
+    this request failed when another one ended its batch) goes into the message; the sqlite3 error that
+    caused it is chained as `__cause__`.
+    """
+
+    def __init__(self, kind: StorageKind, detail: str) -> None:
+        retryable = kind in _RETRYABLE_KINDS
+        advice = "retry once the condition clears" if retryable else "a retry alone will not help"
+        super().__init__(f"{_EXPLANATIONS[kind]} ({detail}); its writes were rolled back, {advice}")
+        self.kind: StorageKind = kind
+        self.code = f"storage_{kind}"
+        self.retryable = retryable

@@ -174,12 +174,18 @@ Event = Annotated[
 
 
 class ErrorInfo(BaseModel):
-    """Why a command was refused. `field` names the offending field (dotted) when one is to blame."""
+    """Why a command was refused. `field` names the offending field (dotted) when one is to blame.
+
+    `retryable` is True when nothing of the command was committed and sending it again unchanged may succeed
+    once the condition clears: `busy`, and the storage faults `storage_busy`, `storage_full`, `storage_io`,
+    `storage_out_of_memory`, `storage_aborted` (issue 11, item 2).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     code: str
     message: str
     field: str | None = None
+    retryable: bool = False
 
 
 class Reply(BaseModel):

@@ -1,7 +1,9 @@
 """A named SAVEPOINT as a context manager: the block's writes are rolled back if it raises.
 
 Used where one part of a transaction may fail on its own without undoing the rest (one action of a segment,
-a two-write enqueue). The exception still propagates; only the block's writes are undone.
+a two-write enqueue). The exception still propagates; only the block's writes are undone. When the error
+ended the whole transaction (`faults.ends_transaction`) there is no savepoint left to roll back to: the
+exception propagates untouched and nothing more is executed (issue 11, item 4).
 """
 
 from __future__ import annotations
@@ -10,15 +12,27 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from onceflow.store import faults
+
 
 @contextmanager
 def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
-    """Run the block inside `SAVEPOINT name`; ROLLBACK TO it if the block raises, RELEASE it either way."""
+    """Run the block inside `SAVEPOINT name`; ROLLBACK TO and RELEASE it if the block raises, RELEASE it
+    if not.
+
+    Raises:
+        whatever the block raised; after an error that ended the transaction, without touching `conn`.
+        sqlite3.OperationalError: the block returned but the transaction is gone (an error inside it was
+            swallowed after SQLite rolled everything back), so its writes cannot be kept.
+    """
     conn.execute(f"SAVEPOINT {name}")
     try:
         yield
-    except BaseException:
-        conn.execute(f"ROLLBACK TO {name}")
+    except BaseException as exc:
+        if not faults.ends_transaction(conn, exc):
+            conn.execute(f"ROLLBACK TO {name}")
+            conn.execute(f"RELEASE {name}")
         raise
-    finally:
-        conn.execute(f"RELEASE {name}")
+    if not conn.in_transaction:
+        raise sqlite3.OperationalError(f"the transaction ended inside savepoint {name}")
+    conn.execute(f"RELEASE {name}")

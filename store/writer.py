@@ -11,6 +11,7 @@ waits for it even when cancelled, so it always learns whether its transaction co
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import secrets
@@ -28,14 +29,15 @@ import trio
 
 from onceflow import metrics
 from onceflow.logs import get_logger
-from onceflow.store import schema
+from onceflow.protocol.errors import StorageError
+from onceflow.store import faults, schema
 from onceflow.store.lock import acquire_database_lock
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT_MS = 5000
+DEFAULT_BUSY_TIMEOUT = 5.0  # seconds
 
 
 class Durability(StrEnum):
@@ -72,13 +74,16 @@ class StoreActor:
             claims (on-enter-action-dispatch.md, "Epoch"). Never reused across starts.
         durability: the `PRAGMA synchronous` level in force.
         max_batch: the most requests committed together in one transaction (group commit).
+        busy_timeout: seconds a transaction waits for another connection's write lock before it fails
+            with `StorageError` kind busy.
     """
 
-    def __init__(self, path: Path, durability: Durability, max_batch: int) -> None:
+    def __init__(self, path: Path, durability: Durability, max_batch: int, busy_timeout: float) -> None:
         self.path = path
         self.epoch = secrets.token_hex(16)
         self.durability = durability
         self.max_batch = max_batch
+        self.busy_timeout = busy_timeout
         self._mailbox: queue.SimpleQueue[_Request[Any] | None] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
         self._accepting = False
@@ -99,8 +104,12 @@ class StoreActor:
 
         Raises:
             StoreClosedError: the store is closing or closed; nothing was run.
-            BaseException: whatever `fn` raised (its writes are rolled back), or the sqlite3 error that failed
-                the transaction itself (e.g. at COMMIT), in which case nothing of this request was committed.
+            StorageError: a storage fault (busy past the busy timeout, disk full, I/O, read-only, corrupt),
+                raised by `fn` or by the transaction itself, or another request of the same batch ended
+                the transaction; nothing of this request was committed. The sqlite3 error is its cause.
+            BaseException: whatever else `fn` raised (its writes are rolled back), or the sqlite3 error that
+                failed the transaction itself (e.g. a deferred constraint at COMMIT), in which case nothing
+                of this request was committed.
         """
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
@@ -143,7 +152,7 @@ class StoreActor:
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
             self._setup = outcome.capture(self._configure, conn)
         except BaseException as exc:
             self._setup = outcome.Error(exc)
@@ -157,7 +166,7 @@ class StoreActor:
             self._call_trio(self._stopped.set)
 
     def _configure(self, conn: sqlite3.Connection) -> int:
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout={max(1, round(self.busy_timeout * 1000))}")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RuntimeError(f"could not put {self.path} in WAL mode (journal_mode is {mode!r})")
@@ -193,7 +202,11 @@ class StoreActor:
         """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
 
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
-        itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error.
+        itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error. If a
+        request's error ends the transaction (`faults.ends_transaction`: SQLite rolled it back, or FULL,
+        IOERR, NOMEM, CORRUPT), or a request returns with the transaction gone, nothing of the batch is
+        committed and every request of it fails, none told it succeeded: later requests never run in
+        autocommit mode (issue 11, item 4). Storage faults reach the callers as `StorageError`.
         """
         started = time.perf_counter()
         try:
@@ -201,22 +214,64 @@ class StoreActor:
             for request in batch:
                 conn.execute("SAVEPOINT request")
                 request.result = outcome.capture(request.fn, conn)
-                if isinstance(request.result, outcome.Error):
+                error = request.result.error if isinstance(request.result, outcome.Error) else None
+                if not conn.in_transaction or (error is not None and faults.ends_transaction(conn, error)):
+                    raise _TransactionEnded(request, error)
+                if error is not None:
                     conn.execute("ROLLBACK TO request")
                 conn.execute("RELEASE request")
             conn.execute("COMMIT")
             metrics.COMMIT_DURATION.record(time.perf_counter() - started)
             metrics.COMMIT_BATCH_SIZE.record(len(batch))
         except BaseException as exc:
+            self._fail(conn, batch, exc)
+        for request in batch:
+            assert request.result is not None
+            request.result = _typed(request.result)
+
+    def _fail(self, conn: sqlite3.Connection, batch: list[_Request[Any]], exc: BaseException) -> None:
+        """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""
+        if isinstance(exc, _TransactionEnded):
+            cause: BaseException = exc.error or exc
+            kind = faults.storage_kind(cause) or "aborted"
+            for request in batch:
+                if request is exc.request:
+                    request.result = outcome.Error(_chained(faults.storage_error(cause, kind=kind), cause))
+                elif not isinstance(request.result, outcome.Error):
+                    context = "another request of its batch ended the transaction: "
+                    error = faults.storage_error(cause, kind=kind, context=context)
+                    request.result = outcome.Error(_chained(error, cause))
+            log.error("store_transaction_ended", path=str(self.path), batch=len(batch), error=str(cause))
+        else:
             for request in batch:
                 if not isinstance(request.result, outcome.Error):
                     request.result = outcome.Error(exc)  # one each: an Outcome unwraps only once
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error as rollback_exc:
-                    log.error("store_rollback_failed", path=str(self.path), error=str(rollback_exc))
             log.warning("store_transaction_failed", path=str(self.path), batch=len(batch), error=str(exc))
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error as rollback_exc:
+                log.error("store_rollback_failed", path=str(self.path), error=str(rollback_exc))
+
+
+class _TransactionEnded(Exception):
+    """Raised in the writer when a request ended the batch's transaction (`error`: what it raised, if any)."""
+
+    def __init__(self, request: _Request[Any], error: BaseException | None) -> None:
+        super().__init__("the transaction ended inside a request" if error is None else str(error))
+        self.request, self.error = request, error
+
+
+def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
+    """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause)."""
+    if isinstance(result, outcome.Error) and faults.storage_kind(result.error) is not None:
+        return outcome.Error(_chained(faults.storage_error(result.error), result.error))
+    return result
+
+
+def _chained(error: StorageError, cause: BaseException) -> StorageError:
+    error.__cause__ = cause
+    return error
 
 
 def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:
@@ -229,30 +284,35 @@ async def open_store(
     *,
     durability: Durability = Durability.FULL,
     max_batch: int = 1,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
 ) -> AsyncIterator[StoreActor]:
     """Open the database at `path` (created if missing; its directory must exist) and yield its actor.
 
     Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
-    (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout 5 s) and migrations are
+    (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout) and migrations are
     applied, without blocking the Trio loop. `max_batch` is how many queued requests the writer may commit
-    together (group commit); 1 commits each request alone. On exit, new requests are refused, requests already
-    queued still run, then the thread stops, the connection closes and the lock is released; exit waits for
-    this even when cancelled.
+    together (group commit); 1 commits each request alone. `busy_timeout` is how many seconds a transaction
+    waits for another connection's write lock before failing with `StorageError` kind busy (issue 11). On
+    exit, new requests are refused, requests already queued still run, then the thread stops, the
+    connection closes and the lock is released; exit waits for this even when cancelled.
 
     Raises:
         DatabaseOwnedError: another onceflow runtime owns the database file, under any of its names (at once,
             without waiting).
         OSError: the file cannot be opened: its directory is missing (issue 11: a typo in a path must not
             create folders), it is a directory, or permission is denied.
-        ValueError: `durability` is not a `Durability`, or `max_batch` < 1.
+        ValueError: `durability` is not a `Durability`, `max_batch` < 1, or `busy_timeout` is not a finite
+            number of seconds > 0.
         sqlite3.Error, RuntimeError: the connection could not be set up or migrated (the thread has exited).
     """
     durability = Durability(durability)
     if max_batch < 1:
         raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    if not (math.isfinite(busy_timeout) and busy_timeout > 0):
+        raise ValueError(f"busy_timeout must be a finite number of seconds > 0, got {busy_timeout}")
     db_path = Path(path).resolve()
     with acquire_database_lock(db_path):
-        store = StoreActor(db_path, durability, max_batch)
+        store = StoreActor(db_path, durability, max_batch, busy_timeout)
         try:
             version = await store._open()
             log.info(
@@ -262,6 +322,7 @@ async def open_store(
                 schema_version=version,
                 durability=durability.value,
                 max_batch=max_batch,
+                busy_timeout=busy_timeout,
             )
             yield store
         finally:

@@ -304,6 +304,10 @@ class _RunInsertFails:
             raise sqlite3.IntegrityError(f"runs rejected {self._agent}")
         return self._conn.execute(sql, params)
 
+    @property
+    def in_transaction(self) -> bool:  # the fan-out asks whether its transaction survived the error
+        return self._conn.in_transaction
+
 
 def fan_out_failing_for(agent: str) -> Executor:
     """The real fan-out, except that enqueuing a run for `agent` raises a database error."""

@@ -1,0 +1,69 @@
+"""Storage faults: which sqlite3 errors they are, and which of them end the transaction (issue 11, 2 and 4).
+
+SQLite may roll a whole transaction back on SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_CORRUPT (its
+"Response To Errors Within A Transaction"); `max_page_count` hitting its cap does. Writes issued after that
+would run in autocommit mode, each committed on its own while the request is reported as failed. So code
+that catches a database error and carries on must first ask `ends_transaction` and re-raise when it says so,
+and the writer fails the whole request, and every request of its batch, once the transaction is gone.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from onceflow.protocol.errors import StorageError, StorageKind
+
+_KINDS: dict[int, StorageKind] = {
+    sqlite3.SQLITE_BUSY: "busy",
+    sqlite3.SQLITE_LOCKED: "busy",
+    sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_IOERR: "io",
+    sqlite3.SQLITE_CANTOPEN: "io",
+    sqlite3.SQLITE_PROTOCOL: "io",
+    sqlite3.SQLITE_NOMEM: "out_of_memory",
+    sqlite3.SQLITE_READONLY: "read_only",
+    sqlite3.SQLITE_PERM: "read_only",
+    sqlite3.SQLITE_AUTH: "read_only",
+    sqlite3.SQLITE_CORRUPT: "corrupt",
+    sqlite3.SQLITE_NOTADB: "corrupt",
+}
+
+# Errors after which the transaction must not go on, whether or not SQLite already rolled it back.
+_ENDS_TRANSACTION = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+    }
+)
+
+
+def primary_code(exc: BaseException) -> int | None:
+    """The primary SQLite result code of `exc` (extended codes folded), or None when it carries none."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    return None if code is None else int(code) & 0xFF
+
+
+def storage_kind(exc: BaseException) -> StorageKind | None:
+    """The `StorageKind` of a sqlite3 error that reports a storage fault; None for anything else (a
+    constraint violation, an SQL error, an error raised by our own code)."""
+    code = primary_code(exc)
+    return None if code is None else _KINDS.get(code)
+
+
+def ends_transaction(conn: sqlite3.Connection, exc: BaseException) -> bool:
+    """Whether the transaction on `conn` is over after `exc`: SQLite already left it (`in_transaction` is
+    False), or `exc` is SQLITE_FULL, IOERR, NOMEM, CORRUPT or NOTADB, after which nothing may continue.
+
+    Every handler that catches a database error inside a transaction and continues must re-raise when this
+    is True (issue 11, item 4).
+    """
+    return not conn.in_transaction or primary_code(exc) in _ENDS_TRANSACTION
+
+
+def storage_error(exc: BaseException, *, kind: StorageKind | None = None, context: str = "") -> StorageError:
+    """A `StorageError` for `exc`: of `kind` when given, else of `exc`'s own kind ("aborted" when it reports
+    no storage fault). `context` prefixes the detail (why this request failed). Chain it `from exc`."""
+    return StorageError(kind or storage_kind(exc) or "aborted", f"{context}{exc}")

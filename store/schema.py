@@ -182,6 +182,17 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX step_entries_open;
     CREATE INDEX step_entries_open ON step_entries(task_id, step_id, entry_seq) WHERE terminal = 0;
     """,
+    # 8: the idempotency key of an enqueue merged into another run by coalescing (issue 12 item 3), with
+    # that run: a redelivery of the merged operation is then a no-op like any other. The key of an inserted
+    # run stays in runs.idempotency_key; a key lives in one of the two places.
+    """
+    CREATE TABLE coalesced_keys (
+        idempotency_key TEXT PRIMARY KEY,
+        run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        seen_at         REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import FakeClock, events, ok, register, send
+from helpers import FakeClock, add_participant, events, ok, register, send
 
 from onceflow import RecordingHost, open_runtime
 from onceflow.actors.supervisor import Runtime
@@ -82,3 +82,56 @@ async def test_issue12_a_coalesced_enqueue_is_a_no_op_when_redelivered_after_a_r
         runs = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result
         assert len(runs) == 1 and suppressed.existing_run_id == runs[0]["id"]
         assert runs[0]["coalesced_count"] == 1
+
+
+ROLE_TARGET = """
+id: role-flow
+name: Role flow
+steps:
+  - id: work
+    name: Work
+    position: 0
+    is_start_step: true
+    events:
+      on_blocker_resolved:
+        - type: queue_run
+          config: {target: "participant_role:reviewer", reason: unblocked}
+      on_turn_complete:
+        - type: move_to_step
+          config: {step_id: review}
+  - id: review
+    name: Review
+    position: 1
+    events:
+      on_enter:
+        - type: queue_run
+          config: {target: "participant_role:reviewer", reason: review_requested}
+"""
+
+
+async def test_ac_a7_participant_role_target_wakes_every_match(runtime: Runtime) -> None:
+    """rev-a and rev-b seated: queue_run to participant_role:reviewer queues one run for each, each with its
+    own key, on an event trigger and on on_enter alike (issue 12 item 5; AC-A7's same target resolution)."""
+    await register(runtime, ROLE_TARGET)
+    for step in ("work", "review"):
+        for reviewer in ("rev-a", "rev-b"):
+            await add_participant(runtime, "role-flow", step, "reviewer", reviewer)
+    await ok(
+        runtime,
+        {"type": "create_task", "task_id": "T1", "workflow_id": "role-flow", "primary_agent_id": "worker"},
+    )
+    unblocked = await ok(runtime, {"type": "blockers_resolved", "task_id": "T1"})
+    entered = await ok(runtime, {"type": "turn_complete", "task_id": "T1"})
+    for reply, reason in ((unblocked, "unblocked"), (entered, "review_requested")):
+        queued = events(reply, "run_queued")
+        assert [(e.agent_profile_id, e.reason) for e in queued] == [("rev-a", reason), ("rev-b", reason)]
+        keys = [e.idempotency_key for e in queued]
+        assert None not in keys and len(set(keys)) == 2
+    runs = (await ok(runtime, {"type": "list_runs", "task_id": "T1"})).result
+    assert sorted((r["agent_profile_id"], r["reason"]) for r in runs) == [
+        ("rev-a", "review_requested"),
+        ("rev-a", "unblocked"),
+        ("rev-b", "review_requested"),
+        ("rev-b", "unblocked"),
+    ]
+    assert all(r["exclude_from_coalescing"] for r in runs if r["reason"] == "review_requested")

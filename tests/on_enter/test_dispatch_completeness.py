@@ -226,10 +226,10 @@ async def test_ac_h3_fan_out_selects_by_role_alone_not_decision_required(runtime
 
 
 TARGETS = {
-    "primary": ("primary", "worker"),
-    "ceo": ("workspace.ceo_agent", "ceo"),
-    "participant_role": ("participant_role:reviewer", "rev-a"),
-    "agent_profile_id": ("agent_profile_id:pinned", "pinned"),
+    "primary": ("primary", ("worker",)),
+    "ceo": ("workspace.ceo_agent", ("ceo",)),
+    "participant_role": ("participant_role:reviewer", ("rev-a", "rev-b")),  # every match (issue 12 item 5)
+    "agent_profile_id": ("agent_profile_id:pinned", ("pinned",)),
 }
 
 
@@ -237,7 +237,7 @@ TARGETS = {
 async def test_ac_a7_on_enter_queue_run_enqueues_for_the_resolved_target_with_an_entry_scoped_key(
     runtime: Runtime, target: str
 ) -> None:
-    config, agent = TARGETS[target]
+    config, agents = TARGETS[target]
     await setup(
         runtime,
         f"""
@@ -251,9 +251,10 @@ async def test_ac_a7_on_enter_queue_run_enqueues_for_the_resolved_target_with_an
 
     rows = await runs(runtime, task_id="T1")
     assert [(r["agent_profile_id"], r["step_id"], r["reason"], r["status"]) for r in rows] == [
-        (agent, STEP, "kick", "queued")
+        (agent, STEP, "kick", "queued") for agent in agents
     ] * 2
-    assert [key_seq(r["idempotency_key"]) for r in rows] == [1, 2]  # differs across the two entries
+    # differs across the two entries
+    assert [key_seq(r["idempotency_key"]) for r in rows] == [1] * len(agents) + [2] * len(agents)
     assert all(r["exclude_from_coalescing"] for r in rows)  # AC-H9's field, on a bare queue_run too
     assert of_type(again.events, "run_coalesced") == [] and of_type(again.events, "run_suppressed") == []
 

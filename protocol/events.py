@@ -114,12 +114,15 @@ class RunCoalesced(_Event):
 
 
 class DecisionRecorded(_Event):
+    """A decision was stored. `role` is the one recorded: the command's, or resolved from the seat."""
+
     type: Literal["decision_recorded"] = "decision_recorded"
     decision_id: int
     task_id: str
     step_id: str
     decider_id: str
     decision: str
+    role: str = ""
 
 
 class DecisionsCleared(_Event):

@@ -193,6 +193,11 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
     """,
+    # 9: what a receipted decision said, so a reused decision id with another verdict is a conflict, not a
+    # silent replay (issue 12 item 6). '' = written before this column: such a receipt is a replay.
+    """
+    ALTER TABLE decision_receipts ADD COLUMN content TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -47,7 +47,7 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, runs, workflows
+from onceflow.store import participants, review_runs, runs, workflows
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import Durability, open_store
 
@@ -235,6 +235,10 @@ class Runtime:
                     )
                 )
                 return [runs.run_as_dict(row) for row in rows]
+            case c.ListReviewRuns():
+                return await store.transact(
+                    lambda conn: review_runs.list_review_runs(conn, task_id=command.task_id)
+                )
             case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
                 return await self._outcomes.handle(command, out)
         raise TypeError(f"unroutable command {type(command).__name__}")

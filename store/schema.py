@@ -198,6 +198,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE decision_receipts ADD COLUMN content TEXT NOT NULL DEFAULT '';
     """,
+    # 10: a review run carries its entry identity, so a launch repeated after a crash reuses its row (the
+    # stable review-run id a host deduplicates on) and a new entry gets a new one (issue 12 item 7).
+    """
+    ALTER TABLE task_review_runs ADD COLUMN entry_seq INTEGER;
+    ALTER TABLE task_review_runs ADD COLUMN position INTEGER;
+    ALTER TABLE task_review_runs ADD COLUMN agent_profile_id TEXT;
+    ALTER TABLE task_review_runs ADD COLUMN launches INTEGER NOT NULL DEFAULT 1;
+    CREATE UNIQUE INDEX task_review_runs_by_entry
+        ON task_review_runs(task_id, workflow_step_id, entry_seq, position);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

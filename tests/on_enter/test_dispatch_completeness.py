@@ -30,7 +30,7 @@ from dispatch_support import (
     setup,
     spy_on,
 )
-from helpers import ok
+from helpers import list_review_runs, ok
 from structlog.testing import capture_logs
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
@@ -133,7 +133,7 @@ async def test_ac_a2_every_entry_path_executes_the_same_action_coverage(runtime:
         "rev-b",
         "worker",
     ]
-    assert spy.code_reviews == [("T1", STEP, None)]
+    assert [(t, step, agent) for t, step, _, _, agent in spy.code_reviews] == [("T1", STEP, None)]
 
 
 async def test_ac_a3_clear_deletes_the_destination_steps_decisions_before_later_actions(
@@ -295,7 +295,11 @@ async def test_ac_a8_run_code_review_records_a_review_run_and_starts_the_pass(ru
         ).fetchall()
     )
     assert [tuple(r) for r in rows] == [("T1", STEP, "workflow_step", "started")]
-    assert spy.code_reviews == [("T1", STEP, "reviewer-bot")]
+    [(task, step, entry_seq, review_run_id, agent)] = spy.code_reviews
+    assert (task, step, agent) == ("T1", STEP, "reviewer-bot")
+    assert [(r["id"], r["entry_seq"]) for r in await list_review_runs(runtime)] == [
+        (review_run_id, entry_seq)
+    ]
     assert await markers(runtime) == [(0, "run_code_review", "done", "")]
     assert loud(events) == []
 

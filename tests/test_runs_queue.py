@@ -28,6 +28,11 @@ steps:
           config:
             target: primary
             reason: blockers_resolved
+      on_comment:
+        - type: queue_run
+          config:
+            target: primary
+            reason: task_comment
 """
 
 
@@ -82,6 +87,38 @@ async def test_issue12_a_coalesced_enqueue_is_a_no_op_when_redelivered_after_a_r
         runs = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result
         assert len(runs) == 1 and suppressed.existing_run_id == runs[0]["id"]
         assert runs[0]["coalesced_count"] == 1
+
+
+async def _comment(rt: Runtime, comment_id: str) -> list[str]:
+    reply = await ok(rt, {"type": "task_comment", "task_id": "T1", "comment_id": comment_id})
+    return [e.type for e in reply.events if e.type.startswith("run_")]
+
+
+async def test_ac_h6_a_comment_key_is_honoured_while_its_run_is_unresolved_across_restarts(
+    db_path: Path,
+) -> None:
+    """Comment c-1's run stays queued, then claimed, for 25 h: redelivered after restarts (the ledger starts
+    empty) it queues nothing; 24 h after the run finished a redelivery queues a new one (issue 12 item 4)."""
+    clock = FakeClock()
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        await register(rt, AGENT_ERROR_TO_CEO)
+        await _task(rt, "T1")
+        assert await _comment(rt, "c-1") == ["run_queued"]
+    clock.advance(25 * 3600)
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        assert await _comment(rt, "c-1") == ["run_suppressed"]  # still queued after 25 h
+        claimed = await ok(rt, {"type": "claim_run", "agent_profile_id": "worker"})
+        clock.advance(25 * 3600)
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        assert await _comment(rt, "c-1") == ["run_suppressed"]  # claimed for 25 h: still unresolved
+        await ok(rt, {"type": "finish_run", "run_id": claimed.result["id"]})
+        clock.advance(24 * 3600 - 1)
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        assert await _comment(rt, "c-1") == ["run_suppressed"]  # within 24 h of resolving
+        clock.advance(1)
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        assert await _comment(rt, "c-1") == ["run_queued"]
+        assert len((await ok(rt, {"type": "list_runs", "task_id": "T1"})).result) == 2
 
 
 ROLE_TARGET = """

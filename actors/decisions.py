@@ -98,7 +98,7 @@ def record(
                     field="decision_id",
                 )
             return Recorded(task, earlier[0], inserted=False)
-    step = find_step(workflows.get(task.workflow_id), command.step_id)
+    step = find_step(workflows.get(task.workflow_id), command.step_id)  # an in-memory read, no Trio
     rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
     role = command.role or seat_role(
         rows,

@@ -321,7 +321,9 @@ class TaskActor:
         distinct from `quorum_not_met` (kandev-engine-notes.md, "Quorum guards"; issue 12 item 1).
         """
         workflow = self.engine.services.workflows.get(task.workflow_id)
-        step = find_step(workflow, task.step_id)
+        if not workflow.has_step(task.step_id):  # a template re-registered without it: nothing to evaluate
+            return None, "no_guard"
+        step = workflow.step(task.step_id)
         guarded = decisions.quorum_guards(step)
         if not guarded:
             return None, "no_guard"

@@ -284,25 +284,33 @@ def queue_run_for_each_participant(
     return Effect("done", events=tuple(events), diagnostics=tuple(notes))
 
 
-def resolve_target(conn: sqlite3.Connection, task: TaskRecord, step_id: str, target: str) -> str | None:
-    """The agent profile a queue_run `target` names, or None when it resolves to nobody (AC-A7)."""
-    if target == "primary":
-        return task.primary_agent_id or None
-    if target == "workspace.ceo_agent":
-        return task.ceo_agent_id or None
-    if target.startswith("agent_profile_id:"):
-        return target.removeprefix("agent_profile_id:") or None
+def resolve_targets(conn: sqlite3.Connection, task: TaskRecord, step_id: str, target: str) -> list[str]:
+    """The agent profiles a queue_run `target` names, in order; empty when it resolves to nobody.
+
+    primary, workspace.ceo_agent and agent_profile_id:<id> name at most one agent; participant_role:<role>
+    names every participant of that role at the step with an agent, one per (role, agent), per-task rows
+    winning (Kandev's engine queues one run per matching participant: issue 12 item 5). The same resolution
+    serves every trigger, on_enter included (on-enter spec AC-A7).
+    """
     if target.startswith("participant_role:"):
         role = target.removeprefix("participant_role:")
-        agents = [
-            p.agent_profile_id for p in step_participants(conn, task, step_id, role) if p.agent_profile_id
-        ]
-        return agents[0] if agents else None
-    return None
+        rows = _dedupe(step_participants(conn, task, step_id, role))
+        return [p.agent_profile_id for p in rows if p.agent_profile_id]
+    if target == "primary":
+        agent = task.primary_agent_id
+    elif target == "workspace.ceo_agent":
+        agent = task.ceo_agent_id
+    else:
+        agent = target.removeprefix("agent_profile_id:") if target.startswith("agent_profile_id:") else None
+    return [agent] if agent else []
 
 
 def queue_run(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
-    """Enqueue one run for the resolved target agent, for this task or the task named by `task_id`."""
+    """Enqueue one run per resolved target agent, for this task or the task named by `task_id`.
+
+    Each run carries its own idempotency key (the key includes the agent). Fails (a cause, nothing queued)
+    when the task does not exist or the target resolves to nobody.
+    """
     config = action.config
     target: str = getattr(config, "target", "primary")
     task_ref: str = getattr(config, "task_id", "this")
@@ -311,21 +319,23 @@ def queue_run(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) 
     task = ctx.task if task_ref == "this" else tasks.find_task(conn, task_ref)
     if task is None:
         return Effect("failed", f"task {task_ref!r} does not exist")
-    agent = resolve_target(conn, task, ctx.step_id, target)
-    if agent is None:
+    agents = resolve_targets(conn, task, ctx.step_id, target)
+    if not agents:
         return Effect("failed", f"target {target!r} resolves to no agent profile")
     digest = config_digest({"target": target, "task_id": task_ref, "reason": reason, "payload": payload})
-    request = runs.RunRequest(
-        agent_profile_id=agent,
-        task_id=task.id,
-        step_id=ctx.step_id,
-        reason=reason,
-        payload=payload,
-        idempotency_key=ctx.key_for(agent, digest),
-        exclude_from_coalescing=ctx.exclude_from_coalescing,
-    )
-    _, event = _enqueue(conn, request, ctx.now)
-    return Effect("done", events=(event,))
+    events: list[Event] = []
+    for agent in agents:
+        request = runs.RunRequest(
+            agent_profile_id=agent,
+            task_id=task.id,
+            step_id=ctx.step_id,
+            reason=reason,
+            payload=payload,
+            idempotency_key=ctx.key_for(agent, digest),
+            exclude_from_coalescing=ctx.exclude_from_coalescing,
+        )
+        events.append(_enqueue(conn, request, ctx.now)[1])
+    return Effect("done", events=tuple(events))
 
 
 def ensure_participant_seat(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:

@@ -47,8 +47,15 @@ class Host(Protocol):
     async def perform_session_action(self, request: SessionActionRequest) -> None: ...
 
     async def start_code_review(
-        self, *, task_id: str, step_id: str, agent_profile_id: str | None
-    ) -> None: ...
+        self, *, task_id: str, step_id: str, entry_seq: int, review_run_id: int, agent_profile_id: str | None
+    ) -> None:
+        """Start a code-review pass for the step entry (task_id, step_id, entry_seq).
+
+        At-least-once across a crash (on-enter spec AC-A8): a launch repeated by recovery carries the same
+        `review_run_id`, a new entry's launch a new one, so a host that remembers the ids it started (or
+        asks `list_review_runs`) starts each pass once (issue 12 item 7).
+        """
+        ...
 
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None: ...
 
@@ -58,13 +65,16 @@ class RecordingHost:
     """A host that performs nothing, accepts every transition and remembers every request."""
 
     session_actions: list[SessionActionRequest] = attrs.field(factory=list)
-    code_reviews: list[tuple[str, str, str | None]] = attrs.field(factory=list)
+    # (task_id, step_id, entry_seq, review_run_id, agent_profile_id) per start_code_review
+    code_reviews: list[tuple[str, str, int, int, str | None]] = attrs.field(factory=list)
 
     async def perform_session_action(self, request: SessionActionRequest) -> None:
         self.session_actions.append(request)
 
-    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
-        self.code_reviews.append((task_id, step_id, agent_profile_id))
+    async def start_code_review(
+        self, *, task_id: str, step_id: str, entry_seq: int, review_run_id: int, agent_profile_id: str | None
+    ) -> None:
+        self.code_reviews.append((task_id, step_id, entry_seq, review_run_id, agent_profile_id))
 
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None:
         return None

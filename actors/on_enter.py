@@ -435,20 +435,28 @@ class OnEnterDispatch:
     ) -> Literal["next", "stop"]:
         """Claim first, act outside the database, then complete.
 
-        run_code_review records its review-run row with the claim, then asks the host to start the pass; a
+        run_code_review records its review-run row with the claim, then asks the host to start the pass with
+        the entry identity and the row's id (a re-claim after a crash reuses the row: issue 12 item 7); a
         failed start is recorded on the row and warned, and neither blocks the entry nor fails the action
         (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
         warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
         """
         epoch, now = self.services.store.epoch, self.services.now()
         reviewing = action.type == "run_code_review"
+        agent: str | None = getattr(action.config, "agent_profile_id", None)
 
         def claim(conn: sqlite3.Connection) -> tuple[step_entries.ClaimOutcome, int | None]:
             outcome = step_entries.claim_marker(conn, key, position, action.type, epoch, now)
             if outcome != "claimed" or not reviewing:
                 return outcome, None
             return outcome, review_runs.record_review_run(
-                conn, task_id=key.task_id, step_id=key.step_id, now=now
+                conn,
+                task_id=key.task_id,
+                step_id=key.step_id,
+                entry_seq=key.entry_seq,
+                position=position,
+                agent_profile_id=agent,
+                now=now,
             )
 
         outcome, review_run = await self.services.store.transact(claim)
@@ -457,10 +465,14 @@ class OnEnterDispatch:
         effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
         start_failure: str | None = None
         if reviewing:
-            agent: str | None = getattr(action.config, "agent_profile_id", None)
+            assert review_run is not None
             try:
                 await self.services.host.start_code_review(
-                    task_id=self.task.id, step_id=self.step.id, agent_profile_id=agent
+                    task_id=self.task.id,
+                    step_id=self.step.id,
+                    entry_seq=key.entry_seq,
+                    review_run_id=review_run,
+                    agent_profile_id=agent,
                 )
                 effect = Effect("done")
             except Exception as exc:

@@ -187,18 +187,35 @@ def evaluate_quorum(
     return result(True, "approved") if approvals >= threshold.n else result(False, "pending")
 
 
+@attrs.frozen
+class _SeatIndex:
+    """How decisions find seats: by participant id, else (agent deciders) by (role, agent)."""
+
+    ids: frozenset[int]
+    by_role_agent: dict[tuple[str, str], int]
+
+    @classmethod
+    def of(cls, seats: Iterable[Participant]) -> _SeatIndex:
+        seats = list(seats)
+        # Empty-agent seats have no identity an agent decider could match; they are reachable by id only.
+        return cls(
+            frozenset(s.id for s in seats),
+            {(s.role, s.agent_profile_id): s.id for s in seats if s.agent_profile_id},
+        )
+
+    def seat_of(self, d: Decision) -> int | None:
+        if d.participant_id is not None and d.participant_id in self.ids:
+            return d.participant_id
+        if d.decider_type == "agent":
+            return self.by_role_agent.get((d.role, d.decider_id))
+        return None
+
+
 def _latest_per_seat(seats: list[Participant], ordered: list[Decision]) -> dict[int, Decision]:
-    seat_ids = {s.id for s in seats}
-    # Empty-agent seats have no identity an agent decider could match; they are reachable by id only.
-    by_role_agent = {(s.role, s.agent_profile_id): s.id for s in seats if s.agent_profile_id}
+    index = _SeatIndex.of(seats)
     latest: dict[int, Decision] = {}
     for d in ordered:
-        if d.participant_id is not None and d.participant_id in seat_ids:
-            seat: int | None = d.participant_id
-        elif d.decider_type == "agent":
-            seat = by_role_agent.get((d.role, d.decider_id))
-        else:
-            seat = None
+        seat = index.seat_of(d)
         if seat is not None:
             latest[seat] = d  # oldest first, so the last write is the latest decision
     return latest
@@ -212,3 +229,61 @@ def _any_veto(ordered: list[Decision], role: str) -> bool:
             continue
         last[(d.decider_type, d.decider_id)] = d
     return any(d.decision in _VETOES for d in last.values())
+
+
+def seat_role(
+    participants: Iterable[Participant],
+    *,
+    task_id: str,
+    step_id: str,
+    decider_type: str,
+    decider_id: str,
+    participant_id: int | None,
+) -> str | None:
+    """The role of the seat a role-less decision comes from, or None when the decider holds no seat.
+
+    Candidates are the rows `quorum_seats` draws from (the task's per-task rows at any step, template rows
+    at `step_id`) with decision_required. The decider's row is the one named by `participant_id`, else, for
+    an agent decider, a row whose agent_profile_id is `decider_id`; a user decider without a participant id
+    holds no seat. Among several, a per-task row beats a template row, then the row at `step_id` beats a
+    row at another step, then the lowest id. Source: issue 12 item 1 (Kandev resolves the decider's role
+    from the seat); kandev-engine-notes.md, Quorum guards.
+    """
+    candidates = [
+        p
+        for p in participants
+        if (p.task_id == task_id or (p.task_id is None and p.step_id == step_id)) and p.decision_required
+    ]
+    if participant_id is not None:
+        mine = [p for p in candidates if p.id == participant_id]
+    elif decider_type == "agent":
+        mine = [p for p in candidates if p.agent_profile_id and p.agent_profile_id == decider_id]
+    else:
+        return None
+    best = min(mine, key=lambda p: (p.task_id is None, p.step_id != step_id, p.id), default=None)
+    return None if best is None else best.role
+
+
+def why_not_counted(
+    decision: Decision, guards: Iterable[tuple[str, Threshold]], participants: Iterable[Participant]
+) -> str | None:
+    """Why no quorum guard of the decision's step takes `decision` into account, or None when one does.
+
+    `guards` are the (role, threshold) pairs of the step's guarded transitions. A guard takes a decision into
+    account as `evaluate_quorum` does: any_reject every user decision and an agent decision of its role;
+    every other kind a decision that maps to one of its seats. Returns "no_quorum_guard" when the step has no
+    guard, "no_matching_seat" when no guard takes it. Source: issue 12 item 1.
+    """
+    guards = list(guards)
+    if not guards:
+        return "no_quorum_guard"
+    rows = list(participants)
+    for role, threshold in guards:
+        if threshold.kind == "any_reject":
+            if decision.decider_type == "user" or decision.role == role:
+                return None
+            continue
+        seats = quorum_seats(rows, task_id=decision.task_id, step_id=decision.step_id, role=role)
+        if _SeatIndex.of(seats).seat_of(decision) is not None:
+            return None
+    return "no_matching_seat"

@@ -54,7 +54,7 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, runs, tasks, workflows
+from onceflow.store import participants, review_runs, runs, tasks, workflows
 from onceflow.store import wip as store_wip
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
@@ -263,6 +263,10 @@ class Runtime:
                     "tasks": [tasks.task_as_dict(task) for task in page],
                     "next_after_task_id": page[-1].id if more else None,
                 }
+            case c.ListReviewRuns():
+                return await store.transact(
+                    lambda conn: review_runs.list_review_runs(conn, task_id=command.task_id)
+                )
             case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
                 return await self._outcomes.handle(command, out)
         raise TypeError(f"unroutable command {type(command).__name__}")

@@ -7,11 +7,11 @@ which the supervisor restarts (nothing it needs lives only in memory: state is r
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
-from onceflow.actors import children
+from onceflow.actors import children, decisions
 from onceflow.actors.engine import Engine, HandleInput, HandleResult
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.actors.operation_locks import TaskLocks
@@ -25,6 +25,8 @@ from onceflow.protocol.workflow import Trigger
 from onceflow.store import participants, step_entries, tasks, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
+
+GuardOutcome = Literal["moved", "quorum_not_met", "move_abandoned", "no_guard", "not_at_step"]
 
 EVENT_TRIGGERS: dict[type[Any], Trigger] = {
     c.TaskComment: Trigger.on_comment,
@@ -289,7 +291,14 @@ class TaskActor:
 
         In-process redeliveries are stopped by the ledger (`decision:<task>:<step>:<id>`, marked after the
         in-call commit: AC-EO-9); across restarts the durable receipt keeps a redelivered vote out of a
-        later round, and the guards are simply re-evaluated.
+        later round, and the guards are simply re-evaluated. A reused `decision_id` with other content is a
+        ConflictError in both cases (issue 12 item 6).
+
+        The reply says whether the vote counted (`counted`, `not_counted_reason`; a WARNING
+        `decision_not_counted` diagnostic when it did not) and what the guards did (`guard_outcome`: moved,
+        quorum_not_met, move_abandoned, no_guard, or not_at_step when the task is not at the decision's step:
+        nothing is evaluated).
+        Source: issue 12 item 1.
         """
         op = (
             decision_operation_id(self.task_id, command.step_id, command.decision_id)
@@ -297,77 +306,74 @@ class TaskActor:
             else ""
         )
         ledger = self.engine.services.ledger
-        if op and await ledger.is_applied(op):
+        applied = bool(op) and await ledger.is_applied(op)
+        workflows, now = self.engine.services.workflows, self.engine.services.now()
+        recorded = await self._store.transact(lambda conn: decisions.record(conn, command, workflows, now))
+        if applied and not recorded.inserted:
             return {"idempotent": True, "operation_id": op}
-        now = self.engine.services.now()
-
-        def insert(conn: sqlite3.Connection) -> tuple[TaskRecord, int, bool]:
-            task = tasks.get_task(conn, self.task_id)
-            where = {"task_id": self.task_id, "step_id": command.step_id}
-            if command.decision_id is not None:
-                earlier = participants.decision_receipt(conn, **where, external_id=command.decision_id)
-                if earlier is not None:
-                    return task, earlier, False
-            decision_id = participants.record_decision(
-                conn,
-                **where,
-                participant_id=command.participant_id,
-                role=command.role,
-                decider_type=command.decider_type,
-                decider_id=command.decider_id,
-                decision=command.decision,
-                comment=command.comment,
-                now=now,
-            )
-            if command.decision_id is not None:
-                participants.add_decision_receipt(
-                    conn, **where, external_id=command.decision_id, decision_id=decision_id
-                )
-            return task, decision_id, True
-
-        task, decision_id, inserted = await self._store.transact(insert)
-        if inserted:
+        if recorded.inserted:
             out.emit(
                 DecisionRecorded(
-                    decision_id=decision_id,
+                    decision_id=recorded.decision_id,
                     task_id=self.task_id,
                     step_id=command.step_id,
                     decider_id=command.decider_id,
                     decision=command.decision,
+                    role=recorded.role or "",
                 )
             )
-        # Re-evaluated either way: a redelivery may follow a first delivery whose transition failed.
-        moved_to = await self._reevaluate(task, command.step_id, out)
+        if recorded.not_counted is not None:
+            out.diagnostic(
+                "warning",
+                "decision_not_counted",
+                task_id=self.task_id,
+                step_id=command.step_id,
+                decision_id=recorded.decision_id,
+                decider_type=command.decider_type,
+                decider_id=command.decider_id,
+                participant_id=command.participant_id,
+                role=recorded.role,
+                reason=recorded.not_counted,
+            )
+        # Re-evaluated on a replay too: a redelivery may follow a first delivery whose transition failed.
+        moved_to, guard_outcome = None, "not_at_step"
+        if recorded.task.step_id == command.step_id:
+            moved_to, guard_outcome = await self._reevaluate(recorded.task, out)
         if op:
             await ledger.mark_applied(op)
         return {
-            "decision_id": decision_id,
-            "recorded": inserted,
+            "decision_id": recorded.decision_id,
+            "recorded": recorded.inserted,
+            "role": recorded.role,
+            "counted": recorded.not_counted is None if recorded.inserted else None,
+            "not_counted_reason": recorded.not_counted,
             "moved_to": moved_to,
+            "guard_outcome": guard_outcome,
             "operation_id": op or None,
         }
 
-    async def _reevaluate(self, task: TaskRecord, step_id: str, out: Outbox) -> str | None:
-        """Apply the first satisfied guarded on_turn_complete transition of the decision's step.
+    async def _reevaluate(self, task: TaskRecord, out: Outbox) -> tuple[str | None, GuardOutcome]:
+        """Apply the first satisfied guarded on_turn_complete transition of the task's step.
 
-        The move is a compare-and-set on the task still being at `step_id`; a lost race is reported as a
-        `transition_abandoned` diagnostic (kandev-engine-notes.md, "Quorum guards").
+        Returns (the step moved to, or None; the outcome). The move is a compare-and-set on the task still
+        being at its step; a lost race is `move_abandoned` (with a `transition_abandoned` diagnostic),
+        distinct from `quorum_not_met` (kandev-engine-notes.md, "Quorum guards"; issue 12 item 1).
         """
         workflow = self.engine.services.workflows.get(task.workflow_id)
-        if not workflow.has_step(step_id):
-            return None
-        step = workflow.step(step_id)
-        at_step = attrs.evolve(task, step_id=step_id)
-        for action in step.events.actions(Trigger.on_turn_complete):
-            if getattr(action.config, "guard", None) is None:
-                continue
-            target = await self.engine.evaluate_transition(at_step, workflow, step, action, out)
+        if not workflow.has_step(task.step_id):  # a template re-registered without it: nothing to evaluate
+            return None, "no_guard"
+        step = workflow.step(task.step_id)
+        guarded = decisions.quorum_guards(step)
+        if not guarded:
+            return None, "no_guard"
+        for guard in guarded:
+            target = await self.engine.evaluate_transition(task, workflow, step, guard.action, out)
             if target is not None:
                 moved = await self.engine.enter_step(
-                    at_step, workflow, target, path="E1", trigger="record_decision", out=out
+                    task, workflow, target, path="E1", trigger="record_decision", out=out
                 )
-                return target.id if moved else None
-        return None
+                return (target.id, "moved") if moved else (None, "move_abandoned")
+        return None, "quorum_not_met"
 
     async def _switch_workflow(self, command: c.SwitchWorkflow, out: Outbox) -> Any:
         """Entry path E4, deduplicated on `<op>:switch_workflow:on_enter`; both phase keys marked after."""

@@ -315,6 +315,15 @@ class ListStepEntries(_Command):
     task_id: Id
 
 
+class ListReviewRuns(_Command):
+    """Code-review passes started by run_code_review (of one task, or all): each with its review-run id and
+    entry identity, so a host can tell a launch repeated after a crash from a new entry's (issue 12 item 7).
+    """
+
+    type: Literal["list_review_runs"] = "list_review_runs"
+    task_id: Name | None = None
+
+
 EventTrigger = (
     TaskComment
     | BlockersResolved
@@ -352,6 +361,7 @@ Command = Annotated[
     | ListRuns
     | ListDecisions
     | ListStepEntries
+    | ListReviewRuns
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome,
@@ -368,7 +378,9 @@ def task_id_of(command: Any) -> str | None:
 
     A per-task AddParticipant is routed to its task; a template-level one is not.
     """
-    if isinstance(command, RegisterWorkflow | ClaimRun | FinishRun | RemoveParticipant | ListRuns):
+    if isinstance(
+        command, RegisterWorkflow | ClaimRun | FinishRun | RemoveParticipant | ListRuns | ListReviewRuns
+    ):
         return None
     task_id = getattr(command, "task_id", None)
     return task_id if isinstance(task_id, str) and task_id else None

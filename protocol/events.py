@@ -91,7 +91,8 @@ class RunQueued(_Event):
 
 
 class RunSuppressed(_Event):
-    """An enqueue hit an idempotency key seen within 24 h: a success that inserted nothing."""
+    """An enqueue hit an idempotency key still honoured (its run unresolved, or resolved less than 24 h ago):
+    a success that changed nothing. `existing_run_id` is the run the key produced or was merged into."""
 
     type: Literal["run_suppressed"] = "run_suppressed"
     existing_run_id: int
@@ -102,7 +103,7 @@ class RunSuppressed(_Event):
 
 
 class RunCoalesced(_Event):
-    """An enqueue merged into a queued run of the same (agent, reason) within 5 s."""
+    """An enqueue merged into a queued run of the same task, agent and reason from the last 5 s."""
 
     type: Literal["run_coalesced"] = "run_coalesced"
     run_id: int
@@ -113,12 +114,15 @@ class RunCoalesced(_Event):
 
 
 class DecisionRecorded(_Event):
+    """A decision was stored. `role` is the one recorded: the command's, or resolved from the seat."""
+
     type: Literal["decision_recorded"] = "decision_recorded"
     decision_id: int
     task_id: str
     step_id: str
     decider_id: str
     decision: str
+    role: str = ""
 
 
 class DecisionsCleared(_Event):

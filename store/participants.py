@@ -100,25 +100,30 @@ def record_decision(
     return int(cur.lastrowid or 0)
 
 
-def decision_receipt(conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str) -> int | None:
-    """The decision row id first recorded under the host's `external_id`, if any.
+def decision_receipt(
+    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str
+) -> tuple[int, str] | None:
+    """(decision row id, content) first recorded under the host's `external_id`, or None.
 
     Receipts outlive clear_decisions, so a decision redelivered after a restart (the ledger starts empty)
-    is recognised and never counted in a later round.
+    is recognised and never counted in a later round. `content` is the canonical JSON of what was decided
+    (issue 12 item 6); '' for a receipt written before it was kept.
     """
     row = conn.execute(
-        "SELECT decision_id FROM decision_receipts WHERE task_id = ? AND step_id = ? AND external_id = ?",
+        "SELECT decision_id, content FROM decision_receipts"
+        " WHERE task_id = ? AND step_id = ? AND external_id = ?",
         (task_id, step_id, external_id),
     ).fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None else (int(row[0]), str(row[1]))
 
 
 def add_decision_receipt(
-    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int
+    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int, content: str
 ) -> None:
     conn.execute(
-        "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id) VALUES (?, ?, ?, ?)",
-        (task_id, step_id, external_id, decision_id),
+        "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id, content)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (task_id, step_id, external_id, decision_id, content),
     )
 
 

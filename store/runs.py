@@ -1,10 +1,14 @@
 """The runs queue: idempotent, coalescing enqueue; atomic claim; finish.
 
-Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9):
-- an idempotency key seen within 24 h makes the enqueue a success that inserts nothing;
-- within 5 s, the newest queued run with the same (agent_profile_id, reason) absorbs the enqueue
-  (count + 1, payload replaced) — unless either side has `exclude_from_coalescing` set. That flag is a
-  discrete column read by both `should_coalesce` and the coalescing SQL, never encoded in the key.
+Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9; issue 12
+items 2-4):
+- every idempotency key is kept with the run it produced (`runs.idempotency_key`) or, for an enqueue merged
+  by coalescing, in `coalesced_keys` with the run it was merged into; while that run is unresolved, and for
+  24 h after it resolves, the key makes an enqueue a success that changes nothing;
+- within 5 s, the newest queued run of the same task with the same (agent_profile_id, reason) absorbs the
+  enqueue (count + 1, payload replaced) — never a run of another task, and not when either side has
+  `exclude_from_coalescing` set. That flag is a discrete column read by both `should_coalesce` and the
+  coalescing SQL, never encoded in the key.
 """
 
 from __future__ import annotations
@@ -74,50 +78,97 @@ def should_coalesce(request: RunRequest) -> bool:
     return not request.exclude_from_coalescing
 
 
+def key_honoured(*, status: str, seen_at: float, finished_at: float | None, now: float) -> bool:
+    """Whether an idempotency key still suppresses an enqueue: while the run it produced is unresolved
+    (queued or claimed), and for 24 h after that run resolved (or after the key was seen, if later).
+
+    A stricter reading of AC-H6 that never produces more runs than "24 h after the key was seen" (issue 12
+    item 4): a run left queued or claimed for 25 h keeps its key. All times are Unix seconds.
+    """
+    if status in ("queued", "claimed"):
+        return True
+    return (
+        now - max(seen_at, finished_at if finished_at is not None else seen_at) < IDEMPOTENCY_WINDOW_SECONDS
+    )
+
+
 def enqueue_run(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult:
     """Enqueue inside the caller's transaction. `now` is Unix seconds.
 
-    An expired key (older than 24 h) is released from its old run so the new run can take it. Atomic: an
-    enqueue that raises leaves none of its writes behind (each path is one write, or two in a savepoint), so
-    a fan-out needs no savepoint of its own per participant.
+    A key still honoured (`key_honoured`) makes the enqueue a success that changes nothing (`suppressed`,
+    naming the run the key produced or was merged into). Otherwise the request coalesces into the newest
+    queued run of the same task, agent and reason from the last 5 s (never across tasks: issue 12 item 2),
+    recording its key in `coalesced_keys` (item 3), or is inserted under its key. A key lives in one place:
+    the run it was inserted with, or `coalesced_keys`; re-applying an expired key moves it.
+
+    Atomic: an enqueue that raises leaves none of its writes behind (one write, or several in a savepoint),
+    so a fan-out needs no savepoint of its own per participant.
     """
-    key = request.idempotency_key
-    if key and not should_coalesce(request):  # the common keyed case: insert first, look only on a conflict
+    key = request.idempotency_key or None
+    if key is None:
+        return _coalesce(conn, request, now) or _queue(conn, request, now)
+    merged = conn.execute(
+        "SELECT k.run_id, k.seen_at, r.status, r.finished_at FROM coalesced_keys k"
+        " JOIN runs r ON r.id = k.run_id WHERE k.idempotency_key = ?",
+        (key,),
+    ).fetchone()
+    if merged is not None and key_honoured(
+        status=merged[2], seen_at=merged[1], finished_at=merged[3], now=now
+    ):
+        return EnqueueResult("suppressed", merged[0])
+    if merged is None and not should_coalesce(request):  # the common keyed case: insert, look on a conflict
         inserted = _insert(conn, request, now, skip_taken_key=True)
         if inserted is not None:
             return inserted
-    if key:
-        row = conn.execute("SELECT id, requested_at FROM runs WHERE idempotency_key = ?", (key,)).fetchone()
-        if row is not None:
-            if now - row[1] < IDEMPOTENCY_WINDOW_SECONDS:
-                return EnqueueResult("suppressed", row[0])
-            with savepoint(conn, "rekey"):
-                conn.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?", (row[0],))
-                queued = _insert(conn, request, now)
-            assert queued is not None  # without skip_taken_key a conflict raises
-            return queued
-    if should_coalesce(request):
-        row = conn.execute(
-            "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ? AND reason = ?"
-            " AND status = 'queued' AND exclude_from_coalescing = 0 AND requested_at >= ?"
-            " ORDER BY requested_at DESC, id DESC LIMIT 1",
-            (request.agent_profile_id, request.reason, now - COALESCE_WINDOW_SECONDS),
-        ).fetchone()
-        if row is not None:
-            conn.execute(
-                "UPDATE runs SET coalesced_count = coalesced_count + 1, payload = ? WHERE id = ?",
-                (_payload_json(request.payload), row[0]),
-            )
-            return EnqueueResult("coalesced", row[0], row[1] + 1)
+    own = conn.execute(
+        "SELECT id, requested_at, status, finished_at FROM runs WHERE idempotency_key = ?", (key,)
+    ).fetchone()
+    if own is not None and key_honoured(status=own[2], seen_at=own[1], finished_at=own[3], now=now):
+        return EnqueueResult("suppressed", own[0])
+    with savepoint(conn, "enqueue"):  # release the expired key, then merge or insert under it: all or none
+        if merged is not None:
+            conn.execute("DELETE FROM coalesced_keys WHERE idempotency_key = ?", (key,))
+        if own is not None:
+            conn.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?", (own[0],))
+        result = _coalesce(conn, request, now)
+        if result is None:
+            return _queue(conn, request, now)
+        conn.execute(
+            "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at) VALUES (?, ?, ?)",
+            (key, result.run_id, now),
+        )
+    return result
+
+
+def _coalesce(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult | None:
+    """Merge into the newest coalescible queued run of the same task, agent and reason, or None."""
+    if not should_coalesce(request):
+        return None
+    row = conn.execute(
+        "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ? AND reason = ? AND task_id IS ?"
+        " AND status = 'queued' AND exclude_from_coalescing = 0 AND requested_at >= ?"
+        " ORDER BY requested_at DESC, id DESC LIMIT 1",
+        (request.agent_profile_id, request.reason, request.task_id, now - COALESCE_WINDOW_SECONDS),
+    ).fetchone()
+    if row is None:
+        return None
+    conn.execute(
+        "UPDATE runs SET coalesced_count = coalesced_count + 1, payload = ? WHERE id = ?",
+        (_payload_json(request.payload), row[0]),
+    )
+    return EnqueueResult("coalesced", row[0], row[1] + 1)
+
+
+def _queue(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult:
     queued = _insert(conn, request, now)
-    assert queued is not None
+    assert queued is not None  # without skip_taken_key a conflict raises
     return queued
 
 
 def _insert(
     conn: sqlite3.Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
 ) -> EnqueueResult | None:
-    """Insert the run. `skip_taken_key`: a key already taken inserts nothing and returns None."""
+    """Insert the run as queued. `skip_taken_key`: a key already on a run inserts nothing, returns None."""
     upsert = " ON CONFLICT (idempotency_key) DO NOTHING" if skip_taken_key else ""
     cur = conn.execute(
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"

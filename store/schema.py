@@ -264,6 +264,32 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     """,
     # 8: coordinator outcomes speak Gas City's wire format (issue 12).
     _outcomes_speak_gascity,
+    # 9: the idempotency key of an enqueue merged into another run by coalescing (issue 12 item 3), with
+    # that run: a redelivery of the merged operation is then a no-op like any other. The key of an inserted
+    # run stays in runs.idempotency_key; a key lives in one of the two places.
+    """
+    CREATE TABLE coalesced_keys (
+        idempotency_key TEXT PRIMARY KEY,
+        run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        seen_at         REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
+    """,
+    # 10: what a receipted decision said, so a reused decision id with another verdict is a conflict, not a
+    # silent replay (issue 12 item 6). '' = written before this column: such a receipt is a replay.
+    """
+    ALTER TABLE decision_receipts ADD COLUMN content TEXT NOT NULL DEFAULT '';
+    """,
+    # 11: a review run carries its entry identity, so a launch repeated after a crash reuses its row (the
+    # stable review-run id a host deduplicates on) and a new entry gets a new one (issue 12 item 7).
+    """
+    ALTER TABLE task_review_runs ADD COLUMN entry_seq INTEGER;
+    ALTER TABLE task_review_runs ADD COLUMN position INTEGER;
+    ALTER TABLE task_review_runs ADD COLUMN agent_profile_id TEXT;
+    ALTER TABLE task_review_runs ADD COLUMN launches INTEGER NOT NULL DEFAULT 1;
+    CREATE UNIQUE INDEX task_review_runs_by_entry
+        ON task_review_runs(task_id, workflow_step_id, entry_seq, position);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

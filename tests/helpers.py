@@ -120,6 +120,11 @@ async def list_runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
     return list(reply.result)
 
 
+async def list_review_runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
+    reply = await ok(rt, {"type": "list_review_runs", **filters})
+    return list(reply.result)
+
+
 async def list_entries(rt: Runtime, task_id: str) -> list[dict[str, Any]]:
     reply = await ok(rt, {"type": "list_step_entries", "task_id": task_id})
     return list(reply.result)

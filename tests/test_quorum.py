@@ -15,6 +15,8 @@ from onceflow.actors.quorum import (
     evaluate_quorum,
     parse_threshold,
     quorum_seats,
+    seat_role,
+    why_not_counted,
 )
 from onceflow.store.records import DeciderType, Decision, DecisionValue, Participant
 
@@ -452,3 +454,80 @@ def test_all_approve_implies_majority_and_all_decide(
         assert evaluate("all_decide", participants, decisions).satisfied
         assert evaluate(Threshold("n_approve", all_approve.seats), participants, decisions).satisfied
     assert 0 <= all_approve.approvals <= all_approve.decided <= all_approve.seats
+
+
+# --- issue 12 item 1: a role-less decision takes its seat's role; whether any guard counts it -----------
+
+
+def _role_of(rows: list[Participant], decider: str, **kw: object) -> str | None:
+    args: dict = {"task_id": TASK, "step_id": STEP, "decider_type": "agent", "decider_id": decider}
+    return seat_role(rows, **{**args, "participant_id": None, **kw})
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        pytest.param(
+            [part("a", task_id=None, role="approver"), part("a", role="reviewer")],
+            "reviewer",
+            id="per-task-beats-template",
+        ),
+        pytest.param(
+            [part("a", step_id="other", role="approver"), part("a", role="reviewer")],
+            "reviewer",
+            id="evaluating-step-first",
+        ),
+        pytest.param(
+            [part("a", id=2, role="watcher"), part("a", id=1, role="reviewer")], "reviewer", id="lowest-id"
+        ),
+        pytest.param([part("a", role="watcher", required=False)], None, id="no-decision-required-seat"),
+        pytest.param([part("a", task_id=None, step_id="other")], None, id="template-row-at-another-step"),
+        pytest.param([part("a", task_id="t2")], None, id="another-tasks-row"),
+        pytest.param([part("b")], None, id="no-seat-for-this-agent"),
+    ],
+)
+def test_issue12_seat_role_per_task_beats_template_then_evaluating_step(
+    rows: list[Participant], expected: str | None
+) -> None:
+    assert _role_of(rows, "a") == expected
+
+
+def test_issue12_seat_role_by_participant_id_and_never_for_a_user_without_one() -> None:
+    rows = [part("a", id=7, role="approver"), part("a", id=8, role="reviewer")]
+    assert _role_of(rows, "someone", participant_id=8) == "reviewer"
+    assert _role_of(rows, "someone", participant_id=99) is None
+    assert _role_of(rows, "a", decider_type="user") is None
+    assert _role_of(rows, "u", decider_type="user", participant_id=7) == "approver"
+
+
+@pytest.mark.parametrize(
+    ("decision", "guards", "expected"),
+    [
+        pytest.param(dec("a", "approved", at=1), [(ROLE, "all_approve")], None, id="maps-to-a-seat"),
+        pytest.param(
+            dec("a", "approved", at=1, role=""),
+            [(ROLE, "all_approve")],
+            "no_matching_seat",
+            id="role-less-maps-nowhere",
+        ),
+        pytest.param(dec("x", "approved", at=1), [(ROLE, "all_approve")], "no_matching_seat", id="unseated"),
+        pytest.param(
+            dec("x", "rejected", at=1),
+            [(ROLE, "all_approve"), (ROLE, "any_reject")],
+            None,
+            id="any-reject-takes-its-role",
+        ),
+        pytest.param(
+            dec("u", "rejected", at=1, role="", decider_type="user"),
+            [(ROLE, "any_reject")],
+            None,
+            id="any-reject-takes-every-user",
+        ),
+        pytest.param(dec("a", "approved", at=1), [], "no_quorum_guard", id="no-guard"),
+    ],
+)
+def test_issue12_why_not_counted_mirrors_the_guards(
+    decision: Decision, guards: list[tuple[str, str]], expected: str | None
+) -> None:
+    parsed = [(role, parse_threshold(text)) for role, text in guards]
+    assert why_not_counted(decision, parsed, [part("a"), part("b")]) == expected

@@ -312,3 +312,19 @@ async def test_send_after_close_replies_instead_of_raising(db_path: Path, clock:
     assert not task_reply.ok
     runtime_reply = await send(rt, {"type": "list_runs"})
     assert not runtime_reply.ok
+
+
+async def test_issue12_creating_a_task_at_its_start_step_is_not_an_entry_so_on_enter_is_the_hosts_job(
+    office: Runtime, host: RecordingHost
+) -> None:
+    """office-default's start step (work) declares on_enter auto_start_agent. Creating a task there is not a
+    step entry (spec: out of scope), so nothing of it runs: starting the agent at creation is the host's
+    job. Entering the same step later does run it (issue 12 item 8)."""
+    created = await create_task(office, "T1", step_id=None)
+    assert await step_of(office, "T1") == "work"
+    assert [e.type for e in created.events] == ["task_created"]
+    assert host.session_actions == [] and await list_entries(office, "T1") == []
+    await move(office, "T1", "backlog")
+    entered = await move(office, "T1", "work")
+    assert [(r.task_id, r.action) for r in host.session_actions] == [("T1", "auto_start_agent")]
+    assert [e.step_id for e in events(entered, "step_entered")] == ["work"]

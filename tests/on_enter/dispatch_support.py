@@ -246,9 +246,9 @@ class Spy(RecordingHost):
         self.timeline.append((request.task_id, request.action, label(request.action, request.config)))
         await super().perform_session_action(request)
 
-    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
-        self.timeline.append((task_id, "run_code_review", agent_profile_id or ""))
-        await super().start_code_review(task_id=task_id, step_id=step_id, agent_profile_id=agent_profile_id)
+    async def start_code_review(self, **launch: Any) -> None:
+        self.timeline.append((launch["task_id"], "run_code_review", launch["agent_profile_id"] or ""))
+        await super().start_code_review(**launch)
 
     def wrap(self, executors: Mapping[str, Executor] = DEFAULT_EXECUTORS) -> dict[str, Executor]:
         def recording(real: Executor) -> Executor:
@@ -285,8 +285,8 @@ def spy_on(rt: Runtime, spy: Spy | None = None, executors: Mapping[str, Executor
 class ReviewDown(Spy):
     """A host whose code-review backend refuses every start (AC-A8's forced failure)."""
 
-    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
-        self.timeline.append((task_id, "run_code_review", agent_profile_id or ""))
+    async def start_code_review(self, **launch: Any) -> None:
+        self.timeline.append((launch["task_id"], "run_code_review", launch["agent_profile_id"] or ""))
         raise RuntimeError("review backend down")
 
 

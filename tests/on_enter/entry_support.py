@@ -301,10 +301,10 @@ class BlockingHost(RecordingHost):
         self.entered = trio.Event()
         self.release = trio.Event()
 
-    async def start_code_review(self, *, task_id: str, step_id: str, agent_profile_id: str | None) -> None:
+    async def start_code_review(self, **launch: Any) -> None:
         self.entered.set()
         await self.release.wait()
-        await super().start_code_review(task_id=task_id, step_id=step_id, agent_profile_id=agent_profile_id)
+        await super().start_code_review(**launch)
 
 
 async def dispatcher(

@@ -98,7 +98,7 @@ async def test_ac_f1_two_concurrent_dispatches_of_one_entry_execute_each_action_
         assert of_type(both, "run_suppressed") == []  # the loser did not execute a fan-out either
         assert len(of_type(both, "run_queued")) == 4
         assert await runtime.services.store.transact(lambda conn, k=key: is_terminal(conn, k))
-    assert sorted(task for task, _, _ in host.code_reviews) == task_ids  # one review pass per entry
+    assert sorted(review[0] for review in host.code_reviews) == task_ids  # one review pass per entry
     assert len(await runtime.services.store.transact(run_rows)) == 4 * len(task_ids)
 
 

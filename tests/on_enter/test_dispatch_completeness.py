@@ -30,7 +30,7 @@ from dispatch_support import (
     setup,
     spy_on,
 )
-from helpers import ok
+from helpers import list_review_runs, ok
 from structlog.testing import capture_logs
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
@@ -133,7 +133,7 @@ async def test_ac_a2_every_entry_path_executes_the_same_action_coverage(runtime:
         "rev-b",
         "worker",
     ]
-    assert spy.code_reviews == [("T1", STEP, None)]
+    assert [(t, step, agent) for t, step, _, _, agent in spy.code_reviews] == [("T1", STEP, None)]
 
 
 async def test_ac_a3_clear_deletes_the_destination_steps_decisions_before_later_actions(
@@ -226,10 +226,10 @@ async def test_ac_h3_fan_out_selects_by_role_alone_not_decision_required(runtime
 
 
 TARGETS = {
-    "primary": ("primary", "worker"),
-    "ceo": ("workspace.ceo_agent", "ceo"),
-    "participant_role": ("participant_role:reviewer", "rev-a"),
-    "agent_profile_id": ("agent_profile_id:pinned", "pinned"),
+    "primary": ("primary", ("worker",)),
+    "ceo": ("workspace.ceo_agent", ("ceo",)),
+    "participant_role": ("participant_role:reviewer", ("rev-a", "rev-b")),  # every match (issue 12 item 5)
+    "agent_profile_id": ("agent_profile_id:pinned", ("pinned",)),
 }
 
 
@@ -237,7 +237,7 @@ TARGETS = {
 async def test_ac_a7_on_enter_queue_run_enqueues_for_the_resolved_target_with_an_entry_scoped_key(
     runtime: Runtime, target: str
 ) -> None:
-    config, agent = TARGETS[target]
+    config, agents = TARGETS[target]
     await setup(
         runtime,
         f"""
@@ -251,9 +251,10 @@ async def test_ac_a7_on_enter_queue_run_enqueues_for_the_resolved_target_with_an
 
     rows = await runs(runtime, task_id="T1")
     assert [(r["agent_profile_id"], r["step_id"], r["reason"], r["status"]) for r in rows] == [
-        (agent, STEP, "kick", "queued")
+        (agent, STEP, "kick", "queued") for agent in agents
     ] * 2
-    assert [key_seq(r["idempotency_key"]) for r in rows] == [1, 2]  # differs across the two entries
+    # differs across the two entries
+    assert [key_seq(r["idempotency_key"]) for r in rows] == [1] * len(agents) + [2] * len(agents)
     assert all(r["exclude_from_coalescing"] for r in rows)  # AC-H9's field, on a bare queue_run too
     assert of_type(again.events, "run_coalesced") == [] and of_type(again.events, "run_suppressed") == []
 
@@ -294,7 +295,11 @@ async def test_ac_a8_run_code_review_records_a_review_run_and_starts_the_pass(ru
         ).fetchall()
     )
     assert [tuple(r) for r in rows] == [("T1", STEP, "workflow_step", "started")]
-    assert spy.code_reviews == [("T1", STEP, "reviewer-bot")]
+    [(task, step, entry_seq, review_run_id, agent)] = spy.code_reviews
+    assert (task, step, agent) == ("T1", STEP, "reviewer-bot")
+    assert [(r["id"], r["entry_seq"]) for r in await list_review_runs(runtime)] == [
+        (review_run_id, entry_seq)
+    ]
     assert await markers(runtime) == [(0, "run_code_review", "done", "")]
     assert loud(events) == []
 

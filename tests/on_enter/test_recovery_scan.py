@@ -644,4 +644,4 @@ async def test_ac_a8_run_code_review_claimed_by_a_dead_runtime_runs_again_on_rec
     async with restart(db_path, host=host) as rt:
         marks = await rt.services.store.transact(lambda conn: states(conn, KEY))
         assert marks[0] == (0, "run_code_review", "done")
-    assert host.code_reviews == [("T1", "review", None)]
+    assert [(t, s, seq, agent) for t, s, seq, _, agent in host.code_reviews] == [("T1", "review", 1, None)]

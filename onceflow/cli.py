@@ -24,6 +24,7 @@ import structlog
 import trio
 import yaml
 
+from onceflow import serve
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
     sub.add_parser("schema", help="print the protocol's JSON Schema")
+    serve.add_parser(sub)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     try:
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if final == "done" else 1
         if args.command == "run":
             return trio.run(replay, args.workflow, args.script, _fresh_db(args.db, "run.db"), args.json)
+        if args.command == "serve":
+            return serve.run(args)
         if args.command == "validate":
             return validate(args.files)
         print(json.dumps(command_schema(), indent=2))

@@ -379,18 +379,22 @@ async def serve(
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
     """
-    stopped = trio.Event()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as watcher:
-            watcher.start_soon(_watch_signals, signals, stopped, watcher.cancel_scope)
-            listener = None if socket_path is None else await _bind(socket_path)
-            try:
-                status = await _serve(db, workflows, listener, socket_path, options, stopped)
-            finally:
-                if socket_path is not None:
-                    socket_path.unlink(missing_ok=True)
-            watcher.cancel_scope.cancel()
-    return status
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
+        listener = None if socket_path is None else await _bind(socket_path)
+        try:
+            # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
+            async with open_runtime(db) as runtime:
+                if not await _register(runtime, workflows):
+                    return 1
+                async with trio.open_nursery() as everything:
+                    stopped = trio.Event()
+                    everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
+                    await _serve(runtime, listener, socket_path, options, stopped)
+                    everything.cancel_scope.cancel()  # the signal watcher
+        finally:
+            if socket_path is not None:
+                socket_path.unlink(missing_ok=True)
+    return 0
 
 
 async def _watch_signals(signals: Any, stopped: trio.Event, everything: trio.CancelScope) -> None:
@@ -404,29 +408,25 @@ async def _watch_signals(signals: Any, stopped: trio.Event, everything: trio.Can
 
 
 async def _serve(
-    db: Path,
-    workflows: Sequence[Path],
+    runtime: Runtime,
     listener: trio.SocketListener | None,
     socket_path: Path | None,
     options: ServeOptions,
     stopped: trio.Event,
-) -> int:
-    async with open_runtime(db) as runtime:
-        if not await _register(runtime, workflows):
-            return 1
-        async with trio.open_nursery() as commands:
-            server = Server(runtime, commands, options)
-            async with trio.open_nursery() as connections:
-                accepting = trio.CancelScope()
-                if listener is None:
-                    connections.start_soon(_serve_stdio, server, stopped)
-                else:
-                    connections.start_soon(_accept, server, listener, accepting, connections)
-                print(f"serving on {socket_path or 'stdio'}", file=sys.stderr, flush=True)
-                await stopped.wait()
-                server.stop()
-                accepting.cancel()
-    return 0
+) -> None:
+    """Serve until `stopped`, then drain: returns once every received command is done and answered."""
+    async with trio.open_nursery() as commands:
+        server = Server(runtime, commands, options)
+        async with trio.open_nursery() as connections:
+            accepting = trio.CancelScope()
+            if listener is None:
+                connections.start_soon(_serve_stdio, server, stopped)
+            else:
+                connections.start_soon(_accept, server, listener, accepting, connections)
+            print(f"serving on {socket_path or 'stdio'}", file=sys.stderr, flush=True)
+            await stopped.wait()
+            server.stop()
+            accepting.cancel()
 
 
 async def _accept(

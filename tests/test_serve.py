@@ -265,12 +265,21 @@ def test_issue13_serve_stdio_answers_each_line_and_exits_0_at_end_of_input(tmp_p
     assert frames[3]["reply"]["result"]["step_id"] == "work"
 
 
-def test_issue13_serve_refuses_a_socket_another_server_listens_on() -> None:
+def test_issue13_serve_refuses_a_live_socket_or_an_owned_database_with_one_error_line() -> None:
     with serving() as served:
         other = _start(served.db.with_name("other.db"), ["--socket", str(served.socket)])
         _, err = other.communicate(timeout=30)
-        assert other.returncode == 1
-        assert b"another server is listening" in err
+        assert (other.returncode, err.decode()) == (
+            1,
+            f"error: {served.socket}: another server is listening there\n",
+        )
+        second = served.socket.with_name("second.sock")
+        same_db = _start(served.db, ["--socket", str(second)])
+        _, err = same_db.communicate(timeout=30)
+        assert same_db.returncode == 1
+        assert err.decode().startswith("error: database ") and "already owned" in err.decode()
+        assert len(err.splitlines()) == 1  # no traceback
+        assert not second.exists()  # its socket was removed again
         assert served.client().request({"type": "get_task", "task_id": "none"})["reply"]["ok"] is False
 
 

@@ -8,7 +8,9 @@ onceflow/serve.py's docstring.
 from __future__ import annotations
 
 import json
+import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -323,3 +325,26 @@ def test_issue13_line_reader_splits_any_chunking_and_skips_overlong_lines(
         return out
 
     assert trio.run(read_all) == [OVERLONG if len(line) > 20 else line for line in lines]
+
+
+def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
+    """The README's `onceflow serve` line and the shell client's lines, over --stdio (no socat here)."""
+    readme = (TESTS.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Serving over a socket", 1)[1].split("\n## ", 1)[0]
+    (serve_line,) = [line for line in section.splitlines() if line.startswith("onceflow serve ")]
+    argv = shlex.split(serve_line)[1:]
+    argv[argv.index("--socket") : argv.index("--socket") + 2] = ["--stdio"]
+    argv[argv.index("--db") + 1] = str(tmp_path / "board.db")
+    requests = re.findall(r"'(\{.*?\})'", section)
+    assert len(requests) == 2
+    done = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", *argv],
+        cwd=TESTS.parent,
+        input="".join(line + "\n" for line in requests).encode(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    frames = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(f["id"], f["reply"]["ok"]) for f in frames] == [(1, True), (2, True)]
+    assert frames[1]["reply"]["result"]["step_id"] == "work"

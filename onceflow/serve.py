@@ -182,6 +182,7 @@ def split_request(line: bytes) -> Request | Reply:
 class _Connection:
     """One client: its stream, its bounded outgoing queue, and the scopes that stop it."""
 
+    number: int  # the n-th connection since start, for the logs
     stream: trio.abc.Stream
     nursery: trio.Nursery
     out: trio.MemorySendChannel[bytes]
@@ -206,7 +207,7 @@ class _Connection:
     def fail(self, exc: OnceflowError) -> None:
         """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
         self.failure = ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
-        log.warning("client_disconnected", code=exc.code, reason=exc.message)
+        log.warning("client_disconnected", connection=self.number, code=exc.code, reason=exc.message)
         self.reading.cancel()
         self.end_subscription()
         self.close_within(self.grace)
@@ -227,6 +228,7 @@ class Server:
         self._commands = commands  # lives until every received command is done; a client never cancels it
         self._options = options
         self._connections: set[_Connection] = set()
+        self._opened = 0
         self.stopping = False
 
     def stop(self) -> None:
@@ -241,21 +243,24 @@ class Server:
         out, queued = trio.open_memory_channel[bytes](self._options.queue_size)
         requests, received = trio.open_memory_channel[bytes | _Overlong](self._options.max_pipeline)
         worked = trio.Event()
+        self._opened += 1
         try:
             async with trio.open_nursery() as nursery:
-                conn = _Connection(stream, nursery, out, queued, self._options.grace)
+                conn = _Connection(self._opened, stream, nursery, out, queued, self._options.grace)
                 self._connections.add(conn)
-                if self.stopping:
-                    conn.reading.cancel()
-                nursery.start_soon(self._write, conn)
-                self._commands.start_soon(self._work, conn, received, worked)
-                with conn.reading:
-                    await self._read(conn, requests)
-                requests.close()
-                await worked.wait()  # every received command answered (or its reply dropped)
-                conn.end_subscription()
-                out.close()  # the writer flushes the queue (and any error line), then stops
-            self._connections.discard(conn)
+                try:
+                    if self.stopping:
+                        conn.reading.cancel()
+                    nursery.start_soon(self._write, conn)
+                    self._commands.start_soon(self._work, conn, received, worked)
+                    with conn.reading:
+                        await self._read(conn, requests)
+                    requests.close()
+                    await worked.wait()  # every received command answered (or its reply dropped)
+                    conn.end_subscription()
+                    out.close()  # the writer flushes the queue (and any error line), then stops
+                finally:
+                    self._connections.discard(conn)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -324,7 +329,7 @@ class Server:
                 pass  # the client went away; its commands still run, their replies are dropped
         conn.queued.close()
         if conn.writing.cancelled_caught:
-            log.warning("client_not_reading_closed", grace_seconds=conn.grace)
+            log.warning("client_not_reading_closed", connection=conn.number, grace_seconds=conn.grace)
 
 
 async def _bind(path: Path) -> trio.SocketListener:

@@ -13,6 +13,8 @@ import select
 import shlex
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -348,3 +350,25 @@ def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
     frames = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(f["id"], f["reply"]["ok"]) for f in frames] == [(1, True), (2, True)]
     assert frames[1]["reply"]["result"]["step_id"] == "work"
+
+
+def test_issue13_serve_replaces_a_stale_socket_file_and_creates_it_owner_only() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="of-", dir="/tmp"))
+    try:
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(str(folder / "s.sock"))  # a killed server's leftover: nobody listens on it
+        stale.close()
+        process = _start(folder / "b.db", ["--socket", str(folder / "s.sock")])
+        try:
+            _wait_ready(process)
+            assert stat.S_IMODE((folder / "s.sock").stat().st_mode) == 0o600
+            client = WireClient(str(folder / "s.sock"))
+            assert client.request({"id": 1, **_create("T1")})["reply"]["ok"]
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

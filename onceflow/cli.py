@@ -37,7 +37,7 @@ import structlog
 import trio
 import yaml
 
-from onceflow import scenario, views
+from onceflow import scenario, serve, views
 from onceflow.actors.groups import raise_single
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
@@ -235,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the protocol's JSON Schema")
     views.add_commands(sub)
     scenario.add_commands(sub)
+    serve.add_parser(sub)
     return parser
 
 
@@ -260,6 +261,8 @@ def _main(argv: list[str] | None) -> int:
     signalled: list[int] = []
     db: Path | None = args.db
     try:
+        if args.command == "serve":  # handles its own signals: drains, removes the socket, exits 0
+            return serve.run(args)
         db = _db_path(args.db, f"{args.command}.db")
         if args.command == "demo":
             work = functools.partial(demo, db)

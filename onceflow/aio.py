@@ -1,0 +1,269 @@
+"""Embedding under asyncio: the Trio runtime on its own thread, driven from an asyncio loop (issue 13,
+item 2).
+
+    async with onceflow.aio.open_runtime(db_path, host=...) as rt:
+        reply = await rt.send({"type": "get_task", "task_id": "T-1"})
+        async with rt.subscribe() as events:
+            async for event in events: ...
+
+`open_runtime` starts one thread running `trio.run`; calls go in through the Trio token
+(`TrioToken.run_sync_soon`, first in first out) and answers come back through
+`loop.call_soon_threadsafe`, so the asyncio loop never blocks on the runtime and the runtime never
+waits on asyncio. A `Host` or `Coordinator` passed in is called on the Trio thread (Trio code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio
+from pydantic import BaseModel
+
+import onceflow.actors.supervisor as supervisor
+from onceflow.protocol import commands as c
+from onceflow.protocol.events import ErrorInfo, Event, Reply
+
+T = TypeVar("T")
+
+
+class _End:
+    """Marks the end of a subscription's stream."""
+
+
+_END = _End()
+
+
+class Subscription:
+    """Events emitted from `subscribe()` on, as an async iterator (unbounded, like the Trio stream).
+
+    The stream ends when the runtime closes; `aclose()` (or leaving `async with`) ends it earlier.
+    """
+
+    def __init__(self, owner: AsyncioRuntime) -> None:
+        self._owner = owner
+        self._queue: asyncio.Queue[Event | _End] = asyncio.Queue()
+        self._scope: trio.CancelScope | None = None  # Trio thread only
+        self._ended = False
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, _End):
+            self._ended = True
+            raise StopAsyncIteration
+        return item
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop receiving; events already queued are dropped."""
+        self._ended = True
+        self._owner._call_in_trio(self._cancel)
+
+    def _cancel(self) -> None:  # Trio thread; runs after _start (the token's queue is FIFO)
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _put(self, item: Event | _End) -> None:  # Trio thread
+        self._owner._call_in_asyncio(self._queue.put_nowait, item)
+
+
+class AsyncioRuntime:
+    """The asyncio face of a `Runtime` running on its own Trio thread (made by `open_runtime`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._runtime: supervisor.Runtime | None = None  # the rest: Trio thread only
+        self._commands: trio.Nursery | None = None
+        self._pumps: trio.Nursery | None = None
+        self._subscriptions: set[Subscription] = set()
+        self._stop = trio.Event()
+        self._accepting = False
+        self._pending: set[asyncio.Future[Reply]] = set()  # asyncio thread only
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+
+    def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> asyncio.Future[Reply]:
+        """Submit one command now and return a future of its `Reply` (as `Runtime.send`, never an error).
+
+        The command is handed to the runtime when `send` is called, not when the future is awaited.
+        Commands awaited one after another apply in that order; commands in flight together (e.g. under
+        `asyncio.gather`) may apply in any order, as concurrent sends do under Trio.
+        Cancelling the future (e.g. by `asyncio.wait_for`) only stops the wait: the command runs to
+        completion on the Trio thread, so what it commits stays committed and nothing is half-applied
+        (each of its transactions commits whole or not at all); its reply is dropped. After the runtime
+        has closed the reply is `shutting_down`.
+        """
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        self._pending.add(future)
+        if not self._call_in_trio(self._start_command, command, future):
+            self._answer(future, _shutting_down())
+        return future
+
+    def subscribe(self) -> Subscription:
+        """A stream of every event emitted from now on (the Trio API's `subscribe`), for `async for`."""
+        subscription = Subscription(self)
+        if not self._call_in_trio(self._start_subscription, subscription):
+            subscription._queue.put_nowait(_END)
+        return subscription
+
+    # Trio thread ------------------------------------------------------------------------------
+
+    async def _serve(self, db_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        async with supervisor.open_runtime(db_path, **options) as runtime:
+            try:
+                async with trio.open_nursery() as pumps:
+                    async with trio.open_nursery() as commands:
+                        self._runtime, self._commands, self._pumps = runtime, commands, pumps
+                        self._accepting = True
+                        self._call_in_asyncio(_settle, self.ready, None)
+                        await self._stop.wait()
+                        self._accepting = False  # commands already submitted are running; none start now
+                    for subscription in self._subscriptions:  # after the last command's events
+                        subscription._cancel()
+            finally:
+                self._accepting = False
+
+    def _start_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+        if not self._accepting or self._commands is None:
+            self._call_in_asyncio(self._answer, future, _shutting_down())
+            return
+        self._commands.start_soon(self._run_command, command, future)
+
+    async def _run_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+        assert self._runtime is not None
+        try:
+            reply = await self._runtime.send(command)
+        except Exception as exc:  # Runtime.send never raises; if it ever does, the caller still hears
+            reply = Reply(command="unknown", ok=False, error=ErrorInfo(code="internal", message=repr(exc)))
+        self._call_in_asyncio(self._answer, future, reply)
+
+    def _start_subscription(self, subscription: Subscription) -> None:
+        if not self._accepting or self._runtime is None or self._pumps is None:
+            subscription._put(_END)
+            return
+        subscription._scope = trio.CancelScope()
+        self._subscriptions.add(subscription)
+        self._pumps.start_soon(self._pump, subscription, self._runtime.subscribe())
+
+    async def _pump(self, subscription: Subscription, events: trio.MemoryReceiveChannel[Event]) -> None:
+        assert subscription._scope is not None
+        with events:
+            with subscription._scope:
+                async for event in events:
+                    subscription._put(event)
+            while not subscription._ended:  # at shutdown: what was already emitted still goes out
+                try:
+                    subscription._put(events.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+        self._subscriptions.discard(subscription)
+        subscription._put(_END)
+
+    # Crossing threads -------------------------------------------------------------------------
+
+    def _call_in_trio(self, function: Callable[..., None], *args: Any) -> bool:
+        """Run `function(*args)` on the Trio thread soon; False if the runtime's thread has finished."""
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(function, *args)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    def _call_in_asyncio(self, function: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+            self._loop.call_soon_threadsafe(function, *args)
+
+    def _answer(self, future: asyncio.Future[Reply], reply: Reply) -> None:  # asyncio thread
+        self._pending.discard(future)
+        _settle(future, reply)
+
+    def _abandon_pending(self) -> None:  # asyncio thread, once the Trio thread has finished
+        for future in list(self._pending):
+            self._answer(future, _shutting_down())
+
+    def _thread(self, db_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
+        try:
+            trio.run(self._serve, db_path, options)
+        except BaseException as exc:
+            opened = self._runtime is not None
+            self._call_in_asyncio(_settle, self.finished if opened else self.ready, None, exc)
+        self._call_in_asyncio(self._abandon_pending)
+        self._call_in_asyncio(_settle, self.finished, None)
+
+
+def _settle(future: asyncio.Future[T], result: T, error: BaseException | None = None) -> None:
+    if future.done():  # a cancelled wait, or already settled
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+def _shutting_down() -> Reply:
+    error = ErrorInfo(code="shutting_down", message="the runtime is shutting down")
+    return Reply(command="unknown", ok=False, error=error)
+
+
+async def _wait_through_cancellation(future: asyncio.Future[T]) -> T:
+    """Await `future` to the end even if the caller is cancelled meanwhile, then re-raise the cancel."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.result()
+
+
+@asynccontextmanager
+async def open_runtime(db_path: str | os.PathLike[str], **options: Any) -> AsyncIterator[AsyncioRuntime]:
+    """Open a runtime for an asyncio program: `async with open_runtime(db) as rt` under `asyncio.run`.
+
+    Takes the keyword arguments of `onceflow.open_runtime` (host, durability, coordinator, ...). Entering
+    waits for the runtime to be open (store, recovery scan) and raises what opening raised, as itself:
+    `DatabaseOwnedError` when another runtime owns the file, ValueError for a bad option. Leaving stops
+    taking commands, lets the ones submitted finish, ends every subscription, closes the store and
+    joins the thread — even when the leaving task is cancelled (the cancellation is re-raised after).
+    An error that stopped the runtime while open is raised on leaving.
+    Source: issue 13, item 2.
+    """
+    runtime = AsyncioRuntime(asyncio.get_running_loop())
+    thread = threading.Thread(target=runtime._thread, args=(db_path, options), name="onceflow-trio")
+    thread.start()
+    try:
+        await _wait_through_cancellation(runtime.ready)
+    except BaseException:  # opening failed, or this task was cancelled while it opened
+        if runtime._token is not None:
+            runtime._call_in_trio(runtime._stop.set)
+        await _wait_through_cancellation(runtime.finished)
+        thread.join()
+        raise
+    try:
+        yield runtime
+    finally:
+        runtime._call_in_trio(runtime._stop.set)
+        try:
+            await _wait_through_cancellation(runtime.finished)
+        finally:
+            thread.join()

@@ -6,8 +6,6 @@ Each test is a plain function running its own `asyncio.run` (pytest-trio's trio_
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -197,53 +195,3 @@ def test_issue13_aio_cancelled_while_opening_still_closes_the_runtime_and_joins(
     asyncio.run(main())
     assert 0.0 not in entered  # that cancel landed while the runtime was still opening
     assert [t.name for t in threading.enumerate() if t.name == "onceflow-trio"] == []
-
-
-# Proposed for README's "Embedding" section (issue 13: "covers both Trio and asyncio"); kept here, run as
-# written, until README carries it and tests/test_readme.py runs every python block.
-README_ASYNCIO_SNIPPET = """\
-import asyncio
-import subprocess
-import sys
-import tempfile
-from importlib import resources
-from pathlib import Path
-
-import onceflow.aio
-
-OFFICE = resources.files("onceflow") / "examples" / "office-example.yml"
-
-async def main() -> None:
-    db = Path(tempfile.mkdtemp()) / "board.db"
-    async with onceflow.aio.open_runtime(db) as rt:  # the Trio runtime runs on its own thread
-        async with rt.subscribe() as events:
-            await rt.send({"type": "register_workflow", "yaml": OFFICE.read_text(), "source": OFFICE.name})
-            created = await asyncio.gather(*(  # concurrent callers are fine
-                rt.send({"type": "create_task", "task_id": f"T-{n}", "workflow_id": "office-example",
-                         "step_id": "backlog"})
-                for n in range(3)
-            ))
-            assert all(reply.ok for reply in created)
-            # a caller that gives up still gets the command's whole effect: it runs to completion
-            await asyncio.wait_for(rt.send({"type": "move_task", "task_id": "T-0", "step_id": "work"}), 5)
-            async for event in events:
-                print(event.type)
-                if event.type == "step_entered":
-                    break
-
-asyncio.run(main())
-"""
-
-
-def test_issue13_aio_readme_snippet_runs_from_an_empty_folder(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", README_ASYNCIO_SNIPPET],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    printed = [line for line in done.stdout.splitlines() if line.isidentifier()]  # not structlog's lines
-    assert printed[:3] == ["task_created"] * 3
-    assert printed[-1] == "step_entered"

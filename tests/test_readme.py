@@ -17,13 +17,27 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
 
 
-def test_readme_embedding_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
-    (snippet,) = _blocks("python")
-    done = subprocess.run(
-        [sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=120
+def _run_snippet(snippet: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", snippet], cwd=folder, capture_output=True, text=True, timeout=120
     )
+
+
+def test_readme_embedding_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    trio_snippet, _ = _blocks("python")
+    done = _run_snippet(trio_snippet, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "turn_complete -> run_queued" in done.stdout
+
+
+def test_issue13_readme_asyncio_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    """README's asyncio embedding runs as written under asyncio.run, printing only its events."""
+    _, asyncio_snippet = _blocks("python")
+    done = _run_snippet(asyncio_snippet, tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    assert printed[:3] == ["task_created"] * 3
+    assert printed[-1] == "step_entered"
 
 
 def test_readme_run_example_uses_only_bundled_files(tmp_path: Path) -> None:

@@ -1,10 +1,15 @@
-"""The `onceflow` command: demo, run, validate, schema.
+"""The `onceflow` command: demo, run, validate, schema, serve, test and the read-only views.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
   onceflow run --workflow FILE --script FILE [--db PATH] [--json]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema                                             JSON Schema of commands, events, reply
+  onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
+                                                              the protocol over a socket (onceflow.serve)
+  onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
+  onceflow tasks|runs|entries|decisions|outcomes --db FILE [--task ID] [--json]
+                                                              read-only views (onceflow.views)
   onceflow --version
 
 Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 when the

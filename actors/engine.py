@@ -269,7 +269,10 @@ class Engine:
                 f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
             ) from exc
         now = self.services.now()
-        entered = attrs.evolve(task, workflow_id=workflow.id, step_id=target.id)
+        # As the admitting compare-and-set leaves the row (this actor serializes the task's commands).
+        entered = attrs.evolve(
+            task, workflow_id=workflow.id, step_id=target.id, admissions=task.admissions + 1
+        )
         source_workflow = self.services.workflows.workflows.get(task.workflow_id)
         on_exit: Sequence[ActionDecl] = ()
         if source_workflow is not None and source_workflow.has_step(task.step_id):

@@ -20,9 +20,11 @@ class SessionActionRequest:
     action's index in it (0-based, the declared position, not the dispatch order). For on_enter, the entry
     identity is (`task_id`, `step_id`, `entry_seq`): `entry_seq` is the step-entry record's sequence number,
     None when the step allocates no record (its on_enter declares only host-owned actions, AC-E5) and for
-    every other trigger. A host makes a start idempotent by keying it on (task_id, step_id, entry_seq,
-    position) — one declared action of one entry — or on (task_id, step_id, entry_seq) for "at most once per
-    entry". Source: issue 16 item 3.
+    every other trigger. `admission_seq` is the task's admission counter (+1 at every step entry, on every
+    path, whether or not the step allocates a record): for on_enter it names the entry being dispatched,
+    for on_exit the entry being left. A host makes a start idempotent by keying it on (task_id,
+    admission_seq, trigger, position) — one declared action of one entry, on every step — or on (task_id,
+    admission_seq) for "at most once per entry". Source: issue 16 item 3.
     """
 
     task_id: str
@@ -34,6 +36,7 @@ class SessionActionRequest:
     trigger: str
     position: int
     entry_seq: int | None
+    admission_seq: int
 
 
 class Host(Protocol):

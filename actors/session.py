@@ -40,6 +40,7 @@ async def request_session_action(
         "trigger": trigger,
         "position": position,
         "entry_seq": entry_seq,
+        "admission_seq": task.admissions,
     }
     if not task.session_id:
         out.diagnostic("info", "session_action_skipped_no_session", **fields)
@@ -55,6 +56,7 @@ async def request_session_action(
         trigger=trigger,
         position=position,
         entry_seq=entry_seq,
+        admission_seq=task.admissions,
     )
     try:
         await services.host.perform_session_action(request)
@@ -72,6 +74,7 @@ async def request_session_action(
             trigger=trigger,
             position=position,
             entry_seq=entry_seq,
+            admission_seq=task.admissions,
         )
     )
     return "performed"

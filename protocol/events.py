@@ -137,7 +137,8 @@ class SessionAction(_Event):
 
     `trigger` and `position` say which declaration it is (its index in that trigger's list); for on_enter,
     (task_id, step_id, entry_seq) is the entry it belongs to, `entry_seq` None when the step allocates no
-    step-entry record (and for other triggers). Source: issue 16 item 3.
+    step-entry record (and for other triggers). `admission_seq` is the task's admission counter: it names
+    the entry on every step, record or not (on_exit: the entry being left). Source: issue 16 item 3.
     """
 
     type: Literal["session_action"] = "session_action"
@@ -150,6 +151,7 @@ class SessionAction(_Event):
     trigger: str
     position: int
     entry_seq: int | None = None
+    admission_seq: int = 0
 
 
 class Diagnostic(_Event):

@@ -57,7 +57,9 @@ class Decision:
 
 @attrs.frozen
 class TaskRecord:
-    """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step."""
+    """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
+    `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
+    is in now (issue 16 item 3)."""
 
     id: str
     workflow_id: str
@@ -71,6 +73,7 @@ class TaskRecord:
     queued_for_step_id: str | None
     created_at: float
     updated_at: float
+    admissions: int = 0
 
 
 @attrs.frozen

@@ -290,6 +290,12 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     CREATE UNIQUE INDEX task_review_runs_by_entry
         ON task_review_runs(task_id, workflow_step_id, entry_seq, position);
     """,
+    # 12: a task's admission counter, +1 at every step entry on every path, whether or not the step
+    # allocates a step-entry record, so every session-action request of an entry carries an identity a host
+    # can deduplicate on (issue 16 item 3; a step declaring only host-owned actions has no record, AC-E5).
+    """
+    ALTER TABLE tasks ADD COLUMN admissions INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

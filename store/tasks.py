@@ -13,7 +13,7 @@ from onceflow.store.records import TaskRecord
 
 _COLUMNS = (
     "id, workflow_id, workflow_step_id, title, session_id, primary_agent_id, ceo_agent_id, priority,"
-    " wip_admitted, queued_for_step_id, created_at, updated_at"
+    " wip_admitted, queued_for_step_id, created_at, updated_at, admissions"
 )
 
 
@@ -31,6 +31,7 @@ def _task(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
         queued_for_step_id=row[9],
         created_at=row[10],
         updated_at=row[11],
+        admissions=row[12],
     )
 
 
@@ -112,14 +113,25 @@ def move_task_step(
 ) -> bool:
     """Compare-and-set the task's step: only if it is still at `expected_step_id`. True when it moved.
 
-    Admitted, the task occupies `step_id` (queue fields cleared); not admitted, it waits there queued for
-    it (a queued placement at a step at its WIP limit).
+    Admitted, the task occupies `step_id` (queue fields cleared) and its admission counter goes up by one
+    (a step entry); not admitted, it waits there queued for it (a queued placement at a step at its WIP
+    limit: not an entry).
     """
     queued_for, queued_at = (None, None) if admitted else (step_id, now)
     cur = conn.execute(
         "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
-        " queued_at = ?, updated_at = ? WHERE id = ? AND workflow_step_id = ?",
-        (workflow_id, step_id, int(admitted), queued_for, queued_at, now, task_id, expected_step_id),
+        " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?",
+        (
+            workflow_id,
+            step_id,
+            int(admitted),
+            queued_for,
+            queued_at,
+            now,
+            int(admitted),
+            task_id,
+            expected_step_id,
+        ),
     )
     return cur.rowcount == 1
 

@@ -73,10 +73,12 @@ def admit(
     queued_for_step_id: str | None,
     now: float,
 ) -> bool:
-    """Claim one promotion: only a row still at `from_step_id` with the expected admitted flag moves."""
+    """Claim one promotion: only a row still at `from_step_id` with the expected admitted flag moves, and
+    its admission counter goes up by one (a promotion is a step entry)."""
     cur = conn.execute(
         "UPDATE tasks SET workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = ?,"
-        " queued_at = CASE WHEN ? IS NULL THEN NULL ELSE queued_at END, updated_at = ?"
+        " queued_at = CASE WHEN ? IS NULL THEN NULL ELSE queued_at END, updated_at = ?,"
+        " admissions = admissions + 1"
         " WHERE id = ? AND workflow_step_id = ? AND wip_admitted = ?",
         (step_id, queued_for_step_id, queued_for_step_id, now, task_id, from_step_id, int(expected_admitted)),
     )

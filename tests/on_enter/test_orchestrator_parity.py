@@ -15,6 +15,7 @@ import pytest
 from dispatch_support import (
     CONFIGURE,
     HOISTING_PATHS,
+    PATHS,
     STEP,
     Spy,
     diags,
@@ -270,3 +271,73 @@ async def test_session_action_request_outside_on_enter_names_its_trigger_and_has
         ("on_exit", 1, None),
         ("on_enter", 0, None),
     ]
+
+
+HOST_ONLY_TWICE = """
+- type: auto_start_agent
+- type: auto_start_agent
+"""
+
+
+class StartsOncePerAdmission(RecordingHost):
+    """The README's recipe for every step: start the agent at most once per (task_id, admission_seq)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: set[tuple[str, int]] = set()
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None:
+        await super().perform_session_action(request)
+        if request.action == "auto_start_agent":
+            self.started.add((request.task_id, request.admission_seq))
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_session_action_admission_seq_names_the_entry_of_a_step_without_a_record(
+    runtime: Runtime, path: str
+) -> None:
+    """Issue 16 item 3 on a step whose on_enter declares only host-owned actions: AC-E5 allocates no
+    step-entry record there (`entry_seq` is None), yet every request carries the task's admission counter,
+    +1 at every step entry on every path, so a host keyed on (task_id, admission_seq) starts the agent once
+    per entry — including on E4, which asks for both declared starts (AC-A13, AC-H4) — and again on the
+    next entry."""
+    await setup(runtime, HOST_ONLY_TWICE, path=path)
+    host = StartsOncePerAdmission()
+    runtime.reconfigure(host=host)
+    first = await enter(runtime, path)
+    asked = [(r.entry_seq, r.position, r.admission_seq) for r in host.session_actions]
+    admission = asked[0][2]
+    assert admission >= 1
+    positions = [0, 1] if path == "E4" else [0]  # the fixed path asks for auto_start once (AC-A9)
+    assert asked == [(None, position, admission) for position in positions]
+    shown = [(e.entry_seq, e.position, e.admission_seq) for e in of_type(first, "session_action")]
+    assert shown == asked
+    assert host.started == {("T1", admission)}
+
+    await ok(runtime, {"type": "move_task", "task_id": "T1", "step_id": "work"})
+    await ok(runtime, {"type": "move_task", "task_id": "T1", "step_id": STEP})
+    assert host.session_actions[-1].admission_seq == admission + 2  # left (+1), entered again (+1)
+    assert host.started == {("T1", admission), ("T1", admission + 2)}
+
+
+async def test_session_action_admission_seq_survives_a_restart_and_on_exit_names_the_entry_left(
+    db_path: Path,
+) -> None:
+    """The counter is durable: after a restart the next entry gets the next number, never one a host
+    has seen; an on_exit request carries the admission of the entry it leaves (0 where the task was created,
+    which is not an entry)."""
+    host = StartsOncePerAdmission()
+    work_exit = "      on_exit:\n        - type: disable_plan_mode\n"
+    async with open_runtime(db_path, host=host) as rt:
+        await setup(rt, HOST_ONLY_TWICE, work_extra=work_exit)
+        await enter(rt, "E2")  # created in work (no entry), then moved: admission 1
+        await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "work"})  # admission 2
+    async with open_runtime(db_path, host=host) as rt:
+        await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": STEP})  # leaves 2, enters 3
+    assert [(r.trigger, r.step_id, r.admission_seq) for r in host.session_actions] == [
+        ("on_exit", "work", 0),  # created there: creating a task is not an entry
+        ("on_enter", STEP, 1),
+        ("on_exit", "work", 2),
+        ("on_enter", STEP, 3),
+    ]
+    assert host.started == {("T1", 1), ("T1", 3)}

@@ -88,9 +88,17 @@ def _contents() -> str:
 
 def _reply() -> str:
     schema = Reply.model_json_schema()
-    parts = ["## Replies", "", "### Reply", "", _paragraphs(schema["description"]), "", _fields(schema)]
+    parts = ["## Replies", "", "### Reply", "", _paragraphs(schema["description"]), ""]
+    parts.append(_fields(schema, host_sends=False))
     error = schema["$defs"]["ErrorInfo"]
-    parts += ["", "### ErrorInfo", "", _paragraphs(error["description"]), "", _fields(error)]
+    parts += [
+        "",
+        "### ErrorInfo",
+        "",
+        _paragraphs(error["description"]),
+        "",
+        _fields(error, host_sends=False),
+    ]
     return "\n".join(parts)
 
 
@@ -111,7 +119,8 @@ def _events() -> str:
     parts = ["## Events", "Every event is a JSON object whose `type` names it."]
     for model in _EVENT_TYPES:
         schema = defs[model.__name__]
-        parts += [f"### `{_tag(model)}`", _paragraphs(schema.get("description", "")), _fields(schema, "type")]
+        description = _paragraphs(schema.get("description", ""))
+        parts += [f"### `{_tag(model)}`", description, _fields(schema, "type", host_sends=False)]
     return "\n\n".join(parts)
 
 
@@ -135,7 +144,8 @@ def _results() -> str:
     for name, schema in _result_models():
         if name not in shown:
             shown.add(name)
-            parts += [f"### {name}", _paragraphs(schema.get("description", "")), _fields(schema)]
+            description = _paragraphs(schema.get("description", ""))
+            parts += [f"### {name}", description, _fields(schema, host_sends=False)]
     return "\n\n".join(parts)
 
 
@@ -202,16 +212,22 @@ def _link(model: type[BaseModel] | str) -> str:
     return f"[{label}](#{_anchor(name)})"
 
 
-def _fields(schema: Mapping[str, Any], skip: str = "") -> str:
-    """A table of the model's fields: name, type with bounds, default (or required), description."""
+def _fields(schema: Mapping[str, Any], skip: str = "", *, host_sends: bool = True) -> str:
+    """A table of the model's fields: name, type with bounds, default (or required), description. A model
+    the runtime sends (`host_sends=False`: replies, events, results) has every field present, so it gets
+    no default column."""
     required = set(schema.get("required", ()))
     lines = ["| Field | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    if not host_sends:
+        lines = ["| Field | Type | Description |", "| --- | --- | --- |"]
     for name, prop in schema.get("properties", {}).items():
         if name == skip:
             continue
-        default = "required" if name in required else f"`{json.dumps(_default(prop))}`"
-        description = _join(prop.get("description", ""))
-        lines.append(f"| `{name}` | {_cell(_schema_type(prop))} | {_cell(default)} | {_cell(description)} |")
+        cells = [f"`{name}`", _schema_type(prop)]
+        if host_sends:
+            cells.append("required" if name in required else f"`{json.dumps(_default(prop))}`")
+        cells.append(_join(prop.get("description", "")))
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
 

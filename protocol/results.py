@@ -187,7 +187,7 @@ class OutcomeInfo(_Result):
     duplicate_signals: int
     """Repeats of `outcome_ready` with the same envelope."""
     stale_acknowledgements: int
-    """Acknowledgements refused as not matching the current delivery."""
+    """Acknowledgements discarded as not matching the current delivery (store, work or fence)."""
     delivery_ref: str | None
     """The last successful delivery's reference."""
     coordinator_fence: str | None
@@ -197,7 +197,8 @@ class OutcomeInfo(_Result):
     acknowledged_at: float | None
     """When it was acknowledged, in Unix seconds."""
     last_delivery_error: str | None
-    """Why the last delivery or acknowledgement failed, if it did."""
+    """local-delivery-failed, canonical-acknowledgement-failed or conflicting-outcome-ready-signal; None
+    after a successful delivery."""
     acknowledged_by: str | None
     """Who acknowledged it."""
     cycle_in_flight: bool

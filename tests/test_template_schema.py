@@ -17,7 +17,14 @@ import yaml
 
 from onceflow.cli import main
 from onceflow.protocol.template_schema import template_schema
-from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, WorkflowError, load_workflow_text
+from onceflow.protocol.workflow import (
+    ALLOWED_ACTIONS,
+    CONFIG_MODELS,
+    IMPORT_ALLOWED_ACTIONS,
+    Trigger,
+    WorkflowError,
+    load_workflow_text,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -188,3 +195,26 @@ def test_issue13_schema_template_prints_the_template_schema(capsys: pytest.Captu
     assert printed["properties"]["steps"]["maxItems"] == 1000
     assert main(["schema", "--template", "--import-path"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(template_schema(import_path=True)))
+
+
+MINIMAL_CONFIG: dict[str, dict[str, Any]] = {
+    "move_to_step": {"step_id": "work"},
+    "set_session_mode": {"mode": "plan"},
+    "ensure_participant_seat": {"role": "reviewer"},
+    "configure_session": {"rules": [{"agent_name": "a", "operation": "keep"}]},
+}
+
+
+@pytest.mark.parametrize("import_path", [False, True])
+def test_issue13_template_schema_allows_each_action_type_exactly_where_the_loader_does(
+    import_path: bool,
+) -> None:
+    """Every action type under every trigger: the schema's per-trigger allow-lists are the loader's."""
+    check = validator(import_path=import_path)
+    for trigger in Trigger:
+        for kind in sorted(CONFIG_MODELS):
+            action = {"type": kind, **({"config": MINIMAL_CONFIG[kind]} if kind in MINIMAL_CONFIG else {})}
+            data = edited("steps.1.events", {trigger.value: [action]})
+            verdict = loads(data, import_path=import_path)
+            assert verdict == (kind in (IMPORT_ALLOWED_ACTIONS if import_path else ALLOWED_ACTIONS)[trigger])
+            assert check.is_valid(data) is verdict, (trigger.value, kind)

@@ -4,7 +4,9 @@
   onceflow run --workflow FILE --script FILE [--db PATH] [--json]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
-  onceflow schema                                             JSON Schema of commands, events, reply
+  onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
+                                                              results; of the template format; or the
+                                                              protocol reference page (docs/protocol.md)
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
@@ -42,12 +44,13 @@ import structlog
 import trio
 import yaml
 
-from onceflow import scenario, serve, views
+from onceflow import reference, scenario, serve, views
 from onceflow.actors.groups import raise_single
 from onceflow.actors.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
 from onceflow.protocol.errors import OnceflowError
+from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
 from onceflow.trace import describe, escape_controls
@@ -182,6 +185,21 @@ def validate(paths: list[Path]) -> int:
     return status
 
 
+def print_schema(args: argparse.Namespace) -> int:
+    """`onceflow schema`: the protocol's JSON Schema, the template format's (`--template`), or the protocol
+    reference page (`--markdown`, what docs/protocol.md holds). Source: issue 13 item 5."""
+    if args.import_path and not args.template:
+        say("error: --import-path goes with --template", err=True)
+        return CANNOT_RUN
+    if args.markdown:
+        sys.stdout.write(reference.render())
+    elif args.template:
+        print(json.dumps(template_schema(import_path=args.import_path), indent=2))
+    else:
+        print(json.dumps(command_schema(), indent=2))
+    return 0
+
+
 async def until_signalled(work: Callable[[trio.Event], Awaitable[int]], signalled: list[int]) -> int:
     """Run `work(stop)` and return its status: the first SIGINT or SIGTERM sets `stop` (work finishes the
     command under way and closes the runtime), a second cancels work (the runtime still closes and releases
@@ -237,7 +255,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
-    sub.add_parser("schema", help="print the protocol's JSON Schema")
+    schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
+    shown = schema.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--template", action="store_true", help="the template format's JSON Schema (for an editor)"
+    )
+    shown.add_argument("--markdown", action="store_true", help="the protocol reference page (Markdown)")
+    schema.add_argument(
+        "--import-path", action="store_true", help="with --template: the import path's allow-lists"
+    )
     views.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)
@@ -261,8 +287,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "validate":
         return validate(args.files)
     if args.command == "schema":
-        print(json.dumps(command_schema(), indent=2))
-        return 0
+        return print_schema(args)
     signalled: list[int] = []
     db: Path | None = args.db
     try:

@@ -18,6 +18,7 @@ from onceflow.protocol.commands import Command
 from onceflow.protocol.errors import ProtocolError, shown
 from onceflow.protocol.events import Event, Reply
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN, MAX_ID_CHARS, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
+from onceflow.protocol.results import results_schema
 
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -125,9 +126,11 @@ def encode(model: BaseModel) -> str:
 
 
 def command_schema() -> dict[str, Any]:
-    """The JSON Schema of every command, every event and the reply (what `onceflow schema` prints)."""
+    """The JSON Schema of every command, every event, the reply, and per command type its reply's `result`
+    (what `onceflow schema` prints; each section a standalone schema with its own `$defs`)."""
     return {
         "command": COMMAND_ADAPTER.json_schema(),
         "event": EVENT_ADAPTER.json_schema(),
         "reply": Reply.model_json_schema(),
+        "results": results_schema(),
     }

@@ -40,17 +40,21 @@ Priority = Literal["critical", "high", "medium", "low"]
 
 
 class _Command(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class RegisterWorkflow(_Command):
     """Register (or replace) a workflow from template YAML text; `source` names it in errors."""
 
     type: Literal["register_workflow"] = "register_workflow"
+    """The command name."""
     yaml: Annotated[str, Field(max_length=MAX_TEMPLATE_BYTES)]
+    """The template, as YAML text in Kandev's format (`onceflow schema --template` is its JSON Schema)."""
     source: Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS, pattern=ID_PATTERN)] = (
         "<protocol>"
     )
+    """A label for the template (usually its path); errors name it."""
     import_path: bool = False
     """Accept the import path's extra action types (run_code_review and configure_session under on_enter,
     transitions under the event triggers); templates otherwise get the strict allow-lists."""
@@ -60,27 +64,44 @@ class CreateTask(_Command):
     """Create a task at `step_id` (default: the workflow's start step). Creation is not a step entry."""
 
     type: Literal["create_task"] = "create_task"
+    """The command name."""
     task_id: Id
+    """The new task's id; an existing id is a `conflict`."""
     workflow_id: Id
+    """A registered workflow."""
     step_id: Name | None = None
+    """Where the task starts; None: the workflow's start step. Into a full step it is queued (WIP)."""
     title: Text = ""
+    """The task's title."""
     session_id: Name | None = None
+    """The agent session the task runs in; session actions name it."""
     primary_agent_id: Name | None = None
+    """The agent profile a `queue_run` with target `primary` queues for."""
     ceo_agent_id: Name | None = None
+    """The agent profile a `queue_run` with target `workspace.ceo_agent` queues for."""
     priority: Priority = "medium"
+    """The task's priority."""
 
 
 class AddParticipant(_Command):
     """Add a participant row. With `task_id` it is per-task; otherwise template-level for `workflow_id`."""
 
     type: Literal["add_participant"] = "add_participant"
+    """The command name."""
     step_id: Id
+    """The step the seat is at."""
     role: Role
+    """The seat's role; quorum guards count the seats of one role."""
     agent_profile_id: Name = ""
+    """The agent holding the seat ("": none; runs cannot be queued for it)."""
     decision_required: bool = True
+    """Whether the seat's decision counts towards quorum guards."""
     position: Int64 = 0
+    """Orders the seats of a step (ascending)."""
     task_id: Name | None = None
+    """A per-task row for this task (the task's workflow); one of task_id and workflow_id is required."""
     workflow_id: Name | None = None
+    """A template-level row, for every task of this workflow at `step_id`."""
 
     @model_validator(mode="after")
     def _scope(self) -> AddParticipant:
@@ -90,30 +111,41 @@ class AddParticipant(_Command):
 
 
 class RemoveParticipant(_Command):
+    """Remove a participant row (`not_found` when there is none)."""
+
     type: Literal["remove_participant"] = "remove_participant"
+    """The command name."""
     participant_id: Int64
+    """The row's id, as `add_participant` returned it."""
 
 
 class TurnStart(_Command):
     """The task's agent started a turn: fires on_turn_start."""
 
     type: Literal["turn_start"] = "turn_start"
+    """The command name."""
     task_id: Id
+    """The task whose agent started a turn."""
 
 
 class TurnComplete(_Command):
     """The task's agent finished a turn: fires on_turn_complete (entry path E1 on a transition)."""
 
     type: Literal["turn_complete"] = "turn_complete"
+    """The command name."""
     task_id: Id
+    """The task whose agent finished a turn."""
 
 
 class MoveTask(_Command):
     """Manual move (entry path E2). A move to the task's current step is not an entry and does nothing."""
 
     type: Literal["move_task"] = "move_task"
+    """The command name."""
     task_id: Id
+    """The task to move."""
     step_id: Id
+    """The step to move it to, in its current workflow."""
 
 
 class RecordDecision(_Command):
@@ -125,64 +157,101 @@ class RecordDecision(_Command):
     """
 
     type: Literal["record_decision"] = "record_decision"
+    """The command name."""
     task_id: Id
+    """The task decided on."""
     step_id: Id
+    """The step the decision is for; guards are evaluated only while the task is there."""
     decider_type: Literal["agent", "user"]
+    """Who decided: an agent (mapped to its seat by role and agent id) or a user."""
     decider_id: Id
+    """The agent profile or user id of the decider."""
     decision: Literal["approved", "rejected", "changes_requested"]
+    """The verdict."""
     role: Name = ""
+    """The decider's role ("": resolved from the seat named by `participant_id` or held by `decider_id`)."""
     participant_id: Int64 | None = None
+    """The seat the decision is cast from, when the host knows it."""
     comment: Text = ""
+    """The decider's comment."""
     decision_id: Name | None = None
+    """The host's id of this decision: makes a redelivery idempotent, also across restarts."""
 
 
 class SwitchWorkflow(_Command):
     """Move the task into another workflow at `step_id` (default: its start step): entry path E4."""
 
     type: Literal["switch_workflow"] = "switch_workflow"
+    """The command name."""
     task_id: Id
+    """The task to move."""
     workflow_id: Id
+    """The registered workflow it moves into."""
     step_id: Name | None = None
+    """The step it lands at; None: the workflow's start step."""
     operation_id: Name | None = None
+    """The host's id of this switch: a redelivery with the same id does nothing (`idempotent`)."""
 
 
 class UpdateTask(_Command):
     """Generic task update; a changed `step_id` is entry path E5."""
 
     type: Literal["update_task"] = "update_task"
+    """The command name."""
     task_id: Id
+    """The task to update."""
     title: Text | None = None
+    """A new title; None leaves it."""
     priority: Priority | None = None
+    """A new priority; None leaves it."""
     step_id: Name | None = None
+    """A step to move to (entry path E5); None or the current step: no move."""
     session_id: Name | None = None
+    """A new session id; None leaves it."""
     primary_agent_id: Name | None = None
+    """A new primary agent; None leaves it."""
 
 
 class StartTask(_Command):
     """Start the task (optionally attaching a session); a step change is entry path E5."""
 
     type: Literal["start_task"] = "start_task"
+    """The command name."""
     task_id: Id
+    """The task to start."""
     step_id: Name | None = None
+    """A step to move to (entry path E5); None: stay."""
     session_id: Name | None = None
+    """A session to attach; None leaves it."""
 
 
 class DeleteTask(_Command):
+    """Delete the task and its rows; a WIP slot it held is freed, admitting a queued task (E3)."""
+
     type: Literal["delete_task"] = "delete_task"
+    """The command name."""
     task_id: Id
+    """The task to delete."""
 
 
 class ClaimRun(_Command):
     """Atomically claim the oldest queued run for an agent profile (reply result is the run or null)."""
 
     type: Literal["claim_run"] = "claim_run"
+    """The command name."""
     agent_profile_id: Id
+    """The agent profile claiming work."""
 
 
 class FinishRun(_Command):
+    """Resolve a claimed run (`not_found` unless it is claimed)."""
+
     type: Literal["finish_run"] = "finish_run"
+    """The command name."""
     run_id: Int64
+    """The claimed run."""
     status: Literal["finished", "failed"] = "finished"
+    """How it ended."""
 
 
 # --- event triggers: each carries what its operation id is built from -----------------------------
@@ -192,15 +261,20 @@ class TaskComment(_Command):
     """on_comment; operation id `task_comment:<comment_id>`."""
 
     type: Literal["task_comment"] = "task_comment"
+    """The command name."""
     task_id: Id
+    """The task commented on."""
     comment_id: Id
+    """The comment's id: a redelivery with the same id is idempotent."""
 
 
 class BlockersResolved(_Command):
     """on_blocker_resolved; operation id `blockers_resolved:<task>`."""
 
     type: Literal["blockers_resolved"] = "blockers_resolved"
+    """The command name."""
     task_id: Id
+    """The task whose blockers are resolved."""
 
 
 class ChildRow(_Command):
@@ -211,9 +285,13 @@ class ChildRow(_Command):
     """
 
     task_id: Id
+    """The child task's id."""
     state: Name
+    """The child's state; COMPLETED, FAILED and CANCELLED (any case) are terminal."""
     workflow_id: Id | None = None
+    """The workflow the child sits in (with `step_id`); its terminal step counts as terminal."""
     step_id: Id | None = None
+    """The step the child sits at (with `workflow_id`)."""
 
     @model_validator(mode="after")
     def _place(self) -> ChildRow:
@@ -230,26 +308,37 @@ class ChildrenCompleted(_Command):
     """
 
     type: Literal["children_completed"] = "children_completed"
+    """The command name."""
     task_id: Id
+    """The parent task."""
     children: list[ChildRow] = Field(min_length=1, max_length=MAX_LIST_ITEMS)
+    """Every child of the parent, with its state."""
 
 
 class ApprovalResolved(_Command):
     """on_approval_resolved; operation id `approval_resolved:<approval_id>`."""
 
     type: Literal["approval_resolved"] = "approval_resolved"
+    """The command name."""
     task_id: Id
+    """The task the approval was for."""
     approval_id: Id
+    """The approval's id: a redelivery with the same id is idempotent."""
 
 
 class AgentError(_Command):
     """on_agent_error; operation id `agent_error:<run_id>`, or `agent_error:<session>:<execution>`."""
 
     type: Literal["agent_error"] = "agent_error"
+    """The command name."""
     task_id: Id
+    """The task whose agent failed."""
     run_id: Name | None = None
+    """The failed run; identifies the error (else session_id with execution_id)."""
     session_id: Name | None = None
+    """The session of the failed execution (with `execution_id`, when there is no run_id)."""
     execution_id: Name | None = None
+    """The failed execution (with `session_id`)."""
 
     @model_validator(mode="after")
     def _identity(self) -> AgentError:
@@ -262,29 +351,44 @@ class Heartbeat(_Command):
     """on_heartbeat; operation id `heartbeat:<task>:<step>:<unix>` (unix: whole seconds)."""
 
     type: Literal["heartbeat"] = "heartbeat"
+    """The command name."""
     task_id: Id
+    """The task the heartbeat is for."""
     step_id: Id
+    """The step the heartbeat is for."""
     unix: Int64
+    """The heartbeat's time, in whole Unix seconds."""
 
 
 class BudgetAlert(_Command):
     """on_budget_alert; operation id `budget:<ws>:<scope>:<scope_id>:<pct>:<period_start>`."""
 
     type: Literal["budget_alert"] = "budget_alert"
+    """The command name."""
     task_id: Id
+    """The task whose step's on_budget_alert fires."""
     workspace_id: Id
+    """The workspace whose budget crossed a threshold."""
     scope: Id
+    """What the budget is for (the host's scope kind)."""
     scope_id: Id
+    """Which one of the scope."""
     pct: Int64
+    """The threshold crossed, in percent of the budget."""
     period_start: Int64
+    """The start of the budget period, in Unix seconds."""
 
 
 # --- queries ----------------------------------------------------------------------------------------
 
 
 class GetTask(_Command):
+    """The task's current row."""
+
     type: Literal["get_task"] = "get_task"
+    """The command name."""
     task_id: Id
+    """The task."""
 
 
 class ListTasks(_Command):
@@ -293,26 +397,44 @@ class ListTasks(_Command):
     latter None on the last page, else the value to pass for the next one. Source: issue 13 item 4."""
 
     type: Literal["list_tasks"] = "list_tasks"
+    """The command name."""
     after_task_id: Name | None = None
+    """Start after this task id (exclusive); None: from the first task."""
     limit: int = Field(default=100, ge=1, le=1000)
+    """At most this many tasks in the page."""
 
 
 class ListRuns(_Command):
+    """Runs of the queue, oldest first, filtered by every field given."""
+
     type: Literal["list_runs"] = "list_runs"
+    """The command name."""
     task_id: Name | None = None
+    """Only this task's runs."""
     agent_profile_id: Name | None = None
+    """Only runs for this agent profile."""
     status: Literal["queued", "claimed", "finished", "failed"] | None = None
+    """Only runs in this status."""
 
 
 class ListDecisions(_Command):
+    """The decisions recorded for a task (at one step, or all)."""
+
     type: Literal["list_decisions"] = "list_decisions"
+    """The command name."""
     task_id: Id
+    """The task."""
     step_id: Name | None = None
+    """Only decisions for this step."""
 
 
 class ListStepEntries(_Command):
+    """The task's durable step-entry records, each with its per-action markers."""
+
     type: Literal["list_step_entries"] = "list_step_entries"
+    """The command name."""
     task_id: Id
+    """The task."""
 
 
 class ListReviewRuns(_Command):
@@ -321,7 +443,9 @@ class ListReviewRuns(_Command):
     """
 
     type: Literal["list_review_runs"] = "list_review_runs"
+    """The command name."""
     task_id: Name | None = None
+    """Only this task's review runs."""
 
 
 EventTrigger = (

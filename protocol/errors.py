@@ -121,9 +121,12 @@ StorageKind = Literal["busy", "full", "io", "out_of_memory", "read_only", "corru
 - aborted: SQLite ended the transaction for a reason it did not report as a storage fault.
 """
 
-_RETRYABLE_KINDS: frozenset[StorageKind] = frozenset({"busy", "full", "io", "out_of_memory", "aborted"})
+RETRYABLE_STORAGE_KINDS: frozenset[StorageKind] = frozenset(
+    {"busy", "full", "io", "out_of_memory", "aborted"}
+)
+"""The kinds whose `storage_<kind>` error is retryable."""
 
-_EXPLANATIONS: dict[StorageKind, str] = {
+STORAGE_EXPLANATIONS: dict[StorageKind, str] = {
     "busy": "the database is busy: another connection held its write lock past the busy timeout",
     "full": "the database or disk is full",
     "io": "the database hit an I/O error",
@@ -132,6 +135,7 @@ _EXPLANATIONS: dict[StorageKind, str] = {
     "corrupt": "the database file is corrupt",
     "aborted": "SQLite ended the transaction",
 }
+"""What each kind means, as the start of its error message (and in docs/protocol.md)."""
 
 
 class StorageError(OnceflowError):
@@ -149,9 +153,9 @@ class StorageError(OnceflowError):
     """
 
     def __init__(self, kind: StorageKind, detail: str) -> None:
-        retryable = kind in _RETRYABLE_KINDS
+        retryable = kind in RETRYABLE_STORAGE_KINDS
         advice = "retry once the condition clears" if retryable else "a retry alone will not help"
-        super().__init__(f"{_EXPLANATIONS[kind]} ({detail}); its writes were rolled back, {advice}")
+        super().__init__(f"{STORAGE_EXPLANATIONS[kind]} ({detail}); its writes were rolled back, {advice}")
         self.kind: StorageKind = kind
         self.code = f"storage_{kind}"
         self.retryable = retryable

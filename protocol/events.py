@@ -15,79 +15,131 @@ EntryPath = Literal["E1", "E2", "E3", "E4", "E5", "recovery"]
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class TaskCreated(_Event):
+    """A task was created (committed). Creation is not a step entry: no on_enter runs."""
+
     type: Literal["task_created"] = "task_created"
+    """The event name."""
     task_id: str
+    """The new task."""
     workflow_id: str
+    """Its workflow."""
     step_id: str
+    """The step it was placed at (a feeder step when its target was full)."""
 
 
 class Transition(_Event):
     """The task's step changed (committed). `trigger` is what caused it (a trigger name or a command)."""
 
     type: Literal["transition"] = "transition"
+    """The event name."""
     task_id: str
+    """The task that moved."""
     workflow_id: str
+    """The workflow it is in after the move."""
     from_step: str
+    """The step it left."""
     to_step: str
+    """The step it entered."""
     trigger: str
+    """What caused the move: a trigger (`on_turn_complete`) or a command (`move_task`, `record_decision`)."""
 
 
 class StepEntered(_Event):
     """A step entry was admitted; `entry_seq` is None when on_enter declares no engine-owned action."""
 
     type: Literal["step_entered"] = "step_entered"
+    """The event name."""
     task_id: str
+    """The task."""
     step_id: str
+    """The step entered."""
     entry_seq: int | None
+    """The entry's sequence number at this step (1, 2, ...); None when no step-entry record is allocated."""
     entry_path: EntryPath
+    """How it was entered: E1 transition, E2 manual move, E3 WIP promotion, E4 switch_workflow, E5 task
+    update/start, or `recovery` (an open entry finished by the start-up scan)."""
 
 
 class TaskQueued(_Event):
     """The task landed at a full step without being admitted (a queued placement: not an entry)."""
 
     type: Literal["task_queued"] = "task_queued"
+    """The event name."""
     task_id: str
+    """The task."""
     step_id: str
+    """The full step it waits at; a WIP promotion admits it later (entry path E3)."""
 
 
 class GuardEvaluated(_Event):
+    """A quorum guard of a transition was evaluated against the step's seats and decisions."""
+
     type: Literal["guard_evaluated"] = "guard_evaluated"
+    """The event name."""
     task_id: str
+    """The task."""
     step_id: str
+    """The step whose transition is guarded."""
     target_step: str
+    """Where the transition leads."""
     role: str
+    """The role whose seats are counted."""
     threshold: str
+    """all_approve, all_decide, majority_approve, any_reject or n_approve:N."""
     satisfied: bool
+    """Whether the transition may happen."""
     seats: int
+    """Seats of the role at the step."""
     approvals: int
+    """Seats whose latest decision is `approved`."""
     reason: str
+    """no_seats (fails closed), unsatisfiable (n_approve:N with N > seats), pending, approved, decided or
+    vetoed."""
 
 
 class ActionOutcome(_Event):
     """An action reached its dispatcher. outcome: done | skipped | failed | abandoned | already_done."""
 
     type: Literal["action_outcome"] = "action_outcome"
+    """The event name."""
     task_id: str
+    """The task."""
     step_id: str
+    """The step declaring the action."""
     trigger: str
+    """The trigger it is declared under."""
     position: int
+    """Its index in that trigger's list."""
     kind: str
+    """The action type (`queue_run`, `clear_decisions`, ...)."""
     outcome: str
+    """done, skipped, failed, abandoned or already_done (a marker said so: not run again)."""
     detail: str = ""
+    """Why, when it did not simply succeed."""
 
 
 class RunQueued(_Event):
+    """A run was added to the runs queue (committed)."""
+
     type: Literal["run_queued"] = "run_queued"
+    """The event name."""
     run_id: int
+    """The new run; `claim_run` hands it out."""
     task_id: str | None
+    """The task it is for."""
     step_id: str | None
+    """The step whose action queued it."""
     agent_profile_id: str
+    """The agent profile it is queued for."""
     reason: str
+    """The action's `reason` (default: the trigger's name)."""
     idempotency_key: str | None
+    """The key that deduplicates it for 24 hours after it resolves (None: not deduplicated)."""
 
 
 class RunSuppressed(_Event):
@@ -95,41 +147,66 @@ class RunSuppressed(_Event):
     a success that changed nothing. `existing_run_id` is the run the key produced or was merged into."""
 
     type: Literal["run_suppressed"] = "run_suppressed"
+    """The event name."""
     existing_run_id: int
+    """The run the key produced or was merged into."""
     task_id: str | None
+    """The task the enqueue was for."""
     agent_profile_id: str
+    """The agent profile the enqueue was for."""
     reason: str
+    """The enqueue's reason."""
     idempotency_key: str
+    """The honoured key."""
 
 
 class RunCoalesced(_Event):
     """An enqueue merged into a queued run of the same task, agent and reason from the last 5 s."""
 
     type: Literal["run_coalesced"] = "run_coalesced"
+    """The event name."""
     run_id: int
+    """The queued run it merged into."""
     task_id: str | None
+    """The task."""
     agent_profile_id: str
+    """The agent profile."""
     reason: str
+    """The shared reason."""
     coalesced_count: int
+    """How many enqueues the run now stands for, beyond the first."""
 
 
 class DecisionRecorded(_Event):
     """A decision was stored. `role` is the one recorded: the command's, or resolved from the seat."""
 
     type: Literal["decision_recorded"] = "decision_recorded"
+    """The event name."""
     decision_id: int
+    """The stored decision's row id."""
     task_id: str
+    """The task."""
     step_id: str
+    """The step it is for."""
     decider_id: str
+    """Who decided."""
     decision: str
+    """approved, rejected or changes_requested."""
     role: str = ""
+    """The role recorded ("" when none could be resolved)."""
 
 
 class DecisionsCleared(_Event):
+    """A clear_decisions action deleted the decisions of a step (a new review round)."""
+
     type: Literal["decisions_cleared"] = "decisions_cleared"
+    """The event name."""
     task_id: str
+    """The task."""
     step_id: str
+    """The step whose decisions were deleted."""
     deleted: int
+    """How many were deleted."""
 
 
 class SessionAction(_Event):
@@ -142,23 +219,41 @@ class SessionAction(_Event):
     """
 
     type: Literal["session_action"] = "session_action"
+    """The event name."""
     task_id: str
+    """The task."""
     session_id: str | None
+    """The task's session (None when it has none)."""
     step_id: str
+    """The step declaring the action."""
     action: str
+    """The action type (`reset_agent_context`, `set_session_mode`, `auto_start_agent`, ...)."""
     config: dict[str, Any] = Field(default_factory=dict)
+    """The action's declared config."""
     entry_path: EntryPath | None = None
+    """How the step was entered (on_enter only)."""
     trigger: str
+    """The trigger the action is declared under."""
     position: int
+    """Its index in that trigger's list."""
     entry_seq: int | None = None
+    """The entry it belongs to (on_enter with a step-entry record), else None."""
     admission_seq: int = 0
+    """The task's admission counter (+1 at every step entry, durable): the entry dispatched (on_enter) or
+    left (on_exit) on every step, record or not; 0 while the task sits where it was created."""
 
 
 class Diagnostic(_Event):
+    """A log-worthy condition (a failed host call, a vote not counted, ...), with its identifying fields."""
+
     type: Literal["diagnostic"] = "diagnostic"
+    """The event name."""
     level: Literal["debug", "info", "warning", "error"]
+    """Its severity."""
     code: str
+    """A stable name for the condition (`decision_not_counted`, `deferred_commit_failed`, ...)."""
     fields: dict[str, Any] = Field(default_factory=dict)
+    """Its identifying fields (task_id, step_id, cause, ...) as discrete keys."""
 
 
 Event = Annotated[
@@ -187,20 +282,35 @@ class ErrorInfo(BaseModel):
     `storage_out_of_memory`, `storage_aborted` (issue 11, item 2).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
     code: str
+    """Stable, machine-readable: `invalid_message`, `not_found`, `storage_busy`, ... (docs/protocol.md)."""
     message: str
+    """What went wrong, for people."""
     field: str | None = None
+    """The offending field as a dotted path (`children.0.state`), or None when no one field is to blame."""
     retryable: bool = False
+    """True when nothing was committed and sending the same command again may succeed later."""
 
 
 class Reply(BaseModel):
-    """The answer to one command: `ok`, a JSON `result`, or an `error`; `events` it caused, in order."""
+    """The answer to one command: `ok`, a JSON `result`, or an `error`; `events` it caused, in order.
 
-    model_config = ConfigDict(extra="forbid")
+    `result` is plain JSON whose shape depends on the command (`protocol/results.py`: `RESULTS` maps each
+    command type to its result model; `result_of(reply)` validates it into that model).
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     type: Literal["reply"] = "reply"
+    """Always `reply`."""
     command: str
+    """The command's `type` (`unknown` when the message could not be read that far)."""
     ok: bool
+    """Whether the command was applied; False means `error` says why."""
     result: Any = None
+    """What the command returned when `ok`; its shape is the command's result model (`results` in
+    `onceflow schema`, `protocol/results.py`). None when not `ok`."""
     error: ErrorInfo | None = None
+    """Why the command was refused; None when `ok`."""
     events: list[Event] = Field(default_factory=list)
+    """The events the command caused, in the order they happened (also when it failed part-way)."""

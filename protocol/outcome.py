@@ -135,15 +135,19 @@ def _absent_when_empty(value: object) -> object:
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Evidence(_Message):
     """One piece of evidence for an outcome: what it is, where it lives, and its SHA-256 (lowercase hex)."""
 
     kind: EvidenceKind
+    """What the evidence is."""
     uri: Annotated[str, Field(max_length=512), AfterValidator(_uri)]
+    """Where it lives: a `bead:`, `file:`, `git:`, `https:` or `s3:` URI, at most 512 bytes."""
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    """Its SHA-256, 64 lowercase hex digits."""
 
 
 class ProducerFence(_Message):
@@ -151,8 +155,11 @@ class ProducerFence(_Message):
     token."""
 
     producer_id: Segment
+    """The producer."""
     generation: StrictInt = Field(gt=0, le=INT64_MAX)
+    """The producer's generation, a positive integer."""
     token: Segment
+    """The producer's fencing token."""
 
 
 def derive_outcome_id(
@@ -227,24 +234,39 @@ class OutcomeEnvelope(_Message):
     """
 
     contract_version: ContractVersion
+    """The wire contract's version: the integer 1."""
     outcome_id: OutcomeId
+    """`derive_outcome_id` of the envelope's producer, store_ref, work_id, state and fence."""
     producer: Producer
+    """What kind of producer made the outcome."""
     store_ref: StoreRef
+    """The store the work belongs to: `city:<segment>` or `rig:<segment>`."""
     work_id: Segment
+    """The unit of work the outcome is for."""
     source_root_id: Segment
+    """The root of the work's source."""
     workflow_id: Annotated[
         Annotated[str, Field(max_length=255)] | None,
         BeforeValidator(_absent_when_empty),
         AfterValidator(_workflow_id),
     ] = _OmittedWhenEmpty
+    """The workflow the work ran in, if any ("" or null: absent; omitted on output when absent)."""
     workflow_run_id: Annotated[Segment | None, BeforeValidator(_absent_when_empty)] = _OmittedWhenEmpty
+    """The workflow run, if any (needs `workflow_id`)."""
     step_key: Segment
+    """The step of the work the outcome ends."""
     summary: Annotated[str, Field(max_length=512), AfterValidator(_text(512, "\x00\r"))]
+    """What was done: non-empty, trimmed, no NUL or CR, at most 512 bytes of UTF-8."""
     impact: Annotated[str, Field(max_length=1024), AfterValidator(_text(1024, "\x00\r"))]
+    """What it changes: non-empty, trimmed, no NUL or CR, at most 1024 bytes of UTF-8."""
     state: OutcomeState
+    """`terminal` (the work ended) or `verified` (and was checked)."""
     evidence: list[Evidence] = Field(min_length=1, max_length=64)
+    """What backs the outcome: 1 to 64 pieces."""
     fence: ProducerFence
+    """Who produced the outcome, in which generation."""
     occurred_at: Annotated[str, Field(max_length=64), AfterValidator(_occurred_at)]
+    """When, as RFC 3339 in UTC with `Z` (up to nanoseconds; kept exactly as received)."""
 
     @field_validator("workflow_run_id")
     @classmethod
@@ -280,7 +302,9 @@ class OutcomeDeliveryRequest(_Message):
     """
 
     envelope: OutcomeEnvelope
+    """The outcome to deliver."""
     delivery_cycle: Segment
+    """The redelivery round (`cycle-000003`); every attempt of one round repeats it."""
 
 
 class OutcomeDelivery(_Message):
@@ -293,12 +317,18 @@ class OutcomeDelivery(_Message):
     envelope's.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, revalidate_instances="always")
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, revalidate_instances="always", use_attribute_docstrings=True
+    )
 
     outcome_id: Segment | None = _OmittedWhenEmpty
+    """The delivered outcome (optional; when given, the envelope's)."""
     work_id: Segment | None = _OmittedWhenEmpty
+    """The delivered outcome's work (optional; when given, the envelope's)."""
     delivery_ref: Annotated[str, Field(max_length=512), AfterValidator(_delivery_ref)]  # bytes: checked
+    """The adapter's idempotent local reference (`bead:hq-mail-42`)."""
     coordinator_fence: Segment
+    """The coordinator session that received the delivery."""
 
     @field_validator("outcome_id", "work_id")
     @classmethod
@@ -319,27 +349,37 @@ class OutcomeAcknowledgement(_Message):
     """
 
     store_ref: StoreRef
+    """The envelope's store_ref."""
     outcome_id: Segment
+    """The envelope's outcome_id."""
     work_id: Segment
+    """The envelope's work_id."""
     coordinator_fence: Segment
+    """The fence of the delivery being acknowledged (the current one, or the acknowledgement is stale)."""
     acknowledged_by: Segment
+    """Who acknowledged; the same one again is a no-op, another one a `conflict`."""
 
 
 class OutcomeReady(_Message):
     """Command `outcome_ready`: start delivering `envelope`, or count a repeat of it (AC-CO-11)."""
 
     type: Literal["outcome_ready"] = "outcome_ready"
+    """The command name."""
     envelope: OutcomeEnvelope
+    """The outcome, in Gas City's wire format."""
 
 
 class CoordinatorAck(OutcomeAcknowledgement):
     """Command `coordinator_ack`: an `OutcomeAcknowledgement` with the command's `type` tag."""
 
     type: Literal["coordinator_ack"] = "coordinator_ack"
+    """The command name."""
 
 
 class GetOutcome(_Message):
     """Query `get_outcome`: the outcome's state, as the spec's `coordinator-outcome-state` query (AC-CO-3)."""
 
     type: Literal["get_outcome"] = "get_outcome"
+    """The command name."""
     outcome_id: OutcomeId
+    """The outcome."""

@@ -33,6 +33,7 @@ from pydantic import (
     Strict,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -171,11 +172,15 @@ _ALLOWED_CONTEXT_KEY = "allowed_actions"
 
 _THRESHOLDS = frozenset({"all_approve", "all_decide", "majority_approve", "any_reject"})
 _N_APPROVE = re.compile(r"n_approve:([0-9]+)")
-_QUEUE_TARGET = re.compile(r"primary|workspace\.ceo_agent|(participant_role|agent_profile_id):.+")
+THRESHOLD_PATTERN = r"^(all_approve|all_decide|majority_approve|any_reject|n_approve:0*[1-9][0-9]*)$"
+"""The thresholds `_known_threshold` accepts, for the template's JSON Schema."""
+QUEUE_TARGET_PATTERN = r"^(primary|workspace\.ceo_agent|(participant_role|agent_profile_id):.+)$"
+_QUEUE_TARGET = re.compile(QUEUE_TARGET_PATTERN)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Field docstrings are the descriptions `onceflow schema --template` shows in an editor (issue 13 item 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
 
 def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -205,7 +210,9 @@ class QuorumGuard(_Model):
     """
 
     role: str = Field(min_length=1)
-    threshold: str
+    """The role whose seats are counted (reviewer, approver, ...)."""
+    threshold: Annotated[str, Field(json_schema_extra={"pattern": THRESHOLD_PATTERN})]
+    """all_approve, all_decide, majority_approve, any_reject, or n_approve:N (N a positive integer)."""
 
     @field_validator("threshold")
     @classmethod
@@ -224,6 +231,7 @@ class QuorumCondition(_Model):
     """The `if:` form of a guard: `{wait_for_quorum: {role, threshold}}`."""
 
     wait_for_quorum: QuorumGuard
+    """The guard."""
 
 
 class MoveConfig(_Model):
@@ -234,9 +242,13 @@ class MoveConfig(_Model):
     """
 
     step_id: str | None = None
+    """move_to_step: the target step (required, non-empty); move_to_next/move_to_previous: absent."""
     wait_for_quorum: QuorumGuard | None = None
+    """A quorum guard: the move happens only once the role's seats satisfy the threshold."""
     if_: QuorumCondition | None = Field(default=None, validation_alias="if", serialization_alias="if")
+    """The guard in its `if: {wait_for_quorum: ...}` form (not together with wait_for_quorum)."""
     requires_approval: bool = False
+    """The move waits for an approval: the engine never takes it on a trigger or a decision."""
 
     @model_validator(mode="after")
     def _one_guard(self) -> Self:
@@ -256,10 +268,15 @@ class QueueRunConfig(_Model):
     """Config of queue_run. target: primary | workspace.ceo_agent | participant_role:<role> |
     agent_profile_id:<id>; task_id: this | <id>; reason None means the trigger's name."""
 
-    target: str = "primary"
+    target: Annotated[str, Field(json_schema_extra={"pattern": QUEUE_TARGET_PATTERN})] = "primary"
+    """Whom the run is for: primary (the task's primary agent), workspace.ceo_agent, participant_role:<role>
+    (one run per seat) or agent_profile_id:<id>."""
     task_id: str = Field(default="this", min_length=1)
+    """The task the run is for: `this` (the trigger's task) or a task id."""
     reason: str | None = None
+    """The run's reason; absent: the trigger's name."""
     payload: _Payload = None
+    """Data handed to the agent with the run (a mapping, at most 64 KiB as canonical JSON)."""
 
     @field_validator("target")
     @classmethod
@@ -277,41 +294,52 @@ class QueueRunForEachParticipantConfig(_Model):
     """Config of queue_run_for_each_participant. An empty role loads; it is a run-time error (AC-E3)."""
 
     role: str = ""
+    """The role whose seats each get a run (an empty role is a run-time error)."""
     reason: str | None = None
+    """The runs' reason; absent: the trigger's name."""
     payload: _Payload = None
+    """Data handed to each agent with its run (a mapping, at most 64 KiB as canonical JSON)."""
 
 
 class SetSessionModeConfig(_Model):
     """Config of set_session_mode: `mode` is a required non-empty string."""
 
     mode: str = Field(min_length=1)
+    """The session mode to set (the host interprets it)."""
 
 
 class EnsureParticipantSeatConfig(_Model):
     """Config of ensure_participant_seat: the (non-empty) role whose seat must exist."""
 
     role: str = Field(min_length=1)
+    """The role whose seat must exist."""
 
 
 class ConfigureSessionRule(_Model):
     """One rule of configure_session."""
 
     agent_name: str
+    """The agent the rule is for."""
     operation: Literal["set", "keep", "restore_original"]
+    """What to do with the agent's session configuration."""
     model: str | None = None
+    """The model to set."""
     config_options: _Payload = None
+    """Options to set (a mapping, at most 64 KiB as canonical JSON)."""
 
 
 class ConfigureSessionConfig(_Model):
     """Config of configure_session (import path only, see IMPORT_ALLOWED_ACTIONS)."""
 
     rules: Annotated[tuple[ConfigureSessionRule, ...], Strict(False), Field(max_length=MAX_TEMPLATE_ACTIONS)]
+    """The rules, applied in order."""
 
 
 class RunCodeReviewConfig(_Model):
     """Config of run_code_review (import path only, see IMPORT_ALLOWED_ACTIONS)."""
 
     agent_profile_id: str | None = None
+    """The reviewing agent profile, if not the host's default."""
 
 
 class EmptyConfig(_Model):
@@ -330,7 +358,7 @@ ActionConfig = (
     | EmptyConfig
 )
 
-_CONFIG_MODELS: Mapping[str, type[_Model]] = MappingProxyType(
+CONFIG_MODELS: Mapping[str, type[_Model]] = MappingProxyType(
     {
         **{kind: MoveConfig for kind in TRANSITION_TYPES},
         "queue_run": QueueRunConfig,
@@ -351,6 +379,7 @@ _CONFIG_MODELS: Mapping[str, type[_Model]] = MappingProxyType(
         },
     }
 )
+"""Action type -> the model of its `config` (every action type a template may name)."""
 
 
 class ActionDecl(_Model):
@@ -361,7 +390,9 @@ class ActionDecl(_Model):
     """
 
     type: str
+    """The action type; which ones a trigger allows is fixed (kandev-engine-notes.md, Template format)."""
     config: ActionConfig
+    """The action's settings; absent or null: the type's defaults."""
 
     @model_validator(mode="before")
     @classmethod
@@ -370,9 +401,9 @@ class ActionDecl(_Model):
             return data
         if "type" not in data:
             raise _Located(("type",), "required key is missing")
-        config_model = _CONFIG_MODELS.get(data["type"]) if isinstance(data["type"], str) else None
+        config_model = CONFIG_MODELS.get(data["type"]) if isinstance(data["type"], str) else None
         if config_model is None:
-            hint = _did_you_mean(data["type"], _CONFIG_MODELS)
+            hint = _did_you_mean(data["type"], CONFIG_MODELS)
             raise _Located(("type",), f"unknown action type {data['type']!r}{hint}")
         raw = data.get("config")
         try:
@@ -403,16 +434,27 @@ class StepEvents(_Model):
     """
 
     on_enter: _ActionList = ()
+    """When a task enters the step (every entry path): session actions and engine-owned actions."""
     on_turn_start: _ActionList = ()
+    """When the task's agent starts a turn: transitions."""
     on_turn_complete: _ActionList = ()
+    """When the task's agent finishes a turn (and when a decision is recorded, for guarded moves)."""
     on_exit: _ActionList = ()
+    """When the task leaves the step: disable_plan_mode."""
     on_comment: _ActionList = ()
+    """`task_comment`."""
     on_blocker_resolved: _ActionList = ()
+    """`blockers_resolved`."""
     on_children_completed: _ActionList = ()
+    """`children_completed`, once every child is terminal."""
     on_approval_resolved: _ActionList = ()
+    """`approval_resolved`."""
     on_heartbeat: _ActionList = ()
+    """`heartbeat`."""
     on_budget_alert: _ActionList = ()
+    """`budget_alert`."""
     on_agent_error: _ActionList = ()
+    """`agent_error`."""
 
     def actions(self, trigger: Trigger) -> tuple[ActionDecl, ...]:
         """The actions declared for `trigger`, in declared order (empty when none)."""
@@ -439,25 +481,48 @@ class Step(_Model):
     """
 
     id: _StepId
+    """The step's id, unique in the workflow (commands and move_to_step name it)."""
     name: str
+    """Its display name (a last step named done/complete/completed/approved is the terminal step)."""
     position: _Int64
+    """Its place in the board, unique; move_to_next and move_to_previous follow position order."""
     color: str = ""
+    """Kandev's display color (kept; onceflow does not use it)."""
     prompt: str = ""
-    stage_type: Literal["work", "review", "approval", "custom"] = "custom"
+    """Kandev's prompt for the step's agent (kept; onceflow does not use it)."""
+    stage_type: Annotated[
+        Literal["work", "review", "approval", "custom"],
+        WithJsonSchema({"enum": ["work", "review", "approval", "custom", "", None]}, mode="validation"),
+    ] = "custom"
+    """What kind of stage it is; empty or null mean custom."""
     is_start_step: bool = False
+    """The step new tasks start at; exactly one step has it."""
     show_in_command_panel: bool = False
+    """Kandev UI flag (kept; onceflow does not use it)."""
     allow_manual_move: bool = False
+    """Kandev UI flag (kept; onceflow does not use it: move_task is always allowed)."""
     auto_archive_after_hours: _Int64 | None = None
+    """Kandev setting (kept; onceflow does not use it)."""
     auto_advance_requires_signal: bool = False
+    """Kandev setting (kept; onceflow does not use it)."""
     cancel_triggers_turn_complete: bool = False
+    """Kandev setting (kept; onceflow does not use it)."""
     events: StepEvents = StepEvents()
+    """The actions declared per trigger."""
     agent_profile_id: str | None = None
+    """Kandev's later revisions: the step's agent profile (kept; onceflow does not use it)."""
     profile_session_start_policy: str | None = None
+    """Kandev's later revisions (kept; onceflow does not use it)."""
     profile_session_end_policy: str | None = None
+    """Kandev's later revisions (kept; onceflow does not use it)."""
     session_target: str | None = None
+    """Kandev's later revisions (kept; onceflow does not use it)."""
     complete_task_on_enter: bool = False
+    """Kandev's later revisions (kept; onceflow does not use it)."""
     wip_limit: _Int64 = 0
+    """onceflow: at most this many admitted tasks at the step (<= 0: unlimited); more wait, queued."""
     pull_from_step_id: str | None = None
+    """onceflow: the feeder step a full step's promotion pulls from (another step, no cycles)."""
 
     @field_validator("stage_type", mode="before")
     @classmethod
@@ -474,10 +539,15 @@ class Workflow(_Model):
     """
 
     id: _StepId
+    """The workflow's id (commands name it as workflow_id)."""
     name: str
+    """Its display name."""
     description: str = ""
+    """What it is for."""
     hidden: bool = False
+    """Kandev UI flag (kept; onceflow does not use it)."""
     steps: Annotated[tuple[Step, ...], Strict(False), Field(max_length=MAX_TEMPLATE_STEPS)]
+    """The steps, in any order (position orders them)."""
 
     @model_validator(mode="after")
     def _template_checks(self) -> Self:

@@ -1,0 +1,383 @@
+"""The protocol reference page (docs/protocol.md), generated from the models: `onceflow schema --markdown`.
+
+Commands with their fields (type, bounds, default, description) and result, the reply, events, error codes
+(with `retryable`) and limits, all read from `onceflow.protocol` (field docstrings, JSON Schema bounds,
+`limits.py`'s documented constants), so the page cannot say what the code does not. A test keeps the
+committed page equal to `render()`. Source: issue 13 item 5 ("A protocol reference page").
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import json
+import re
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from onceflow.protocol import errors, limits, results
+from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
+from onceflow.protocol.commands import COMMAND_TYPES
+from onceflow.protocol.events import Event, Reply
+from onceflow.serve import SlowConsumerError
+
+PAGE = "docs/protocol.md"
+REGENERATE = f"onceflow schema --markdown > {PAGE}"
+
+_EVENT_TYPES: tuple[type[BaseModel], ...] = typing.get_args(typing.get_args(Event)[0])
+
+_INTRO = f"""\
+# onceflow protocol reference
+
+<!-- Generated from the models in protocol/ by `{REGENERATE}`; edit the models, not this file. -->
+
+A host talks to onceflow in commands and replies: in process, `await runtime.send(command)` takes a command
+model, a dict or a JSON line and returns a [`Reply`](#reply); over `onceflow serve`, each line is one
+command object and each reply one line. Every command is a JSON object whose `type` names it; unknown
+fields are refused. A reply carries the command's `result` (its shape is listed with each command) or an
+[`error`](#errorinfo), and the [events](#events) the command caused, in order; `subscribe` streams every
+event as it is emitted. Times are Unix seconds; `None` in a description is JSON `null`.
+
+`onceflow schema` prints the same as JSON Schema (`command`, `event`, `reply`, and `results` per command
+type). `onceflow schema --template` prints the JSON Schema of the workflow template format (add
+`--import-path` for the import path's allow-lists), for an editor: save it, e.g. as
+`onceflow-template.schema.json`, and start a template with
+`# yaml-language-server: $schema=./onceflow-template.schema.json`, or map it to your templates in the
+editor's settings (VS Code: `yaml.schemas`). Checks a schema cannot express (unique step ids and positions,
+one start step, move targets and feeders that exist) are `onceflow validate`'s.
+"""
+
+_INTERNAL = (
+    "internal",
+    False,
+    "Anything unexpected inside the runtime (a bug): logged at ERROR with its traceback; the runtime keeps "
+    "serving.",
+)
+
+
+def render() -> str:
+    """The whole page, as Markdown (ends with one newline)."""
+    sections = [_INTRO.rstrip(), _contents()]
+    sections += [_reply(), _commands(), _events(), _types(), _results(), _errors(), _limits()]
+    return "\n\n".join(sections) + "\n"
+
+
+def _contents() -> str:
+    return "\n".join(
+        [
+            "## Contents",
+            "",
+            "- [Replies](#replies)",
+            "- [Commands](#commands): " + ", ".join(_link(m) for m in COMMAND_TYPES),
+            "- [Events](#events): " + ", ".join(_link(m) for m in _EVENT_TYPES),
+            "- [Types used in commands](#types-used-in-commands)",
+            "- [Result types](#result-types)",
+            "- [Error codes](#error-codes)",
+            "- [Limits](#limits)",
+        ]
+    )
+
+
+# --- sections -----------------------------------------------------------------------------------------
+
+
+def _reply() -> str:
+    schema = Reply.model_json_schema()
+    parts = ["## Replies", "", "### Reply", "", _paragraphs(schema["description"]), ""]
+    parts.append(_fields(schema, host_sends=False))
+    error = schema["$defs"]["ErrorInfo"]
+    parts += [
+        "",
+        "### ErrorInfo",
+        "",
+        _paragraphs(error["description"]),
+        "",
+        _fields(error, host_sends=False),
+    ]
+    return "\n".join(parts)
+
+
+def _commands() -> str:
+    defs = COMMAND_ADAPTER.json_schema()["$defs"]
+    parts = ["## Commands"]
+    for model in COMMAND_TYPES:
+        schema = defs[model.__name__]
+        tag = _tag(model)
+        result = _python_type(results.RESULTS[tag])
+        parts += [f"### `{tag}`", _paragraphs(schema.get("description", "")), _fields(schema, skip="type")]
+        parts.append(f"**Result:** {result}.")
+    return "\n\n".join(parts)
+
+
+def _events() -> str:
+    defs = EVENT_ADAPTER.json_schema()["$defs"]
+    parts = ["## Events", "Every event is a JSON object whose `type` names it."]
+    for model in _EVENT_TYPES:
+        schema = defs[model.__name__]
+        description = _paragraphs(schema.get("description", ""))
+        parts += [f"### `{_tag(model)}`", description, _fields(schema, "type", host_sends=False)]
+    return "\n\n".join(parts)
+
+
+def _types() -> str:
+    command_models = {model.__name__ for model in COMMAND_TYPES}
+    defs = COMMAND_ADAPTER.json_schema()["$defs"]
+    parts = ["## Types used in commands"]
+    for name, schema in defs.items():
+        if name not in command_models:
+            parts += [f"### {name}", _paragraphs(schema.get("description", "")), _fields(schema)]
+    return "\n\n".join(parts)
+
+
+def _results() -> str:
+    parts = [
+        "## Result types",
+        "What `Reply.result` holds when `ok`, per the command's **Result** line; "
+        "`onceflow.protocol.result_of(reply)` validates it into the model.",
+    ]
+    shown = set(COMMAND_ADAPTER.json_schema()["$defs"])
+    for name, schema in _result_models():
+        if name not in shown:
+            shown.add(name)
+            description = _paragraphs(schema.get("description", ""))
+            parts += [f"### {name}", description, _fields(schema, host_sends=False)]
+    return "\n\n".join(parts)
+
+
+def _errors() -> str:
+    rows = [(cls.code, cls.retryable, _first_paragraph(cls.__doc__ or "")) for cls in _error_classes()]
+    rows.insert(1, _INTERNAL)
+    storage = _storage_kinds()
+    for kind in typing.get_args(errors.StorageKind):
+        retryable = kind in errors.RETRYABLE_STORAGE_KINDS
+        rows.append((f"storage_{kind}", retryable, storage[kind]))
+    lines = [
+        "## Error codes",
+        "",
+        "`error.code` is stable. `retryable` is true when nothing of the command was committed and "
+        "sending the same command again may succeed once the condition clears. A storage fault rolls back "
+        "the failing request's writes (and, when it ended the transaction, those of every request sharing "
+        "its group commit); an earlier, separate transaction of the same command stands.",
+        "",
+        "| Code | Retryable | Meaning |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| `{code}` | {'yes' if retry else 'no'} | {_cell(meaning)} |" for code, retry, meaning in rows
+    ]
+    return "\n".join(lines)
+
+
+def _limits() -> str:
+    documented = _module_docstrings(limits)
+    lines = [
+        "## Limits",
+        "",
+        "From `protocol/limits.py`. Anything beyond a limit is refused with a typed error naming the field "
+        "(`invalid_message`, or `workflow_invalid` for a template) before anything is stored.",
+        "",
+        "| Name | Value | Meaning |",
+        "| --- | --- | --- |",
+    ]
+    for name, doc in documented.items():
+        value = getattr(limits, name)
+        shown = f"{value:,}" if isinstance(value, int) else f"`{value}`"
+        lines.append(f"| `{name}` | {_cell(shown)} | {_cell(_join(doc))} |")
+    return "\n".join(lines)
+
+
+# --- what goes into them ------------------------------------------------------------------------------
+
+
+def _tag(model: type[BaseModel]) -> str:
+    return str(model.model_fields["type"].default)
+
+
+def _anchor(name: str) -> str:
+    """The anchor GitHub gives a heading: command and event sections are headed by their `type` tag."""
+    for model in (*COMMAND_TYPES, *_EVENT_TYPES):
+        if model.__name__ == name:
+            return _tag(model)
+    return name.lower()
+
+
+def _link(model: type[BaseModel] | str) -> str:
+    name = model if isinstance(model, str) else model.__name__
+    label = name if isinstance(model, str) else f"`{_tag(model)}`"
+    return f"[{label}](#{_anchor(name)})"
+
+
+def _fields(schema: Mapping[str, Any], skip: str = "", *, host_sends: bool = True) -> str:
+    """A table of the model's fields: name, type with bounds, default (or required), description. A model
+    the runtime sends (`host_sends=False`: replies, events, results) has every field present, so it gets
+    no default column."""
+    required = set(schema.get("required", ()))
+    lines = ["| Field | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    if not host_sends:
+        lines = ["| Field | Type | Description |", "| --- | --- | --- |"]
+    for name, prop in schema.get("properties", {}).items():
+        if name == skip:
+            continue
+        cells = [f"`{name}`", _schema_type(prop)]
+        if host_sends:
+            cells.append("required" if name in required else f"`{json.dumps(_default(prop))}`")
+        cells.append(_join(prop.get("description", "")))
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def _default(prop: Mapping[str, Any]) -> Any:
+    """The default of an optional field; a schema shows none for a default factory (an empty list or
+    mapping here)."""
+    if "default" in prop:
+        return prop["default"]
+    return [] if prop.get("type") == "array" else {}
+
+
+def _schema_type(prop: Mapping[str, Any]) -> str:
+    """A JSON Schema property as words: its type, then its bounds."""
+    if "$ref" in prop:
+        return _link(prop["$ref"].rsplit("/", 1)[1])
+    if "discriminator" in prop:
+        return "[an event](#events)"
+    if "anyOf" in prop:
+        return " or ".join(_schema_type(option) for option in prop["anyOf"])
+    if "allOf" in prop and len(prop["allOf"]) == 1:
+        return _schema_type(prop["allOf"][0])
+    if "const" in prop:
+        return f"`{json.dumps(prop['const'])}`"
+    if "enum" in prop:
+        return "one of " + ", ".join(f"`{json.dumps(value)}`" for value in prop["enum"])
+    kind = prop.get("type")
+    if kind == "array":
+        items = _schema_type(prop.get("items", {}))
+        return f"list of {items}" + _bounded(_size(prop, "minItems", "maxItems", "items"))
+    if kind == "string":
+        return "string" + _bounded([*_size(prop, "minLength", "maxLength", "characters"), *_pattern(prop)])
+    if kind == "integer":
+        if (prop.get("minimum"), prop.get("maximum")) == (limits.INT64_MIN, limits.INT64_MAX):
+            return "integer (int64)"
+        return "integer" + _bounded(_range(prop))
+    return str(kind) if kind else "any JSON"
+
+
+def _bounded(bounds: list[str]) -> str:
+    return f" ({', '.join(bounds)})" if bounds else ""
+
+
+def _size(prop: Mapping[str, Any], low: str, high: str, unit: str) -> list[str]:
+    lo: int | None = prop.get(low)
+    hi: int | None = prop.get(high)
+    if lo is not None and hi is not None:
+        return [f"{lo:,} to {hi:,} {unit}"]
+    if hi is not None:
+        return [f"at most {hi:,} {_unit(hi, unit)}"]
+    if lo is not None:
+        return [f"at least {lo:,} {_unit(lo, unit)}"]
+    return []
+
+
+def _unit(count: int, unit: str) -> str:
+    return unit.removesuffix("s") if count == 1 else unit
+
+
+def _range(prop: Mapping[str, Any]) -> list[str]:
+    bounds = []
+    for key, sign in [
+        ("minimum", ">="),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "<="),
+        ("exclusiveMaximum", "<"),
+    ]:
+        if key in prop:
+            value = prop[key]
+            shown = "int64 max" if value == limits.INT64_MAX else f"{value:,}"
+            bounds.append(f"{sign} {shown}")
+    return bounds
+
+
+def _pattern(prop: Mapping[str, Any]) -> list[str]:
+    pattern = prop.get("pattern")
+    if pattern is None:
+        return []
+    if pattern == limits.ID_PATTERN:
+        return ["no control characters"]
+    return [f"matching `{pattern}`"]
+
+
+def _python_type(tp: Any) -> str:
+    """A result type (`RESULTS` value) as words with links."""
+    if tp is None or tp is type(None):
+        return "`null`"
+    if typing.get_origin(tp) is list:
+        return f"list of {_python_type(typing.get_args(tp)[0])}"
+    if isinstance(tp, types.UnionType):
+        return " or ".join(_python_type(arg) for arg in typing.get_args(tp))
+    return _link(tp.__name__)
+
+
+def _result_models() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every model a result is made of (top level, then nested), in `RESULTS` order."""
+    for command in results.RESULTS:
+        schema = results.result_adapter(command).json_schema()
+        if "properties" in schema:
+            yield schema["title"], schema
+        yield from schema.get("$defs", {}).items()
+
+
+def _error_classes() -> list[type[errors.OnceflowError]]:
+    """Every error class with a code of its own, in definition order (storage errors are per kind)."""
+    found = [
+        cls
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
+        if cls not in (errors.OnceflowError, errors.StorageError)
+    ]
+    return [*found, SlowConsumerError]
+
+
+def _storage_kinds() -> dict[str, str]:
+    """Each storage kind's meaning: its line in `StorageKind`'s docstring (with the SQLite codes)."""
+    doc = _module_docstrings(errors)["StorageKind"]
+    bullets = re.findall(r"^- (\w+): (.*?)(?=^- |\Z)", doc, flags=re.MULTILINE | re.DOTALL)
+    return {kind: _join(text).rstrip(";.").capitalize() + "." for kind, text in bullets}
+
+
+def _module_docstrings(module: types.ModuleType) -> dict[str, str]:
+    """The documented module-level names, in order: `NAME = ...` followed by a string literal."""
+    body = ast.parse(inspect.getsource(module)).body
+    found: dict[str, str] = {}
+    for statement, following in itertools.pairwise(body):
+        target = (
+            statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
+        )
+        literal = following.value if isinstance(following, ast.Expr) else None
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(literal, ast.Constant)
+            and isinstance(literal.value, str)
+        ):
+            found[target.id] = inspect.cleandoc(literal.value)
+    return found
+
+
+def _first_paragraph(text: str) -> str:
+    return _join(inspect.cleandoc(text).split("\n\n")[0])
+
+
+def _paragraphs(text: str) -> str:
+    return "\n\n".join(_join(paragraph) for paragraph in inspect.cleandoc(text).split("\n\n"))
+
+
+def _join(text: str) -> str:
+    """Docstring lines as one line."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")

@@ -38,17 +38,16 @@ _IDENTITY = {
 _INSERT = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
 # SQLite's `x IS ?` / `x IS NOT ?` compare NULL-safely with any value; PostgreSQL's IS takes NULL only.
 _IS_PARAM = re.compile(r"\bIS\s+(NOT\s+)?\?", re.IGNORECASE)
-# A parameter tested for NULL has no type the server could infer: such statements are bound client-side.
-_PARAM_IS_NULL = re.compile(r"\?\s+IS\s+(NOT\s+)?NULL", re.IGNORECASE)
+# A parameter tested for NULL has no type the server could infer: it is cast to text (any scalar casts).
+_PARAM_IS_NULL = re.compile(r"\?(\s+IS\s+(?:NOT\s+)?NULL)", re.IGNORECASE)
 
 
 class Statement(NamedTuple):
-    """A statement translated for PostgreSQL: its `text`, the identity column appended as RETURNING for
-    `lastrowid` (or None), and whether it must be bound client-side (`client`)."""
+    """A statement translated for PostgreSQL: its `text`, and the identity column appended as RETURNING
+    for `lastrowid` (or None)."""
 
     text: str
     returning: str | None
-    client: bool
 
 
 @functools.lru_cache(maxsize=1024)
@@ -56,8 +55,8 @@ def translate(sql: str, has_params: bool = True) -> Statement:
     """`sql` (SQLite dialect, `?` placeholders) as PostgreSQL. `?` inside quoted literals is left alone; `%`
     is escaped when the statement goes with parameters (psycopg reads placeholders only then)."""
     if sql.strip().upper() == "BEGIN IMMEDIATE":
-        return Statement("BEGIN", None, False)
-    client = _PARAM_IS_NULL.search(sql) is not None
+        return Statement("BEGIN", None)
+    sql = _PARAM_IS_NULL.sub(r"CAST(? AS TEXT)\1", sql)
     sql = _IS_PARAM.sub(lambda m: "IS DISTINCT FROM ?" if m.group(1) else "IS NOT DISTINCT FROM ?", sql)
     out: list[str] = []
     quote: str | None = None
@@ -78,7 +77,7 @@ def translate(sql: str, has_params: bool = True) -> Statement:
         returning = _IDENTITY.get(match.group(1).lower())
         if returning is not None:
             text = f"{text.rstrip().rstrip(';')} RETURNING {returning}"
-    return Statement(text, returning, client)
+    return Statement(text, returning)
 
 
 class PgCursor:
@@ -112,7 +111,6 @@ class PgConnection:
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
         self.text_factory: type = str
-        self._client = psycopg.ClientCursor(raw)
 
     @property
     def in_transaction(self) -> bool:
@@ -126,15 +124,9 @@ class PgConnection:
         return self.raw.closed or self.raw.info.transaction_status == TransactionStatus.UNKNOWN
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
-        text, returning, client = translate(sql, bool(params))
+        text, returning = translate(sql, bool(params))
         try:
-            cur: psycopg.Cursor[Any]
-            if params and (client or any(p is None for p in params)):
-                # A NULL or NULL-tested parameter has no type the server could infer: bind it client-side.
-                cur = self._client
-                cur.execute(text, params)
-            else:
-                cur = self.raw.execute(text, params or None)
+            cur = self.raw.execute(text, params or None)
             rows = cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             raise as_sqlite_error(exc) from exc
@@ -152,7 +144,7 @@ class PgConnection:
         return None if row is None else row[0]
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> PgCursor:
-        text, returning, _ = translate(sql)
+        text, returning = translate(sql)
         if returning is not None:  # no lastrowid from executemany
             text = text[: text.rindex(" RETURNING ")]
         try:

@@ -102,6 +102,7 @@ class StoreActor:
         self.path: Path | str = urls.redacted(str(path)) if self.postgres else path
         self.epoch = secrets.token_hex(16)
         self._confirmed = time.monotonic()  # the last successful round trip to the server
+        self._deferred: list[_Request[Any]] = []  # PostgreSQL: left by `_commit` for the next transaction
         self.durability = durability
         self.max_batch = max_batch
         self.busy_timeout = busy_timeout
@@ -286,17 +287,17 @@ class StoreActor:
                     conn = self._reconnect(conn)
                 except sqlite3.Error as exc:
                     log.error("store_reconnect_failed", path=str(self.path), error=str(exc))
-            deferred = self._commit(conn, batch)
-            committed = batch[: len(batch) - len(deferred)]
-            self._call_trio(self._wake, committed)
+            self._commit(conn, batch)  # leaves in `batch` only the requests it ran
+            deferred, self._deferred = self._deferred, []
+            self._call_trio(self._wake, batch)
 
-    def _commit(self, conn: Any, batch: list[_Request[Any]]) -> list[_Request[Any]]:
-        """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result; return
-        the tail of `batch` left for the next transaction (PostgreSQL only, else empty).
+    def _commit(self, conn: Any, batch: list[_Request[Any]]) -> None:
+        """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
 
         On PostgreSQL each request first takes its task's lock (store/epochs.py): the transaction's first
-        waits for it, a later one only tries, and on failure it and every request after it are left out of
-        this transaction, to run first in the next (so no two runtimes' batches wait on each other).
+        waits for it, a later one only tries, and on failure it and every request after it are moved from
+        `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait
+        on each other).
 
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
         itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error. If a
@@ -306,14 +307,13 @@ class StoreActor:
         autocommit mode (issue 11, item 4). Storage faults reach the callers as `StorageError`.
         """
         started = time.perf_counter()
-        deferred: list[_Request[Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
             locked: set[str] = set()
             for index, request in enumerate(batch):
                 if self.postgres and request.task_id is not None and request.task_id not in locked:
                     if not epochs.lock_task(conn, request.task_id, wait=index == 0):
-                        deferred = batch[index:]
+                        self._deferred = batch[index:]
                         del batch[index:]
                         break
                     locked.add(request.task_id)
@@ -334,8 +334,6 @@ class StoreActor:
         for request in batch:
             assert request.result is not None
             request.result = _typed(request.result)
-        batch.extend(deferred)  # the caller wakes batch[: len(batch) - len(deferred)]
-        return deferred
 
     def _fail(self, conn: Any, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""

@@ -241,8 +241,11 @@ PARTITION_BOUND = 10.0
 + 3 x 1 s probes, tcp_user_timeout 5 s, idle_session_timeout 10 s), freeing its epoch lock (issue 15)."""
 
 
-def connect(url: str, *, connect_timeout: float = 10.0) -> PgConnection:
+def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.0) -> PgConnection:
     """Open an autocommit psycopg connection to `url` with the keepalive settings above, typed for the store.
+
+    `lock_timeout` is how many seconds a statement waits for a lock (a task's, a row's) before it fails with
+    55P03, which the store reports as `StorageError` kind busy: SQLite's busy timeout, on PostgreSQL.
 
     Raises:
         sqlite3.OperationalError: the server cannot be reached (code SQLITE_IOERR), the psycopg error chained.
@@ -256,6 +259,7 @@ def connect(url: str, *, connect_timeout: float = 10.0) -> PgConnection:
     raw.adapters.register_dumper(bool, _BoolAsInt)
     raw.adapters.register_loader("numeric", _NumericLoader)
     conn = PgConnection(raw)
-    for name, value in _SESSION_SETTINGS.items():
+    settings = _SESSION_SETTINGS | {"lock_timeout": str(max(1, round(lock_timeout * 1000)))}
+    for name, value in settings.items():
         conn.execute(f"SET {name} = {value}")
     return conn

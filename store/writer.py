@@ -184,7 +184,9 @@ class StoreActor:
             if self.postgres:
                 from onceflow.store import postgres  # psycopg only when asked for
 
-                conn = postgres.connect(self._url, connect_timeout=self.busy_timeout)
+                conn = postgres.connect(
+                    self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout
+                )
                 self._setup = outcome.capture(self._configure_postgres, conn)
             else:
                 conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
@@ -204,13 +206,15 @@ class StoreActor:
         """Refuse stub advisory locks, hold this epoch's lock, then create or upgrade the schema."""
         from onceflow.store import pg_schema, postgres
 
-        probe = postgres.connect(self._url, connect_timeout=self.busy_timeout)
+        probe = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
         try:
             epochs.verify_real_locks(conn, probe)
         finally:
             probe.close()
         epochs.hold_epoch(conn, self.epoch)
-        return pg_schema.migrate(conn)
+        version = pg_schema.migrate(conn)
+        self._confirmed = time.monotonic()
+        return version
 
     def _reconnect(self, conn: PgConnection) -> PgConnection:
         """A fresh connection holding a fresh epoch, after `conn` was lost (its epoch died with its session:
@@ -219,7 +223,7 @@ class StoreActor:
 
         with contextlib.suppress(Exception):
             conn.close()
-        fresh = postgres.connect(self._url, connect_timeout=self.busy_timeout)
+        fresh = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
         try:
             epoch = secrets.token_hex(16)
             epochs.hold_epoch(fresh, epoch)
@@ -398,7 +402,8 @@ async def open_store(
     PostgreSQL database (issue 15). No file lock is taken, since several runtimes may share it; instead the
     connection is checked for real advisory locks, holds this runtime's epoch lock, and the schema is
     created or upgraded once across runtimes. `durability` does not apply (the server's own
-    `synchronous_commit` decides); `busy_timeout` bounds the connect.
+    `synchronous_commit` decides); `busy_timeout` bounds the connect and every wait for a lock (a task's
+    lock held by another runtime, a row): past it the request fails with `StorageError` kind busy.
 
     Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
     (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout) and migrations are

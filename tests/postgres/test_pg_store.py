@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from onceflow.protocol.errors import StorageError
-from onceflow.store import epochs, pg_schema, postgres, schema, step_entries
+from onceflow.store import epochs, pg_schema, postgres, schema, step_entries, writer
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
 
@@ -206,7 +206,9 @@ async def test_issue15_an_epoch_is_live_while_its_runtime_holds_the_connection(p
         async with open_store(pg_url) as store:
             epoch = store.epoch
             assert live(epoch)
-        assert not live(epoch)  # closed: the session lock went with the session
+        with trio.fail_after(5):  # closed: the session lock goes with the session, once the server sees it
+            while live(epoch):
+                await trio.sleep(0.01)
         assert not live("0" * 32)  # an epoch nobody holds
     finally:
         probe.close()
@@ -240,9 +242,12 @@ async def test_issue15_claim_marker_leaves_a_live_peers_claim_and_reclaims_a_dea
         )
         peer_epoch = peer.epoch
     async with open_store(pg_url) as me:
-        assert (
-            await me.transact(lambda c: step_entries.claim_marker(c, key, 0, "k", me.epoch, 3.0)) == "claimed"
-        )
+        with trio.fail_after(5):  # the peer closed: its epoch is dead once the server has ended its session
+            while (
+                await me.transact(lambda c: step_entries.claim_marker(c, key, 0, "k", me.epoch, 3.0))
+                != "claimed"
+            ):
+                await trio.sleep(0.01)
         marker = await me.transact(lambda c: step_entries.markers(c, key)[0])
         assert marker.epoch == me.epoch != peer_epoch
 
@@ -314,3 +319,65 @@ async def test_issue15_a_batch_never_waits_for_a_task_held_by_another_runtime(pg
             assert done == ["X"]  # T (B's) still waits for A
             release.set()
         assert sorted(done) == ["T", "T", "X"]
+
+
+async def test_issue15_an_idle_writer_heartbeats_and_renews_its_epoch_once_its_session_is_gone(
+    pg_url: str,
+) -> None:
+    admin = psycopg.connect(pg_url, autocommit=True)
+    try:
+        async with open_store(pg_url) as store:
+            old = store.epoch
+            pid = await store.transact(lambda conn: conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with trio.fail_after(10):  # no request is sent: the heartbeat finds the loss and reconnects
+                while store.epoch == old:
+                    await trio.sleep(0.05)
+            with admin.transaction():
+                assert not admin.execute(
+                    "SELECT pg_try_advisory_xact_lock(%s)", (epochs.epoch_key(store.epoch),)
+                ).fetchone()[0]
+    finally:
+        admin.close()
+
+
+async def test_issue15_a_writer_without_a_round_trip_for_fence_after_seconds_is_fenced(
+    pg_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "FENCE_AFTER", 0.2)
+    started, release = threading.Event(), threading.Event()
+
+    def stall(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    for target in (pg_url, tmp_path / "f.db"):
+        async with open_store(target) as store, trio.open_nursery() as nursery:
+            assert not store.fenced
+            nursery.start_soon(store.transact, stall)
+            await trio.to_thread.run_sync(started.wait, 10)
+            await trio.sleep(0.4)
+            assert store.fenced == store.postgres  # never on SQLite: no one else can take its epoch
+            release.set()
+        assert not store.fenced  # the commit was a round trip
+        started.clear()
+        release.clear()
+
+
+async def test_issue15_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg_url: str) -> None:
+    """busy_timeout is the lock wait on PostgreSQL too: a task locked by another runtime's open
+    transaction fails the request as busy (retryable) once it has waited that long."""
+    other = postgres.connect(pg_url)
+    try:
+        async with open_store(pg_url, busy_timeout=0.3) as store:
+            await store.transact(_seed_task)
+            other.execute("BEGIN")
+            assert epochs.lock_task(other, "T", wait=True)
+            epochs.CURRENT_TASK.set("T")
+            with pytest.raises(StorageError) as caught:
+                await store.transact(lambda conn: None)
+            assert caught.value.kind == "busy" and caught.value.retryable
+            other.execute("ROLLBACK")
+            assert await store.transact(lambda conn: "ran") == "ran"
+    finally:
+        other.close()

@@ -235,6 +235,8 @@ _SESSION_SETTINGS = {
     # The writer pings at least every HEARTBEAT seconds (store/writer.py), so a session idle longer than
     # this is a runtime that stopped: the server ends it and frees its epoch lock.
     "idle_session_timeout": "10000",
+    # A writer is never idle inside its own transaction (a request is plain code): one that is was frozen.
+    "idle_in_transaction_session_timeout": "10000",
 }
 PARTITION_BOUND = 10.0
 """Seconds after which the server has ended the session of a runtime cut off from it (keepalives: 2 s idle

@@ -1,7 +1,10 @@
 """Integration-test fixtures: a real SQLite file in tmp_path, a RecordingHost, a fake clock.
 
 `--backend=postgres` makes `db_path` a fresh database on a throw-away PostgreSQL server (tests/pg_support.py)
-instead of a SQLite file, for the files that run on both backends (see `.ci/run`). Tests of PostgreSQL
+instead of a SQLite file, for the store and engine files listed in tests/postgres/BOTH_BACKENDS (`.ci/run`
+runs them so after the whole suite). The files left out read or damage the SQLite file itself (triggers,
+sqlite_master, file paths, migrations from old SQLite versions), or time redelivery under a MockClock,
+which the PostgreSQL runtime's periodic epoch sweep perturbs. Tests of PostgreSQL
 itself use `postgres_server` / `pg_url` directly; the server starts at the first such test, at most once
 per session, and a server that cannot start fails the test (never skips it).
 """

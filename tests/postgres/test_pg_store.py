@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from onceflow.protocol.errors import StorageError
-from onceflow.store import epochs, pg_schema, postgres, schema, step_entries, writer
+from onceflow.store import epochs, faults, pg_schema, postgres, schema, step_entries, writer
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
 
@@ -381,3 +381,27 @@ async def test_issue15_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg
             assert await store.transact(lambda conn: "ran") == "ran"
     finally:
         other.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (psycopg.errors.SerializationFailure("x"), "busy"),
+        (psycopg.errors.DeadlockDetected("x"), "busy"),
+        (psycopg.errors.LockNotAvailable("x"), "busy"),
+        (psycopg.errors.DiskFull("x"), "full"),
+        (psycopg.errors.OutOfMemory("x"), "out_of_memory"),
+        (psycopg.errors.ReadOnlySqlTransaction("x"), "read_only"),
+        (psycopg.errors.InsufficientPrivilege("x"), "read_only"),
+        (psycopg.errors.AdminShutdown("x"), "io"),
+        (psycopg.errors.ConnectionFailure("x"), "io"),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), "io"),
+        (psycopg.errors.DataCorrupted("x"), "corrupt"),
+        (psycopg.errors.UniqueViolation("x"), None),
+        (psycopg.errors.SyntaxError("x"), None),
+    ],
+)
+def test_issue15_postgres_errors_map_to_storage_kinds(error: psycopg.Error, kind: str | None) -> None:
+    mapped = postgres.as_sqlite_error(error)
+    assert faults.storage_kind(mapped) == kind
+    assert isinstance(mapped, sqlite3.IntegrityError) == isinstance(error, psycopg.errors.IntegrityError)

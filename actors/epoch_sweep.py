@@ -17,7 +17,9 @@ from onceflow.actors.outbox import Outbox
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.store import epochs
+from onceflow.store import epochs, step_entries
+from onceflow.store.records import StepEntry
+from onceflow.store.step_entries import UndecodableEntry
 
 log = get_logger("onceflow.epoch_sweep")
 
@@ -34,15 +36,51 @@ async def sweep_once(services: Services, out: Outbox) -> int:
     except Exception as exc:
         log.warning("epoch_sweep_query_failed", cause=repr(exc))
         return 0
+    redispatched = await _each_under_its_task_lock(services, out, found)
+    if found:
+        log.info("epoch_sweep_finished", entries=len(found), redispatched=redispatched)
+    return redispatched
+
+
+async def recover_at_start(services: Services, out: Outbox) -> int:
+    """The start-up recovery scan of a runtime on PostgreSQL; returns how many entries were re-dispatched.
+    Never raises.
+
+    Other runtimes may be serving the same tasks meanwhile, so unlike SQLite's batched scan each open entry
+    is recovered in its own transactions under its task's lock, never concurrently with a command of that
+    task. An undecodable row is logged at ERROR and left open, as on SQLite (AC-B9(f)).
+    """
+    try:
+        rows = await services.store.transact(step_entries.open_entries)
+    except Exception as exc:
+        log.error("recovery_scan_query_failed", cause=repr(exc))
+        return 0
+    found = []
+    for row in rows:
+        if isinstance(row, UndecodableEntry):
+            log.error(
+                "recovery_entry_undecodable",
+                rowid=row.rowid,
+                task_id=row.task_id,
+                step_id=row.step_id,
+                entry_seq=row.entry_seq,
+                cause=row.cause,
+            )
+        else:
+            found.append(row)
+    return await _each_under_its_task_lock(services, out, found)
+
+
+async def _each_under_its_task_lock(
+    services: Services, out: Outbox, entries: list[tuple[StepEntry, int]]
+) -> int:
     redispatched = 0
-    for entry in found:
+    for entry in entries:
         epochs.CURRENT_TASK.set(entry[0].task_id)  # the recovery's transactions take this task's lock
         try:
             redispatched += await recover_open_entries(services, out, [entry])
         finally:
             epochs.CURRENT_TASK.set(None)
-    if found:
-        log.info("epoch_sweep_finished", entries=len(found), redispatched=redispatched)
     return redispatched
 
 

@@ -25,7 +25,7 @@ from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator, RetryPolicy
 from onceflow.actors.durations import seconds
 from onceflow.actors.engine import Engine
-from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, sweep_forever
+from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
 from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
@@ -487,7 +487,10 @@ async def open_runtime(
                     task_nursery.start_soon(runtime._forward_promotions, promoted)
                     try:
                         await runtime._load_workflows()
-                        await recover_open_entries(runtime.services, Outbox(hub))
+                        if store.postgres:  # other runtimes may serve these tasks meanwhile
+                            await recover_at_start(runtime.services, Outbox(hub))
+                        else:
+                            await recover_open_entries(runtime.services, Outbox(hub))
                         await runtime.promote_all()
                         if store.postgres:  # others may die while we run: finish what their epochs left
                             sweep = await task_nursery.start(

@@ -441,12 +441,13 @@ class OnEnterDispatch:
         (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
         warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
         """
-        epoch, now = self.services.store.epoch, self.services.now()
+        store, now = self.services.store, self.services.now()
         reviewing = action.type == "run_code_review"
         agent: str | None = getattr(action.config, "agent_profile_id", None)
 
         def claim(conn: sqlite3.Connection) -> tuple[step_entries.ClaimOutcome, int | None]:
-            outcome = step_entries.claim_marker(conn, key, position, action.type, epoch, now)
+            # The epoch is read in the writer: on PostgreSQL a reconnect may have replaced it (issue 15).
+            outcome = step_entries.claim_marker(conn, key, position, action.type, store.epoch, now)
             if outcome != "claimed" or not reviewing:
                 return outcome, None
             return outcome, review_runs.record_review_run(
@@ -462,6 +463,8 @@ class OnEnterDispatch:
         outcome, review_run = await self.services.store.transact(claim)
         if outcome != "claimed":
             return "stop" if outcome == "live_peer" else "next"  # the stop rule; a terminal one never re-runs
+        if store.fenced:  # self-fencing (issue 15): our epoch may be declared dead before the host acts
+            return "stop"  # the claim stays; a live runtime finishes it once this epoch is dead
         effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
         start_failure: str | None = None
         if reviewing:

@@ -69,8 +69,13 @@ class _Failed:
 _Recovered = _Closed | _Dispatched | _Deferred | _Failed
 
 
-async def recover_open_entries(services: Services, out: Outbox) -> int:
+async def recover_open_entries(
+    services: Services, out: Outbox, entries: list[tuple[StepEntry, int]] | None = None
+) -> int:
     """Run the scan; returns how many entries were re-dispatched. Never raises.
+
+    `entries` (each with the greatest entry_seq of its pair) replaces the query for every open entry: the
+    periodic sweep of entries left by dead epochs passes its own (actors/epoch_sweep.py, issue 15).
 
     Entries are handled in batches of `BATCH_SIZE` per store request: classification, closing and the
     re-dispatch of executor-backed actions all run in the writer thread, every multi-write step in its own
@@ -79,6 +84,8 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
     cannot be decoded is logged at ERROR with its identity (rowid, task, step, entry_seq) and left open, and
     the scan goes on (AC-B9(f), issue 11).
     """
+    if entries is not None:
+        return await _recover_entries(services, out, entries)
     try:
         rows = await services.store.transact(step_entries.open_entries)
     except Exception as exc:
@@ -97,6 +104,10 @@ async def recover_open_entries(services: Services, out: Outbox) -> int:
             )
         else:
             entries.append(row)
+    return await _recover_entries(services, out, entries)
+
+
+async def _recover_entries(services: Services, out: Outbox, entries: list[tuple[StepEntry, int]]) -> int:
     metrics.RECOVERED_OPEN_ENTRIES.add(len(entries))
     batches: trio.MemorySendChannel[list[_Recovered]]
     batches, committed = trio.open_memory_channel[list[_Recovered]](1)

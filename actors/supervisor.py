@@ -25,6 +25,7 @@ from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator, RetryPolicy
 from onceflow.actors.durations import seconds
 from onceflow.actors.engine import Engine
+from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
 from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
@@ -54,7 +55,7 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, review_runs, runs, tasks, workflows
+from onceflow.store import epochs, participants, review_runs, runs, tasks, workflows
 from onceflow.store import wip as store_wip
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
@@ -156,7 +157,9 @@ class Runtime:
         An actor whose mailbox stays empty for `actor_idle_timeout` seconds is evicted: its mailbox leaves the
         routing table and it exits, holding nothing (no command runs, so no operation lock is held); the next
         message for the task spawns a fresh one. Nothing the actor needs lives only in memory.
+        Every transaction the actor requests runs under the task's lock on PostgreSQL (issue 15 item 2).
         """
+        epochs.CURRENT_TASK.set(task_id)
         while True:
             locks = TaskLocks()  # owned by this incarnation of the actor
             try:
@@ -414,8 +417,9 @@ async def open_runtime(
     retry_policy: RetryPolicy | None = None,
     actor_idle_timeout: float = 0.0,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    epoch_sweep_interval: float = SWEEP_INTERVAL,
 ) -> AsyncIterator[Runtime]:
-    """Open a runtime on a SQLite file and serve until the context exits.
+    """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
     `max_batch` bounds group commit: up to that many queued transactions share one COMMIT, each in its own
     savepoint, and none is answered before the COMMIT is durable. `clock` returns Unix seconds for persisted
@@ -439,10 +443,14 @@ async def open_runtime(
     interval redelivered in a hot loop); a `RetryPolicy` validates itself when built. Whatever ends the
     runtime (a failure to open, or the body's own exception) surfaces as itself, not wrapped in the
     runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
+    On PostgreSQL (issue 15) several runtimes may serve one database: each command's transactions hold its
+    task's lock, and every `epoch_sweep_interval` seconds the runtime finishes the open entries whose
+    epoch is dead (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
     busy_timeout = seconds("busy_timeout", busy_timeout)
+    epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
     try:
         async with (
             open_store(
@@ -474,14 +482,24 @@ async def open_runtime(
             try:
                 await nursery.start(outcome_supervisor.run)
                 async with trio.open_nursery() as task_nursery:
+                    sweep: trio.CancelScope | None = None
                     runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
                     task_nursery.start_soon(runtime._forward_promotions, promoted)
                     try:
                         await runtime._load_workflows()
-                        await recover_open_entries(runtime.services, Outbox(hub))
+                        if store.postgres:  # other runtimes may serve these tasks meanwhile
+                            await recover_at_start(runtime.services, Outbox(hub))
+                        else:
+                            await recover_open_entries(runtime.services, Outbox(hub))
                         await runtime.promote_all()
+                        if store.postgres:  # others may die while we run: finish what their epochs left
+                            sweep = await task_nursery.start(
+                                sweep_forever, runtime.services, Outbox(hub), epoch_sweep_interval
+                            )
                         yield runtime
                     finally:
+                        if sweep is not None:
+                            sweep.cancel()
                         runtime._close()  # the task nursery then waits for every actor to drain its mailbox
                         promotions.close()
             finally:

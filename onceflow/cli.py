@@ -53,6 +53,7 @@ from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
+from onceflow.store.urls import database_arg
 from onceflow.trace import describe, escape_controls
 
 REFUSED = 1
@@ -125,7 +126,7 @@ def load_script(path: Path) -> list[Any]:
     ]
 
 
-async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: trio.Event) -> int:
+async def replay(workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event) -> int:
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
     Stops before the next command once `stop` is set; the command under way finishes and is printed.
@@ -155,7 +156,7 @@ async def replay(workflow: Path, script: Path, db: Path, as_json: bool, stop: tr
     return REFUSED if refused else 0
 
 
-async def demo(db: Path, stop: trio.Event) -> int:
+async def demo(db: Path | str, stop: trio.Event) -> int:
     """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
     return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
 
@@ -226,8 +227,11 @@ async def until_signalled(work: Callable[[trio.Event], Awaitable[int]], signalle
     return status
 
 
-def _db_path(given: Path | None, name: str) -> Path:
-    """`given`, whose folder must exist (a typo must not create folders), or a fresh file in a temp dir."""
+def _db_path(given: Path | str | None, name: str) -> Path | str:
+    """`given`, whose folder must exist (a typo must not create folders), or a fresh file in a temp dir; a
+    PostgreSQL URL as given."""
+    if isinstance(given, str):
+        return given
     if given is None:
         return Path(tempfile.mkdtemp(prefix="onceflow-")) / name
     if not given.parent.is_dir():
@@ -247,11 +251,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="debug logs on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled office example end to end")
-    demo.add_argument("--db", type=Path, help="SQLite file (default: a fresh file in a temp dir)")
+    demo.add_argument(
+        "--db",
+        type=database_arg,
+        help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
+    )
     run = sub.add_parser("run", help="replay a script of protocol commands against a workflow")
     run.add_argument("--workflow", type=Path, required=True)
     run.add_argument("--script", type=Path, required=True, help="JSON lines or a YAML list of commands")
-    run.add_argument("--db", type=Path, help="SQLite file (default: a fresh file in a temp dir)")
+    run.add_argument(
+        "--db",
+        type=database_arg,
+        help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
+    )
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
@@ -289,7 +301,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "schema":
         return print_schema(args)
     signalled: list[int] = []
-    db: Path | None = args.db
+    db: Path | str | None = args.db
     try:
         if args.command == "serve":  # handles its own signals: drains, removes the socket, exits 0
             return serve.run(args)

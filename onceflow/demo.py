@@ -140,7 +140,9 @@ def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
     return {step: dict(counts) for step, counts in table.items()}
 
 
-async def run_demo(db_path: Path, echo: Callable[[str], None] = print, stop: trio.Event | None = None) -> str:
+async def run_demo(
+    db_path: Path | str, echo: Callable[[str], None] = print, stop: trio.Event | None = None
+) -> str:
     """Run the walkthrough against `db_path`; returns the task's final step id, or "stopped" when `stop`
     was set (no command is sent after that; the one under way finishes and the runtime closes)."""
     stop = trio.Event() if stop is None else stop

@@ -53,6 +53,7 @@ from onceflow.logs import get_logger
 from onceflow.protocol.codec import encode
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.store.urls import database_arg
 
 log = get_logger("onceflow.serve")
 
@@ -450,7 +451,7 @@ async def _serve_stdio(server: Server, stopped: trio.Event) -> None:
 def add_parser(sub: Any) -> None:
     """Add the `serve` subcommand to the CLI's subparsers."""
     parser = sub.add_parser("serve", help="serve the protocol as JSON lines over a Unix socket or stdio")
-    parser.add_argument("--db", type=Path, required=True, help="SQLite file")
+    parser.add_argument("--db", type=database_arg, required=True, help="SQLite file or postgresql:// URL")
     parser.add_argument(
         "--workflow", type=Path, nargs="+", action="extend", default=[], help="templates to register at start"
     )

@@ -47,7 +47,8 @@ def record_review_run(
         "INSERT INTO task_review_runs (task_id, workflow_step_id, entry_seq, position, agent_profile_id,"
         " trigger, status, created_at) VALUES (?, ?, ?, ?, ?, 'workflow_step', 'started', ?)"
         " ON CONFLICT (task_id, workflow_step_id, entry_seq, position)"
-        " DO UPDATE SET launches = launches + 1, status = 'started', detail = '' RETURNING id",
+        " DO UPDATE SET launches = task_review_runs.launches + 1, status = 'started', detail = ''"
+        " RETURNING id",
         (task_id, step_id, entry_seq, position, agent_profile_id, now),
     ).fetchone()
     return int(row[0])

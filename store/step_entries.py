@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
+from onceflow.store import epochs
 from onceflow.store.records import Marker, StepEntry
 
 TERMINAL_STATES = frozenset({"done", "skipped", "failed"})
@@ -216,7 +217,8 @@ def claim_marker(
     """Compare-and-set absent (or stale in_progress) → in_progress(epoch), as a durable claim.
 
     Returns "claimed" for the winner, "terminal" when the action already reached a terminal state, and
-    "live_peer" when another dispatcher of this runtime holds it (the caller must abandon the entry).
+    "live_peer" when another dispatcher of this runtime holds it, or on PostgreSQL a runtime whose epoch is
+    still live (`epochs.is_live`, issue 15) (the caller must abandon the entry).
     For an action applied and finished in one transaction no durable claim is needed: decide with
     `claim_outcome` on the markers read in that transaction.
     """
@@ -235,7 +237,7 @@ def claim_marker(
     state, holder = row
     if state in TERMINAL_STATES:
         return "terminal"
-    if holder == epoch:
+    if holder == epoch or epochs.is_live(conn, holder):
         return "live_peer"
     cur = conn.execute(
         "UPDATE step_entry_markers SET epoch = ?, updated_at = ? WHERE task_id = ? AND step_id = ?"

@@ -6,6 +6,11 @@ issue). Every write goes through that one connection, so a single transaction ca
 handle with tasks and decisions). A request is a whole transaction: a plain function run in the writer thread
 between `BEGIN IMMEDIATE` and `COMMIT`. The reply wakes the Trio caller through the Trio token, and the caller
 waits for it even when cancelled, so it always learns whether its transaction committed.
+
+Given a `postgresql://` URL instead of a file, the same actor drives PostgreSQL through psycopg 3's sync API
+(store/postgres.py; issue 15): no file lock (several runtimes share the database), the epoch held as a
+session advisory lock (store/epochs.py), each request's task locked for its transaction, a heartbeat on an
+idle connection, and a fresh epoch on a fresh connection after the old one was lost.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import outcome
 import trio
@@ -30,14 +35,22 @@ import trio
 from onceflow import metrics
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import StorageError
-from onceflow.store import faults, schema
+from onceflow.store import epochs, faults, schema, urls
 from onceflow.store.lock import acquire_database_lock
+
+if TYPE_CHECKING:
+    from onceflow.store.postgres import PgConnection
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
 
 DEFAULT_BUSY_TIMEOUT = 5.0  # seconds
+HEARTBEAT = 1.0  # seconds: an idle PostgreSQL writer pings at least this often (idle_session_timeout is 10 s)
+FENCE_AFTER = 4.0
+"""Seconds without a successful round trip after which a PostgreSQL runtime fences itself
+(`StoreActor.fenced`): well inside `postgres.PARTITION_BOUND`, so it stops its side effects before its epoch
+can be declared dead."""
 
 
 class Durability(StrEnum):
@@ -57,11 +70,14 @@ class StoreClosedError(RuntimeError):
 
 
 class _Request(Generic[T]):
-    __slots__ = ("fn", "result", "waiter")
+    __slots__ = ("fn", "result", "task_id", "waiter")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T], waiter: trio.lowlevel.Task) -> None:
+    def __init__(
+        self, fn: Callable[[sqlite3.Connection], T], waiter: trio.lowlevel.Task, task_id: str | None
+    ) -> None:
         self.fn = fn
         self.waiter = waiter  # the Trio task parked in `transact`, rescheduled with `result`
+        self.task_id = task_id  # the task whose lock the request runs under (PostgreSQL only)
         self.result: outcome.Outcome[T] | None = None
 
 
@@ -69,18 +85,24 @@ class StoreActor:
     """The single writer of one database file. Obtain it from `open_store`; do not construct it directly.
 
     Attributes:
-        path: the database file (absolute, symlinks resolved).
+        path: the database file (absolute, symlinks resolved), or the PostgreSQL URL (password redacted).
+        postgres: True when the database is PostgreSQL.
         epoch: 32 hex characters minted fresh for this runtime start; it marks the markers this runtime
-            claims (on-enter-action-dispatch.md, "Epoch"). Never reused across starts.
+            claims (on-enter-action-dispatch.md, "Epoch"). Never reused across starts; on PostgreSQL a new
+            one is minted whenever the writer had to reconnect (issue 15).
         durability: the `PRAGMA synchronous` level in force.
         max_batch: the most requests committed together in one transaction (group commit).
         busy_timeout: seconds a transaction waits for another connection's write lock before it fails
             with `StorageError` kind busy.
     """
 
-    def __init__(self, path: Path, durability: Durability, max_batch: int, busy_timeout: float) -> None:
-        self.path = path
+    def __init__(self, path: Path | str, durability: Durability, max_batch: int, busy_timeout: float) -> None:
+        self.postgres = urls.is_postgres_url(path)
+        self._url = str(path)
+        self.path: Path | str = urls.redacted(str(path)) if self.postgres else path
         self.epoch = secrets.token_hex(16)
+        self._confirmed = time.monotonic()  # the last successful round trip to the server
+        self._deferred: list[_Request[Any]] = []  # PostgreSQL: left by `_commit` for the next transaction
         self.durability = durability
         self.max_batch = max_batch
         self.busy_timeout = busy_timeout
@@ -113,11 +135,18 @@ class StoreActor:
         """
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
-        self._mailbox.put(_Request(fn, trio.lowlevel.current_task()))
+        self._mailbox.put(_Request(fn, trio.lowlevel.current_task(), epochs.CURRENT_TASK.get()))
         # Park until the writer answers. Refusing the abort is what shields the wait: a cancellation stays
         # pending and is delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a
         # shielded CancelScope + Event per request, which cost ~20 us each at group-commit rates.)
         return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)  # type: ignore[no-any-return]
+
+    @property
+    def fenced(self) -> bool:
+        """True on PostgreSQL when the writer has had no successful round trip for `FENCE_AFTER` seconds:
+        the server may soon end the session and free the epoch, so the runtime must start no side effect on
+        the strength of its claims (self-fencing, issue 15). Always False on SQLite."""
+        return self.postgres and time.monotonic() - self._confirmed > FENCE_AFTER
 
     # --- Trio side -------------------------------------------------------------------------------------
 
@@ -150,20 +179,72 @@ class StoreActor:
     # --- writer thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
+        conn: Any = None
         try:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-            self._setup = outcome.capture(self._configure, conn)
+            if self.postgres:
+                from onceflow.store import postgres  # psycopg only when asked for
+
+                conn = postgres.connect(
+                    self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout
+                )
+                self._setup = outcome.capture(self._configure_postgres, conn)
+            else:
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+                self._setup = outcome.capture(self._configure, conn)
         except BaseException as exc:
             self._setup = outcome.Error(exc)
         try:
             self._call_trio(self._ready.set)
             if conn is not None and isinstance(self._setup, outcome.Value):
-                self._serve(conn)
+                conn = self._serve(conn)
         finally:
             if conn is not None:
                 conn.close()
             self._call_trio(self._stopped.set)
+
+    def _configure_postgres(self, conn: PgConnection) -> int:
+        """Refuse stub advisory locks, hold this epoch's lock, then create or upgrade the schema."""
+        from onceflow.store import pg_schema, postgres
+
+        probe = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
+        try:
+            epochs.verify_real_locks(conn, probe)
+        finally:
+            probe.close()
+        epochs.hold_epoch(conn, self.epoch)
+        version = pg_schema.migrate(conn)
+        self._confirmed = time.monotonic()
+        return version
+
+    def _reconnect(self, conn: PgConnection) -> PgConnection:
+        """A fresh connection holding a fresh epoch, after `conn` was lost (its epoch died with its session:
+        never re-locked). Raises what connecting raises; the old connection is closed either way."""
+        from onceflow.store import postgres
+
+        with contextlib.suppress(Exception):
+            conn.close()
+        fresh = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
+        try:
+            epoch = secrets.token_hex(16)
+            epochs.hold_epoch(fresh, epoch)
+        except BaseException:
+            fresh.close()
+            raise
+        log.warning("store_epoch_renewed", path=str(self.path), old_epoch=self.epoch, epoch=epoch)
+        self.epoch = epoch
+        self._confirmed = time.monotonic()
+        return fresh
+
+    def _heartbeat(self, conn: PgConnection) -> PgConnection:
+        """Ping an idle PostgreSQL connection (reconnecting under a new epoch if it was lost)."""
+        try:
+            if conn.broken:
+                return self._reconnect(conn)
+            conn.execute("SELECT 1")
+            self._confirmed = time.monotonic()
+        except sqlite3.Error as exc:
+            log.warning("store_heartbeat_failed", path=str(self.path), error=str(exc))
+        return conn
 
     def _configure(self, conn: sqlite3.Connection) -> int:
         conn.execute(f"PRAGMA busy_timeout={max(1, round(self.busy_timeout * 1000))}")
@@ -177,14 +258,26 @@ class StoreActor:
             raise RuntimeError("SQLite refused to enable foreign key enforcement")
         return schema.migrate(conn)
 
-    def _serve(self, conn: sqlite3.Connection) -> None:
+    def _serve(self, conn: Any) -> Any:
+        """Serve the mailbox until the stop marker; return the connection in use (PostgreSQL may replace
+        it)."""
+        deferred: list[_Request[Any]] = []  # PostgreSQL: requests whose task lock another runtime held
+        stop = False
         while True:
-            request = self._mailbox.get()
-            if request is None:
-                return
-            batch = [request]
-            stop = False
-            while len(batch) < self.max_batch:
+            if deferred:
+                batch, deferred = deferred, []
+            else:
+                if stop:
+                    return conn
+                try:
+                    request = self._mailbox.get(timeout=HEARTBEAT) if self.postgres else self._mailbox.get()
+                except queue.Empty:
+                    conn = self._heartbeat(conn)
+                    continue
+                if request is None:
+                    return conn
+                batch = [request]
+            while not stop and len(batch) < self.max_batch:
                 try:
                     queued = self._mailbox.get_nowait()
                 except queue.Empty:
@@ -193,13 +286,22 @@ class StoreActor:
                     stop = True
                     break
                 batch.append(queued)
-            self._commit(conn, batch)
+            if self.postgres and conn.broken:
+                try:
+                    conn = self._reconnect(conn)
+                except sqlite3.Error as exc:
+                    log.error("store_reconnect_failed", path=str(self.path), error=str(exc))
+            self._commit(conn, batch)  # leaves in `batch` only the requests it ran
+            deferred, self._deferred = self._deferred, []
             self._call_trio(self._wake, batch)
-            if stop:
-                return
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Request[Any]]) -> None:
+    def _commit(self, conn: Any, batch: list[_Request[Any]]) -> None:
         """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
+
+        On PostgreSQL each request first takes its task's lock (store/epochs.py): the transaction's first
+        waits for it, a later one only tries, and on failure it and every request after it are moved from
+        `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait
+        on each other).
 
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
         itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error. If a
@@ -211,7 +313,14 @@ class StoreActor:
         started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for request in batch:
+            locked: set[str] = set()
+            for index, request in enumerate(batch):
+                if self.postgres and request.task_id is not None and request.task_id not in locked:
+                    if not epochs.lock_task(conn, request.task_id, wait=index == 0):
+                        self._deferred = batch[index:]
+                        del batch[index:]
+                        break
+                    locked.add(request.task_id)
                 conn.execute("SAVEPOINT request")
                 request.result = outcome.capture(request.fn, conn)
                 error = request.result.error if isinstance(request.result, outcome.Error) else None
@@ -221,6 +330,7 @@ class StoreActor:
                     conn.execute("ROLLBACK TO request")
                 conn.execute("RELEASE request")
             conn.execute("COMMIT")
+            self._confirmed = time.monotonic()
             metrics.COMMIT_DURATION.record(time.perf_counter() - started)
             metrics.COMMIT_BATCH_SIZE.record(len(batch))
         except BaseException as exc:
@@ -229,7 +339,7 @@ class StoreActor:
             assert request.result is not None
             request.result = _typed(request.result)
 
-    def _fail(self, conn: sqlite3.Connection, batch: list[_Request[Any]], exc: BaseException) -> None:
+    def _fail(self, conn: Any, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""
         if isinstance(exc, _TransactionEnded):
             cause: BaseException = exc.error or exc
@@ -288,6 +398,13 @@ async def open_store(
 ) -> AsyncIterator[StoreActor]:
     """Open the database at `path` (created if missing; its directory must exist) and yield its actor.
 
+    `path` may instead be a `postgresql://` (or `postgres://`) URL: the same actor then drives that
+    PostgreSQL database (issue 15). No file lock is taken, since several runtimes may share it; instead the
+    connection is checked for real advisory locks, holds this runtime's epoch lock, and the schema is
+    created or upgraded once across runtimes. `durability` does not apply (the server's own
+    `synchronous_commit` decides); `busy_timeout` bounds the connect and every wait for a lock (a task's
+    lock held by another runtime, a row): past it the request fails with `StorageError` kind busy.
+
     Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
     (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout) and migrations are
     applied, without blocking the Trio loop. `max_batch` is how many queued requests the writer may commit
@@ -298,7 +415,8 @@ async def open_store(
 
     Raises:
         DatabaseOwnedError: another onceflow runtime owns the database file, under any of its names (at once,
-            without waiting).
+            without waiting). Never for PostgreSQL.
+        AdvisoryLocksUnsupportedError: the PostgreSQL-compatible engine's advisory locks are stubs.
         OSError: the file cannot be opened: its directory is missing (issue 11: a typo in a path must not
             create folders), it is a directory, or permission is denied.
         ValueError: `durability` is not a `Durability`, `max_batch` < 1, or `busy_timeout` is not a finite
@@ -310,14 +428,15 @@ async def open_store(
         raise ValueError(f"max_batch must be at least 1, got {max_batch}")
     if not (math.isfinite(busy_timeout) and busy_timeout > 0):
         raise ValueError(f"busy_timeout must be a finite number of seconds > 0, got {busy_timeout}")
-    db_path = Path(path).resolve()
-    with acquire_database_lock(db_path):
+    is_url = urls.is_postgres_url(path)
+    db_path: Path | str = str(path) if is_url else Path(path).resolve()
+    with contextlib.nullcontext() if is_url else acquire_database_lock(Path(db_path)):
         store = StoreActor(db_path, durability, max_batch, busy_timeout)
         try:
             version = await store._open()
             log.info(
                 "store_opened",
-                path=str(db_path),
+                path=str(store.path),
                 epoch=store.epoch,
                 schema_version=version,
                 durability=durability.value,
@@ -328,4 +447,4 @@ async def open_store(
         finally:
             with trio.CancelScope(shield=True):
                 await store._close()
-            log.info("store_closed", path=str(db_path), epoch=store.epoch)
+            log.info("store_closed", path=str(store.path), epoch=store.epoch)

@@ -1,8 +1,18 @@
-"""Integration-test fixtures: a real SQLite file in tmp_path, a RecordingHost, a fake clock."""
+"""Integration-test fixtures: a real SQLite file in tmp_path, a RecordingHost, a fake clock.
+
+`--backend=postgres` makes `db_path` a fresh database on a throw-away PostgreSQL server (tests/pg_support.py)
+instead of a SQLite file, for the store and engine files listed in tests/postgres/BOTH_BACKENDS (`.ci/run`
+runs them so after the whole suite). The files left out read or damage the SQLite file itself (triggers,
+sqlite_master, file paths, migrations from old SQLite versions), or time redelivery under a MockClock,
+which the PostgreSQL runtime's periodic epoch sweep perturbs. Tests of PostgreSQL
+itself use `postgres_server` / `pg_url` directly; the server starts at the first such test, at most once
+per session, and a server that cannot start fails the test (never skips it).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +21,7 @@ from helpers import FakeClock, setup_office
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from pg_support import PostgresServer, start_postgres
 
 from onceflow.actors.host import RecordingHost
 from onceflow.actors.supervisor import Runtime, open_runtime
@@ -31,8 +42,39 @@ def kandev_templates() -> Path:
     return KANDEV_TEMPLATES
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="the database behind the db_path fixture (postgres: a throw-away local server)",
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throw-away PostgreSQL server for the session (tests/pg_support.py), stopped and deleted at its
+    end."""
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_databases = itertools.count(1)
+
+
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
+def pg_url(postgres_server: PostgresServer) -> str:
+    """The URL of a fresh, empty database on the session's PostgreSQL server."""
+    return postgres_server.create_database(f"t{next(_databases)}")
+
+
+@pytest.fixture
+def db_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    if request.config.getoption("--backend") == "postgres":
+        return str(request.getfixturevalue("pg_url"))
     return tmp_path / "onceflow.db"
 
 
@@ -47,7 +89,7 @@ def host() -> RecordingHost:
 
 
 @pytest.fixture
-async def runtime(db_path: Path, host: RecordingHost, clock: FakeClock) -> AsyncIterator[Runtime]:
+async def runtime(db_path: Path | str, host: RecordingHost, clock: FakeClock) -> AsyncIterator[Runtime]:
     async with open_runtime(db_path, host=host, clock=clock) as rt:
         yield rt
 

@@ -1,0 +1,126 @@
+"""Epoch liveness without leases, and per-task serialization across runtimes (issue 15).
+
+SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours is dead by definition.
+
+PostgreSQL: several runtimes share the database, so liveness must be real. A runtime holds a session-level
+advisory lock keyed by its epoch on the writer's own connection, taken before any epoch-stamped write
+(`hold_epoch`, at connect). A marker's epoch is stale iff that lock can be taken: `is_live` tries
+`pg_try_advisory_xact_lock` inside the reclaiming transaction, so the answer holds until it commits (a
+dead epoch's lock is then ours for the rest of the transaction; nobody else wants it). A SIGKILLed
+runtime's session ends at once and frees its lock; a partitioned one's ends within
+`postgres.PARTITION_BOUND` seconds. A runtime that loses its connection mints a new epoch, never re-locks
+the old one. Engines whose advisory locks are stubs that always succeed (CockroachDB's) would make every
+epoch look dead: `verify_real_locks` refuses them at connect.
+
+Commands for one task are serialized across runtimes by a transaction-scoped advisory lock keyed by the
+task id (`lock_task`), in a key space apart from the epochs' (two-int keys vs one bigint).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import secrets
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # psycopg is imported only by a runtime on PostgreSQL
+    from onceflow.store.postgres import PgConnection
+    from onceflow.store.records import StepEntry
+
+TASK_NAMESPACE = 0x6F66  # 'of': the first key of every task lock (pg_advisory_xact_lock(int, int))
+
+CURRENT_TASK: contextvars.ContextVar[str | None] = contextvars.ContextVar("onceflow_task", default=None)
+"""The task whose commands the current Trio task serves (set by the task actor's supervision loop); the
+store takes that task's lock in every transaction it requests on PostgreSQL."""
+
+
+class AdvisoryLocksUnsupportedError(RuntimeError):
+    """The database accepted an advisory lock another session already holds: its advisory locks are not
+    real (a stub that always succeeds), so epoch liveness cannot be told. Raised at connect."""
+
+
+def epoch_key(epoch: str) -> int:
+    """The signed 64-bit advisory-lock key of an epoch (a hash of the whole string, so any stored value,
+    even one no runtime could hold, has a key)."""
+    return int.from_bytes(hashlib.blake2b(epoch.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+def hold_epoch(conn: PgConnection, epoch: str) -> None:
+    """Take `epoch`'s session-level lock on `conn` (the writer's connection), without waiting.
+
+    Raises:
+        RuntimeError: the lock is held by another session (two epochs sharing 64 bits: never in practice).
+    """
+    if not conn.scalar("SELECT pg_try_advisory_lock(?)", (epoch_key(epoch),)):
+        raise RuntimeError(f"the lock of fresh epoch {epoch} is already held by another session")
+
+
+def verify_real_locks(conn: PgConnection, other: PgConnection) -> None:
+    """Check that an advisory lock held by `conn`'s session cannot be taken by `other`'s.
+
+    Raises:
+        AdvisoryLocksUnsupportedError: `other` got the lock too.
+    """
+    probe = secrets.randbits(62)  # random: runtimes starting together never probe the same key
+    if not conn.scalar("SELECT pg_try_advisory_lock(?)", (probe,)):
+        raise AdvisoryLocksUnsupportedError("a fresh advisory lock could not be taken")
+    try:
+        if other.scalar("SELECT pg_try_advisory_lock(?)", (probe,)):
+            other.execute("SELECT pg_advisory_unlock(?)", (probe,))
+            raise AdvisoryLocksUnsupportedError(
+                "this database's advisory locks are not exclusive (a lock one session holds was granted to"
+                " another): onceflow needs real ones to tell a live runtime's epoch from a dead one, so it"
+                " refuses this engine (e.g. CockroachDB, whose advisory locks are stubs)"
+            )
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(?)", (probe,))
+
+
+def is_live(conn: Any, epoch: str) -> bool:
+    """Whether the runtime that wrote `epoch` into a marker may still be running, asked inside the
+    reclaiming transaction on `conn`: never on SQLite (the file's owner is the only runtime; the caller
+    has already compared with its own epoch); on PostgreSQL iff `epoch`'s lock cannot be taken now."""
+    if isinstance(conn, sqlite3.Connection):
+        return False
+    return not conn.scalar("SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
+
+
+def lock_task(conn: PgConnection, task_id: str, *, wait: bool) -> bool:
+    """Take `task_id`'s transaction-scoped lock; True once held. `wait=False` gives up at once (False) when
+    another runtime's transaction holds it, which the writer uses for every request but a transaction's
+    first, so that two runtimes' batches can never wait on each other in a cycle."""
+    if wait:
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id))
+        return True
+    return bool(conn.scalar("SELECT pg_try_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id)))
+
+
+def dead_epoch_entries(conn: Any, own_epoch: str) -> list[tuple[StepEntry, int]]:
+    """The open entries holding an in_progress marker of an epoch other than `own_epoch` that is dead
+    (`is_live` False), each with the greatest entry_seq of its pair, as `step_entries.open_entries` gives
+    them (undecodable rows are left to the start-up scan, which reports them). Empty when no other epoch
+    has a claim, without reading any entry."""
+    from onceflow.store import step_entries  # step_entries asks this module about liveness
+
+    held = conn.execute(
+        "SELECT DISTINCT epoch FROM step_entry_markers"
+        " WHERE state = 'in_progress' AND epoch IS NOT NULL AND epoch <> ?",
+        (own_epoch,),
+    ).fetchall()
+    dead = [epoch for (epoch,) in held if not is_live(conn, epoch)]
+    if not dead:
+        return []
+    keys: set[tuple[str, str, int]] = set()
+    for epoch in dead:
+        rows = conn.execute(
+            "SELECT task_id, step_id, entry_seq FROM step_entry_markers"
+            " WHERE state = 'in_progress' AND epoch = ?",
+            (epoch,),
+        )
+        keys.update((task_id, step_id, int(seq)) for task_id, step_id, seq in rows)
+    return [
+        row
+        for row in step_entries.open_entries(conn)
+        if isinstance(row, tuple) and (row[0].task_id, row[0].step_id, row[0].entry_seq) in keys
+    ]

@@ -1,0 +1,160 @@
+"""A throw-away PostgreSQL server for the tests and the benchmarks (issue 15, "How it is tested").
+
+Started from Debian's binaries under /usr/lib/postgresql/<version>/bin (`.ci/run` installs the `postgresql`
+package when they are missing). `initdb` and `pg_ctl` refuse to run as root, so under root they run as the
+`postgres` user through `runuser`. The data directory is a fresh folder under /tmp, the server listens on a
+free port of 127.0.0.1 only, and its unix socket lives in the data directory, never the system one. `stop()`
+shuts it down immediately and deletes the folder. Nothing here skips: a server that cannot start raises
+`PostgresUnavailableError`, naming what is missing.
+
+Developers: `apt-get install -y postgresql` (or any PostgreSQL >= 13 whose `initdb` sits under
+/usr/lib/postgresql/*/bin), then run pytest as usual; the suite starts and stops its own server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import attrs
+
+PG_ROOT = Path("/usr/lib/postgresql")
+
+
+class PostgresUnavailableError(RuntimeError):
+    """No PostgreSQL binaries, or the throw-away server failed to start (the message carries its log)."""
+
+
+def pg_bin() -> Path:
+    """The newest /usr/lib/postgresql/<version>/bin holding `initdb`.
+
+    Raises:
+        PostgresUnavailableError: none is installed (install Debian's `postgresql` package).
+    """
+    found = sorted(
+        (p for p in PG_ROOT.glob("*/bin") if (p / "initdb").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    if not found:
+        raise PostgresUnavailableError(
+            f"no PostgreSQL binaries under {PG_ROOT}/*/bin: run `apt-get install -y postgresql`"
+        )
+    return found[-1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.define
+class PostgresServer:
+    """A running throw-away server: `url` (libpq URL of its `postgres` database), `root` (its folder)."""
+
+    root: Path
+    port: int
+    bin: Path
+    _stopped: bool = False
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def url(self, dbname: str = "postgres") -> str:
+        """The libpq URL of database `dbname` on this server (TCP on 127.0.0.1, user postgres, trust)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database `name` (a plain identifier) and return its URL."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        """Stop the server at once (`pg_ctl stop -m immediate`) and delete its folder; harmless twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            _as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"], 30)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _as_postgres(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `argv` as the `postgres` user when we are root (initdb and pg_ctl refuse root), else as us."""
+    if os.geteuid() == 0:
+        argv = ["runuser", "-u", "postgres", "--", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def start_postgres(*, durable: bool = False, settings: dict[str, str] | None = None) -> PostgresServer:
+    """Initialise and start a throw-away server; return it running and accepting connections.
+
+    `durable=False` (the tests) turns fsync off: a crash of the machine loses the throw-away data, nothing
+    else changes. The benchmarks pass True. `settings` are extra `-c name=value` server settings.
+
+    Raises:
+        PostgresUnavailableError: binaries missing, or initdb / pg_ctl failed (their output is included).
+    """
+    binaries = pg_bin()
+    root = Path(tempfile.mkdtemp(prefix="onceflow-pg-", dir="/tmp"))
+    server = PostgresServer(root, free_port(), binaries)
+    try:
+        root.chmod(0o755)
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres", "postgres")
+        init = _as_postgres(
+            [
+                str(binaries / "initdb"),
+                "-D",
+                str(server.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ],
+            120,
+        )
+        if init.returncode != 0:
+            raise PostgresUnavailableError(f"initdb failed: {init.stdout}{init.stderr}")
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(server.port),
+            "unix_socket_directories": str(server.data),
+            "max_connections": "200",
+            "fsync": "on" if durable else "off",
+            "synchronous_commit": "on" if durable else "off",
+            "full_page_writes": "on" if durable else "off",
+        } | (settings or {})
+        flags = " ".join(f"-c {name}={value}" for name, value in options.items())
+        start = _as_postgres(
+            [
+                str(binaries / "pg_ctl"),
+                "-D",
+                str(server.data),
+                "-l",
+                str(root / "log"),
+                "-o",
+                flags,
+                "-w",
+                "start",
+            ],
+            120,
+        )
+        if start.returncode != 0:
+            log = (root / "log").read_text(errors="replace") if (root / "log").exists() else ""
+            raise PostgresUnavailableError(f"pg_ctl start failed: {start.stdout}{start.stderr}{log}")
+    except BaseException:
+        server.stop()
+        raise
+    return server

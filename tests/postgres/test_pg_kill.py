@@ -1,0 +1,273 @@
+"""Three runtime processes on one PostgreSQL database, SIGKILLed at random and restarted (issue 15).
+
+Each runtime is `onceflow serve --db postgresql://… --socket …` in its own process. Driver threads push
+the Office Default rejection-then-approval script for a stream of tasks, every command to a random live
+runtime; both round-2 approvals of a task are sent at once to two runtimes. A command whose reply never came
+(its runtime was killed) is sent again to another runtime unless the task shows it took effect (decisions
+carry ids, so they are simply sent again). Meanwhile one runtime at a time is SIGKILLed and restarted, at
+least `KILLS` times. Afterwards, compared with the same script run once on SQLite without any kill:
+every task reached the same step with exactly the same runs (so no enqueue ran twice or was lost, and no
+second clear dropped a decision), no idempotency key is both a run's and a coalesced one, and no entry is
+left open with a claim of a dead epoch (a live runtime finished every one).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from wire_client import WireClient
+
+from onceflow.actors.supervisor import open_runtime
+
+TESTS = Path(__file__).resolve().parents[1]
+OFFICE = TESTS / "fixtures" / "kandev" / "office-default.yml"
+KILLS = 30
+RUNTIMES = 3
+DRIVERS = 3
+
+SEATS = [
+    {"type": "add_participant", "workflow_id": "office-default", "step_id": "review", "role": "reviewer",
+     "agent_profile_id": "reviewer-1", "position": 0},
+    {"type": "add_participant", "workflow_id": "office-default", "step_id": "review", "role": "reviewer",
+     "agent_profile_id": "reviewer-2", "position": 1},
+    {"type": "add_participant", "workflow_id": "office-default", "step_id": "approval", "role": "approver",
+     "agent_profile_id": "approver-1"},
+]  # fmt: skip
+
+
+def _decision(task: str, step: str, who: str, role: str, verdict: str, round_: int) -> dict[str, Any]:
+    return {
+        "type": "record_decision", "task_id": task, "step_id": step, "decider_type": "agent",
+        "decider_id": who, "role": role, "decision": verdict, "decision_id": f"{task}-r{round_}-{who}",
+    }  # fmt: skip
+
+
+def script(task: str) -> list[list[dict[str, Any]]]:
+    """The task's commands in order; the commands of one inner list are sent at once to several runtimes."""
+    return [
+        [{"type": "create_task", "task_id": task, "workflow_id": "office-default", "step_id": "backlog",
+          "session_id": f"s-{task}", "primary_agent_id": "worker"}],
+        [{"type": "move_task", "task_id": task, "step_id": "work"}],
+        [{"type": "turn_complete", "task_id": task}],
+        [_decision(task, "review", "reviewer-1", "reviewer", "rejected", 1)],
+        [{"type": "turn_complete", "task_id": task}],
+        [_decision(task, "review", "reviewer-1", "reviewer", "approved", 2),
+         _decision(task, "review", "reviewer-2", "reviewer", "approved", 2)],
+        [_decision(task, "approval", "approver-1", "approver", "approved", 1)],
+    ]  # fmt: skip
+
+
+async def baseline(tmp: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Per command group, the task's step after it; and the task's runs, on SQLite in one process."""
+    steps: list[str] = []
+    async with open_runtime(tmp / "baseline.db") as rt:
+        await rt.send({"type": "register_workflow", "yaml": OFFICE.read_text(), "source": OFFICE.name})
+        for seat in SEATS:
+            assert (await rt.send(seat)).ok
+        for group in script("T0"):
+            for command in group:
+                assert (await rt.send(command)).ok, command
+            steps.append((await rt.send({"type": "get_task", "task_id": "T0"})).result["step_id"])
+        runs = (await rt.send({"type": "list_runs", "task_id": "T0"})).result
+    return steps, sorted((r["step_id"], r["agent_profile_id"], r["reason"]) for r in runs)
+
+
+class Cluster:
+    """RUNTIMES `onceflow serve` processes on one database; `kill_one` SIGKILLs one and restarts it."""
+
+    def __init__(self, url: str, folder: Path) -> None:
+        self.url, self.folder = url, folder
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * RUNTIMES
+        self.up = [threading.Event() for _ in range(RUNTIMES)]
+        self.kills = 0
+        for index in range(RUNTIMES):
+            self.start(index)
+
+    def socket(self, index: int) -> str:
+        return str(self.folder / f"r{index}.sock")
+
+    def start(self, index: int) -> None:
+        command = [sys.executable, "-m", "onceflow.cli", "serve", "--db", self.url, "--workflow", str(OFFICE),
+                   "--socket", self.socket(index)]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert process.stderr is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([process.stderr], [], [], 0.1)
+            if ready:
+                line = process.stderr.readline().decode()
+                assert line, f"runtime {index} exited before serving (status {process.wait()})"
+                if line.startswith("serving on "):
+                    break
+        else:
+            raise AssertionError(f"runtime {index} did not start")
+        threading.Thread(target=_drain, args=(process,), daemon=True).start()
+        self.processes[index] = process
+        self.up[index].set()
+
+    def kill_one(self, rng: random.Random) -> None:
+        index = rng.randrange(RUNTIMES)
+        process = self.processes[index]
+        assert process is not None
+        self.up[index].clear()
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        self.kills += 1
+        self.start(index)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+def _drain(process: subprocess.Popen[bytes]) -> None:
+    assert process.stderr is not None
+    for _ in process.stderr:
+        pass
+
+
+def send(cluster: Cluster, command: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
+    """Send `command` to one random live runtime; its reply, or None when the runtime died first."""
+    index = rng.randrange(RUNTIMES)
+    cluster.up[index].wait(60)
+    try:
+        client = WireClient(cluster.socket(index), timeout=30)
+    except OSError:
+        return None
+    try:
+        frame = client.request({"id": 1, **command})
+        return frame["reply"]  # type: ignore[no-any-return]
+    except (OSError, AssertionError, json.JSONDecodeError):
+        return None
+    finally:
+        client.close()
+
+
+def step_of(cluster: Cluster, task: str, rng: random.Random) -> str | None:
+    while True:
+        reply = send(cluster, {"type": "get_task", "task_id": task}, rng)
+        if reply is not None:
+            return reply["result"]["step_id"] if reply["ok"] else None
+
+
+def deliver(cluster: Cluster, command: dict[str, Any], expected_step: str, rng: random.Random) -> None:
+    """Deliver one command at least once, and at most once where a resend would not be a no-op."""
+    while True:
+        reply = send(cluster, command, rng)
+        if reply is not None:
+            if not reply["ok"] and reply["error"]["code"] in ("storage_io", "storage_busy", "shutting_down"):
+                continue  # nothing committed (retryable)
+            if command["type"] == "create_task" and not reply["ok"]:
+                assert reply["error"]["code"] == "conflict", reply
+            else:
+                assert reply["ok"], (command, reply)
+            return
+        if command["type"] == "record_decision":
+            continue  # its decision id makes a resend a no-op
+        if command["type"] == "create_task" or step_of(cluster, command["task_id"], rng) != expected_step:
+            continue  # did not take effect (a create resent after it did is refused as a conflict)
+        return
+
+
+def drive(
+    cluster: Cluster, tasks: list[str], steps: list[str], seed: int, errors: list[BaseException]
+) -> None:
+    rng = random.Random(seed)
+    try:
+        for task in tasks:
+            for group, expected in zip(script(task), steps, strict=True):
+                threads = [
+                    threading.Thread(
+                        target=deliver, args=(cluster, command, expected, random.Random(rng.random()))
+                    )
+                    for command in group
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_nothing_twice(
+    pg_url: str, tmp_path: Path
+) -> None:
+    steps, expected_runs = await baseline(tmp_path)
+    async with open_runtime(pg_url) as rt:  # seats first, from one runtime
+        await rt.send({"type": "register_workflow", "yaml": OFFICE.read_text(), "source": OFFICE.name})
+        for seat in SEATS:
+            assert (await rt.send(seat)).ok
+    folder = Path(tempfile.mkdtemp(prefix="of-kill-", dir="/tmp"))
+    cluster = Cluster(pg_url, folder)
+    rng = random.Random(15)
+    errors: list[BaseException] = []
+    tasks: list[str] = []
+    try:
+        drivers: list[threading.Thread] = []
+        batch = 0
+        while cluster.kills < KILLS:
+            if not any(d.is_alive() for d in drivers):  # keep the stream going until every kill is done
+                drivers = []
+                for n in range(DRIVERS):
+                    mine = [f"K{batch}-{n}-{i}" for i in range(4)]
+                    tasks.extend(mine)
+                    drivers.append(
+                        threading.Thread(target=drive, args=(cluster, mine, steps, rng.random(), errors))
+                    )
+                    drivers[-1].start()
+                batch += 1
+            time.sleep(rng.uniform(0.1, 0.5))
+            cluster.kill_one(rng)
+        for driver in drivers:
+            driver.join(timeout=300)
+        assert not errors, errors
+        deadline = time.monotonic() + 30  # a claim the last kill left: the survivors' sweeps finish it
+        while _open_claims(pg_url) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    assert cluster.kills >= KILLS
+
+    with psycopg.connect(pg_url) as conn:
+        finals = dict(conn.execute("SELECT id, workflow_step_id FROM tasks").fetchall())
+        runs: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+        for task_id, step, agent, reason in conn.execute(
+            "SELECT task_id, workflow_step_id, agent_profile_id, reason FROM runs"
+        ):
+            runs[task_id].append((step, agent, reason))
+        both = conn.execute(
+            "SELECT count(*) FROM coalesced_keys AS c JOIN runs AS r ON r.idempotency_key = c.idempotency_key"
+        ).fetchone()
+    assert {task: finals.get(task) for task in tasks} == {task: steps[-1] for task in tasks}
+    assert {task: sorted(runs[task]) for task in tasks} == {task: expected_runs for task in tasks}
+    assert both == (0,)
+    assert _open_claims(pg_url) == 0  # every claim a killed runtime left was finished by a live one
+
+
+def _open_claims(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM step_entry_markers AS m"
+            " JOIN step_entries AS e USING (task_id, step_id, entry_seq)"
+            " WHERE m.state = 'in_progress' AND e.terminal = 0"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -1,11 +1,11 @@
 """A throw-away PostgreSQL server for the tests and the benchmarks (issue 15, "How it is tested").
 
-Started from Debian's binaries under /usr/lib/postgresql/<version>/bin (`.ci/run` installs the `postgresql`
-package when they are missing). `initdb` and `pg_ctl` refuse to run as root, so under root they run as the
-`postgres` user through `runuser`. The data directory is a fresh folder under /tmp, the server listens on a
-free port of 127.0.0.1 only, and its unix socket lives in the data directory, never the system one. `stop()`
-shuts it down immediately and deletes the folder. Nothing here skips: a server that cannot start raises
-`PostgresUnavailableError`, naming what is missing.
+Started from Debian's binaries under /usr/lib/postgresql/<version>/bin (installed from Debian's `postgresql`
+package when they are missing and the tests run as root, as on CI). `initdb` and `pg_ctl` refuse to run as
+root, so under root they run as the `postgres` user through `runuser`. The data directory is a fresh folder
+under /tmp, the server listens on a free port of 127.0.0.1 only, and its unix socket lives in the data
+directory, never the system one. `stop()` shuts it down immediately and deletes the folder. Nothing here
+skips: a server that cannot start raises `PostgresUnavailableError`, naming what is missing.
 
 Developers: `apt-get install -y postgresql` (or any PostgreSQL >= 13 whose `initdb` sits under
 /usr/lib/postgresql/*/bin), then run pytest as usual; the suite starts and stops its own server.
@@ -30,16 +30,34 @@ class PostgresUnavailableError(RuntimeError):
     """No PostgreSQL binaries, or the throw-away server failed to start (the message carries its log)."""
 
 
-def pg_bin() -> Path:
-    """The newest /usr/lib/postgresql/<version>/bin holding `initdb`.
-
-    Raises:
-        PostgresUnavailableError: none is installed (install Debian's `postgresql` package).
-    """
-    found = sorted(
+def _installed() -> list[Path]:
+    return sorted(
         (p for p in PG_ROOT.glob("*/bin") if (p / "initdb").exists()),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
     )
+
+
+def _install_as_root() -> None:
+    """Install Debian's `postgresql` package (root only), so the README's test command alone passes on a
+    fresh machine; a failed install is reported with apt's output."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "postgresql"]):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise PostgresUnavailableError(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
+
+
+def pg_bin() -> Path:
+    """The newest /usr/lib/postgresql/<version>/bin holding `initdb`, installing Debian's `postgresql`
+    package first when none is there and we run as root (CI and fresh machines).
+
+    Raises:
+        PostgresUnavailableError: none is installed and it cannot be (not root, or apt failed).
+    """
+    found = _installed()
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        _install_as_root()
+        found = _installed()
     if not found:
         raise PostgresUnavailableError(
             f"no PostgreSQL binaries under {PG_ROOT}/*/bin: run `apt-get install -y postgresql`"

@@ -478,7 +478,7 @@ async def open_runtime(
                     task_nursery.start_soon(runtime._forward_promotions, promoted)
                     try:
                         await runtime._load_workflows()
-                        await recover_open_entries(runtime.services, Outbox(hub))
+                        await recover_open_entries(runtime.services, hub)
                         await runtime.promote_all()
                         yield runtime
                     finally:

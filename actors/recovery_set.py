@@ -23,12 +23,20 @@ from collections.abc import Sequence
 import attrs
 
 from onceflow import metrics
-from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, _dedupe, config_digest
-from onceflow.actors.on_enter import ActionRun, OnEnterDispatch, SegmentResult, dispatch_order
+from onceflow.actors.actions import _dedupe
+from onceflow.actors.common_entry import (
+    Anomaly,
+    Done,
+    common_order,
+    common_result,
+    fan_out_notes,
+    reason,
+    run_key,
+)
+from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, dispatch_order
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.protocol.events import DecisionsCleared, RunQueued
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store import faults, tasks
 from onceflow.store.participants import _P_COLUMNS, _participant
@@ -38,28 +46,7 @@ from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.recovery")
 
-_SET_KINDS = ("clear_decisions", "queue_run_for_each_participant")
-
 _TASK_COLUMNS = ", ".join(f"t.{c.strip()}" for c in tasks._COLUMNS.split(","))
-
-
-class _Anomaly(Exception):
-    """The set statements did not do what the eligibility checks promised: take the per-entry path."""
-
-
-def set_plan(services: Services, workflow: Workflow, step: Step) -> list[tuple[int, ActionDecl]] | None:
-    """The recovery dispatch order of `step` when the set path can run it, else None."""
-    order = dispatch_order(step.events.on_enter, "recovery")
-    if not order:
-        return None
-    for _, action in order:
-        if action.type not in _SET_KINDS:
-            return None
-        if services.executors.get(action.type) is not DEFAULT_EXECUTORS[action.type]:
-            return None
-        if action.type == "queue_run_for_each_participant" and not getattr(action.config, "role", ""):
-            return None
-    return order
 
 
 @attrs.frozen
@@ -68,34 +55,13 @@ class SetEntry:
     its fan-out queued ((agent_profile_id, run_id, idempotency_key) in participant order)."""
 
     dispatch: OnEnterDispatch
-    done: tuple[tuple[int, int | tuple[tuple[str, int, str], ...]], ...]
+    done: Done
 
     def result(self) -> SegmentResult:
         """The `SegmentResult` the per-entry path builds for this entry: the executors' effects and events."""
-        task, step = self.dispatch.task, self.dispatch.step
-        actions = dict(dispatch_order(step.events.on_enter, "recovery"))
-        runs = []
-        for position, done in self.done:
-            action = actions[position]
-            if isinstance(done, int):
-                effect = Effect(
-                    "done", events=(DecisionsCleared(task_id=task.id, step_id=step.id, deleted=done),)
-                )
-            else:
-                events = tuple(
-                    RunQueued(
-                        run_id=run_id,
-                        task_id=task.id,
-                        step_id=step.id,
-                        agent_profile_id=agent,
-                        reason=_reason(action),
-                        idempotency_key=key,
-                    )
-                    for agent, run_id, key in done
-                )
-                effect = Effect("done", events=events, diagnostics=self._fan_out_notes(action, len(done)))
-            runs.append(ActionRun(position, action, "claimed", effect))
-        return SegmentResult(tuple(runs))
+        dispatch = self.dispatch
+        order = dispatch_order(dispatch.step.events.on_enter, "recovery")
+        return common_result(dispatch.task.id, dispatch.step, order, self.done)
 
     def publish(self, out: Outbox) -> None:
         """Publish what the entry did. When the hub has a subscriber: exactly the per-entry path's events and
@@ -108,49 +74,21 @@ class SetEntry:
         for position, done in self.done:
             if isinstance(done, int):
                 continue
-            for note in self._fan_out_notes(actions[position], len(done)):
+            task_id, step = self.dispatch.task.id, self.dispatch.step
+            for note in fan_out_notes(task_id, step, actions[position], len(done)):
                 out.log(note.level, note.code, **note.fields)
             metrics.RUNS.add(len(done), {"result": "queued"})
-
-    def _fan_out_notes(self, action: ActionDecl, queued: int) -> tuple[DiagnosticNote, ...]:
-        """The diagnostics `queue_run_for_each_participant` returns when every participant was queued."""
-        task, step = self.dispatch.task, self.dispatch.step
-        role: str = action.config.role  # type: ignore[union-attr]
-        finished = DiagnosticNote(
-            "info",
-            "fan_out_finished",
-            {
-                "task_id": task.id,
-                "step_id": step.id,
-                "role": role,
-                "matching": queued,
-                "enqueued": queued,
-                "suppressed": 0,
-            },
-        )
-        if queued:
-            return (finished,)
-        nobody = DiagnosticNote(
-            "warning",
-            "fan_out_matched_nobody",
-            {"task_id": task.id, "step_id": step.id, "step_name": step.name, "role": role},
-        )
-        return (nobody, finished)
-
-
-def _reason(action: ActionDecl) -> str:
-    return getattr(action.config, "reason", None) or "on_enter"  # the trigger, as ActionContext names it
 
 
 @attrs.frozen
 class Group:
     """The set plan of one (workflow, step): its recovery order and, per fan-out position, the agents it
-    queues for (template participants, deduplicated, in order) and its config digest."""
+    queues for (template participants, deduplicated, in order)."""
 
     workflow: Workflow
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
-    agents: dict[int, tuple[tuple[str, ...], str]]
+    agents: dict[int, tuple[str, ...]]
 
 
 @attrs.frozen
@@ -168,9 +106,10 @@ def plan_common(
 ) -> dict[int, Member]:
     """Which entries of `batch` the set path may finish, by index (writer thread; reads only).
 
-    An entry qualifies when it is the latest of its (task, step), its digest is current, `set_plan` accepts
-    its step, its task is at that step in that workflow with no per-task participant, it has no marker, every
-    participant its fan-outs match has an agent, and none of its keys was merged into a run by coalescing.
+    An entry qualifies when it is the latest of its (task, step), its digest is current, `common_order`
+    accepts its step, its task is at that step in that workflow with no per-task participant, it has no
+    marker, every participant its fan-outs match has an agent, and none of its keys was merged into a run by
+    coalescing.
     """
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for index, (entry, latest) in enumerate(batch):
@@ -226,20 +165,18 @@ def _group(conn: sqlite3.Connection, services: Services, workflow_id: str, step_
     if workflow is None or not workflow.has_step(step_id):
         return None
     step = workflow.step(step_id)
-    order = set_plan(services, workflow, step)
+    order = common_order(services, step, "recovery")
     if order is None:
         return None
     template = _template_participants(conn, workflow_id, step_id)
-    agents: dict[int, tuple[tuple[str, ...], str]] = {}
+    agents: dict[int, tuple[str, ...]] = {}
     for position, action in order:
         if action.type == "queue_run_for_each_participant":
             role: str = action.config.role  # type: ignore[union-attr]
             matching = _dedupe(p for p in template if p.role == role)
             if any(not p.agent_profile_id for p in matching):
                 return None  # a participant failure: the per-entry path reports it
-            payload = getattr(action.config, "payload", None)
-            digest = config_digest({"role": role, "reason": _reason(action), "payload": payload})
-            agents[position] = (tuple(p.agent_profile_id for p in matching), digest)
+            agents[position] = tuple(p.agent_profile_id for p in matching)
     return Group(workflow, step, tuple(order), agents)
 
 
@@ -247,9 +184,10 @@ def _requests(member: Member) -> list[tuple[int, str, str]]:
     """(position, agent, idempotency key) of every run the member's fan-outs queue, in dispatch order; the
     key is the one `OnEnterDispatch.context` builds."""
     key = member.key
+    actions = dict(member.group.order)
     return [
-        (position, agent, f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:{position}:{agent}:{digest}")
-        for position, (agents, digest) in member.group.agents.items()
+        (position, agent, run_key(key, position, agent, actions[position]))
+        for position, agents in member.group.agents.items()
         for agent in agents
     ]
 
@@ -287,17 +225,14 @@ def finish_common(
     ]
 
 
-_Done = tuple[tuple[int, int | tuple[tuple[str, int, str], ...]], ...]
-
-
-def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> list[_Done]:
+def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> list[Done]:
     """The group's actions for every member, set-oriented; what each position did, per member."""
     group = members[0].group
     step_id = group.step.id
     counts: dict[str, int] = {}
     if any(action.type == "clear_decisions" for _, action in group.order):
         counts = _clear(conn, step_id, [m.task.id for m in members])
-    reasons = {p: _reason(a) for p, a in group.order}
+    reasons = {p: reason(a) for p, a in group.order}
     payloads = {p: _payload_json(getattr(a.config, "payload", None)) for p, a in group.order}
     requested = {m.index: _requests(m) for m in members}
     ids = _insert_runs(
@@ -310,7 +245,7 @@ def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> 
         ],
         now,
     )
-    done: list[_Done] = []
+    done: list[Done] = []
     for m in members:
         did: list[tuple[int, int | tuple[tuple[str, int, str], ...]]] = []
         for position, action in group.order:
@@ -333,7 +268,7 @@ def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> 
         (step_id, entries),
     ).rowcount
     if terminal != len(members):
-        raise _Anomaly(f"{terminal} entries flagged terminal of {len(members)}")
+        raise Anomaly(f"{terminal} entries flagged terminal of {len(members)}")
     return done
 
 
@@ -352,7 +287,7 @@ def _clear(conn: sqlite3.Connection, step_id: str, task_ids: list[str]) -> dict[
         (step_id, listed),
     ).rowcount
     if deleted != sum(counts.values()):
-        raise _Anomaly(f"deleted {deleted} decisions, counted {sum(counts.values())}")
+        raise Anomaly(f"deleted {deleted} decisions, counted {sum(counts.values())}")
     return counts
 
 
@@ -363,7 +298,7 @@ def _insert_runs(
     id per key.
 
     Raises:
-        _Anomaly: a key was already taken (its row was not inserted).
+        Anomaly: a key was already taken (its row was not inserted).
     """
     if not requested:
         return {}
@@ -381,7 +316,7 @@ def _insert_runs(
         ),
     ).fetchall()
     if len(returned) != len(requested):
-        raise _Anomaly(f"{len(requested) - len(returned)} idempotency keys already taken")
+        raise Anomaly(f"{len(requested) - len(returned)} idempotency keys already taken")
     return dict(returned)
 
 

@@ -178,12 +178,15 @@ class Runtime:
         """The next queued envelope, or None after `actor_idle_timeout` seconds without one.
 
         A queued envelope is taken without waiting: a receive under an expired deadline would be cancelled
-        even with one queued. Raises trio.EndOfChannel once the mailbox is closed and drained.
+        even with one queued. With a timeout of 0 (the default) an empty mailbox returns None at once, with no
+        cancel scope and no Cancelled raised and caught per message (issue 14: ~10 % of an entry's CPU).
+        Raises trio.EndOfChannel once the mailbox is closed and drained.
         """
         try:
             return mailbox.inbox.receive_nowait()
         except trio.WouldBlock:
-            pass
+            if self.actor_idle_timeout == 0:
+                return None
         with trio.move_on_after(self.actor_idle_timeout):  # only the wait, never a command
             return await mailbox.inbox.receive()
         return None

@@ -25,8 +25,8 @@ from onceflow.actors.actions import (
     DEFAULT_EXECUTORS,
     DiagnosticNote,
     Effect,
-    _dedupe,
     config_digest,
+    dedupe_seats,
     step_participants,
 )
 from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
@@ -36,7 +36,7 @@ from onceflow.protocol.events import DecisionsCleared, EntryPath, RunQueued
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, wip
 from onceflow.store.records import TaskRecord
-from onceflow.store.runs import _payload_json
+from onceflow.store.runs import payload_json
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.on_enter")
@@ -225,7 +225,7 @@ def _admit(
                     "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task.id, step.id)
                 ).rowcount
             continue
-        seats = _dedupe(step_participants(conn, entered, step.id, getattr(action.config, "role", "")))
+        seats = dedupe_seats(step_participants(conn, entered, step.id, getattr(action.config, "role", "")))
         if any(not seat.agent_profile_id for seat in seats):
             raise Anomaly("a seat without an agent")
         requested.extend(
@@ -251,7 +251,7 @@ def _admit(
                 now,
                 json.dumps(
                     [
-                        [agent, reason(action), _payload_json(getattr(action.config, "payload", None)), k]
+                        [agent, reason(action), payload_json(getattr(action.config, "payload", None)), k]
                         for _, agent, action, k in requested
                     ]
                 ),

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import attrs
 
 from onceflow import metrics
-from onceflow.actors.actions import _dedupe
+from onceflow.actors.actions import dedupe_seats
 from onceflow.actors.common_entry import (
     Anomaly,
     Done,
@@ -39,14 +39,14 @@ from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store import faults, tasks
-from onceflow.store.participants import _P_COLUMNS, _participant
-from onceflow.store.records import Participant, StepEntry, TaskRecord
-from onceflow.store.runs import _payload_json
+from onceflow.store.participants import template_participants
+from onceflow.store.records import StepEntry, TaskRecord
+from onceflow.store.runs import payload_json
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.recovery")
 
-_TASK_COLUMNS = ", ".join(f"t.{c.strip()}" for c in tasks._COLUMNS.split(","))
+_TASK_COLUMNS = ", ".join(f"t.{c.strip()}" for c in tasks.TASK_COLUMNS.split(","))
 
 
 @attrs.frozen
@@ -138,7 +138,12 @@ def plan_common(
             ),
         ).fetchall()
         found = [
-            Member(row[0], EntryKey(row[1], step_id, batch[row[0]][0].entry_seq), tasks._task(row[1:]), group)
+            Member(
+                row[0],
+                EntryKey(row[1], step_id, batch[row[0]][0].entry_seq),
+                tasks.task_from_row(row[1:]),
+                group,
+            )
             for row in rows
         ]
         keys = [key for member in found for _, _, key in _requests(member)]
@@ -168,12 +173,12 @@ def _group(conn: sqlite3.Connection, services: Services, workflow_id: str, step_
     order = common_order(services, step, "recovery")
     if order is None:
         return None
-    template = _template_participants(conn, workflow_id, step_id)
+    template = template_participants(conn, workflow_id=workflow_id, step_id=step_id)
     agents: dict[int, tuple[str, ...]] = {}
     for position, action in order:
         if action.type == "queue_run_for_each_participant":
             role: str = action.config.role  # type: ignore[union-attr]
-            matching = _dedupe(p for p in template if p.role == role)
+            matching = dedupe_seats(p for p in template if p.role == role)
             if any(not p.agent_profile_id for p in matching):
                 return None  # a participant failure: the per-entry path reports it
             agents[position] = tuple(p.agent_profile_id for p in matching)
@@ -233,7 +238,7 @@ def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> 
     if any(action.type == "clear_decisions" for _, action in group.order):
         counts = _clear(conn, step_id, [m.task.id for m in members])
     reasons = {p: reason(a) for p, a in group.order}
-    payloads = {p: _payload_json(getattr(a.config, "payload", None)) for p, a in group.order}
+    payloads = {p: payload_json(getattr(a.config, "payload", None)) for p, a in group.order}
     requested = {m.index: _requests(m) for m in members}
     ids = _insert_runs(
         conn,
@@ -318,14 +323,3 @@ def _insert_runs(
     if len(returned) != len(requested):
         raise Anomaly(f"{len(requested) - len(returned)} idempotency keys already taken")
     return dict(returned)
-
-
-def _template_participants(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> list[Participant]:
-    """The template rows of (workflow, step) in (role, position, id) order: what `step_participants` reads
-    for a task with no per-task rows."""
-    rows = conn.execute(
-        f"SELECT {_P_COLUMNS} FROM participants WHERE task_id IS NULL AND workflow_id = ? AND step_id = ?"
-        " ORDER BY role, position, id",
-        (workflow_id, step_id),
-    ).fetchall()
-    return [_participant(row) for row in rows]

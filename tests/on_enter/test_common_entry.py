@@ -321,3 +321,41 @@ def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path:
     assert fast == slow
     assert fast[0] is False
     assert len(fast[1]["step_entries"]) == 1  # the first, real entry only
+
+
+def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path(
+    tmp_path: Path,
+) -> None:
+    """A statement of the common path failing (here a trigger refusing T0's runs) rolls back only its
+    savepoint, is logged (common_entry_declined), and the per-action path decides the entry as it would
+    alone: the clear stands, the fan-out collects the failures (AC-C1) and is marked failed."""
+    refuse = (
+        "CREATE TRIGGER refuse BEFORE INSERT ON runs WHEN NEW.task_id = 'T0'"
+        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+
+    async def run(db: Path) -> tuple[Any, list[dict[str, Any]], dict[str, list[tuple[Any, ...]]]]:
+        text = workflow_yaml(["clear", "fan_out"], 0)
+        async with open_runtime(db, clock=FakeClock()) as rt:
+            await send(
+                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
+            )
+            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            await rt.services.store.transact(lambda conn: conn.execute(refuse).fetchall())
+            with capture_logs() as logs:
+                reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
+        return reply.model_dump(), logs, snapshot(db)
+
+    fast_reply, fast_logs, fast_state = trio.run(run, tmp_path / "fast.db")
+    with per_action_only():
+        slow_reply, slow_logs, slow_state = trio.run(run, tmp_path / "slow.db")
+    assert [log["event"] for log in fast_logs].count("common_entry_declined") == 1
+    assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
+    assert fast_reply == slow_reply
+    assert fast_state == slow_state
+    assert [row[3:6] for row in fast_state["step_entry_markers"]] == [
+        (0, "clear_decisions", "done"),
+        (1, "queue_run_for_each_participant", "failed"),
+    ]

@@ -136,7 +136,7 @@ def step_participants(
     return [p for p in rows if p.workflow_id == task.workflow_id and p.step_id == step_id and p.role == role]
 
 
-def _dedupe(rows: Iterable[Participant]) -> list[Participant]:
+def dedupe_seats(rows: Iterable[Participant]) -> list[Participant]:
     """One row per (role, agent), the per-task row winning a collision, kept in (role, position, id) order.
 
     Rows without an agent are never merged (each is its own failure). Source: on-enter spec AC-A5, AC-E2.
@@ -224,7 +224,7 @@ def queue_run_for_each_participant(
     reason: str = getattr(config, "reason", None) or ctx.trigger
     payload: dict[str, Any] | None = getattr(config, "payload", None)
     digest = config_digest({"role": role, "reason": reason, "payload": payload})
-    matching = _dedupe(step_participants(conn, task, step_id, role))
+    matching = dedupe_seats(step_participants(conn, task, step_id, role))
     events: list[Event] = []
     notes: list[DiagnosticNote] = []
     enqueued = suppressed = 0
@@ -294,7 +294,7 @@ def resolve_targets(conn: sqlite3.Connection, task: TaskRecord, step_id: str, ta
     """
     if target.startswith("participant_role:"):
         role = target.removeprefix("participant_role:")
-        rows = _dedupe(step_participants(conn, task, step_id, role))
+        rows = dedupe_seats(step_participants(conn, task, step_id, role))
         return [p.agent_profile_id for p in rows if p.agent_profile_id]
     if target == "primary":
         agent = task.primary_agent_id

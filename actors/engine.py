@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
+from onceflow.actors.common_entry import admit_common, common_order, common_result
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
@@ -258,7 +259,9 @@ class Engine:
         TransitionFailedError or, for a storage fault, as the StorageError itself (issue 11, item 2).
         When no host action has to come first (no on_exit on the source step, no leading session action)
         the dispatch's leading segment runs in the admitting transaction too, in a savepoint: one commit
-        for the move and its first effects, and a failure there leaves the move standing (AC-C4).
+        for the move and its first effects, and a failure there leaves the move standing (AC-C4). An entry
+        of built-in clears and fan-outs only is first tried whole in one savepoint (`common_entry`); any
+        anomaly rolls that back and the per-action path above decides it (issue 14).
         """
         try:
             await self.services.host.preflight_transition(
@@ -278,7 +281,15 @@ class Engine:
         if source_workflow is not None and source_workflow.has_step(task.step_id):
             on_exit = source_workflow.step(task.step_id).events.actions(Trigger.on_exit)
 
+        common = None if on_exit else common_order(self.services, target, path)
+
         def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | None]:
+            if common is not None:  # the whole entry in one savepoint, or nothing of it (issue 14)
+                fast = admit_common(
+                    conn, task=task, workflow_id=workflow.id, step=target, order=common, path=path, now=now
+                )
+                if fast is not None:
+                    return "admitted", fast.key, common_result(task.id, target, common, fast.done)
             admitted = wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id)
             moved = tasks.move_task_step(
                 conn,

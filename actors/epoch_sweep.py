@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import trio
 
-from onceflow.actors.outbox import Outbox
+from onceflow.actors.outbox import EventHub
 from onceflow.actors.recovery import recover_open_entries
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
@@ -27,7 +27,7 @@ SWEEP_INTERVAL = 5.0
 """Seconds between two sweeps of a live PostgreSQL runtime."""
 
 
-async def sweep_once(services: Services, out: Outbox) -> int:
+async def sweep_once(services: Services, hub: EventHub) -> int:
     """Finish the open entries of dead epochs once; returns how many were re-dispatched. Never raises."""
     store = services.store
     try:
@@ -36,13 +36,13 @@ async def sweep_once(services: Services, out: Outbox) -> int:
     except Exception as exc:
         log.warning("epoch_sweep_query_failed", cause=repr(exc))
         return 0
-    redispatched = await _each_under_its_task_lock(services, out, found)
+    redispatched = await _each_under_its_task_lock(services, hub, found)
     if found:
         log.info("epoch_sweep_finished", entries=len(found), redispatched=redispatched)
     return redispatched
 
 
-async def recover_at_start(services: Services, out: Outbox) -> int:
+async def recover_at_start(services: Services, hub: EventHub) -> int:
     """The start-up recovery scan of a runtime on PostgreSQL; returns how many entries were re-dispatched.
     Never raises.
 
@@ -68,17 +68,17 @@ async def recover_at_start(services: Services, out: Outbox) -> int:
             )
         else:
             found.append(row)
-    return await _each_under_its_task_lock(services, out, found)
+    return await _each_under_its_task_lock(services, hub, found)
 
 
 async def _each_under_its_task_lock(
-    services: Services, out: Outbox, entries: list[tuple[StepEntry, int]]
+    services: Services, hub: EventHub, entries: list[tuple[StepEntry, int]]
 ) -> int:
     redispatched = 0
     for entry in entries:
         epochs.CURRENT_TASK.set(entry[0].task_id)  # the recovery's transactions take this task's lock
         try:
-            redispatched += await recover_open_entries(services, out, [entry])
+            redispatched += await recover_open_entries(services, hub, [entry])
         finally:
             epochs.CURRENT_TASK.set(None)
     return redispatched
@@ -86,7 +86,7 @@ async def _each_under_its_task_lock(
 
 async def sweep_forever(
     services: Services,
-    out: Outbox,
+    hub: EventHub,
     interval: float = SWEEP_INTERVAL,
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
@@ -96,4 +96,4 @@ async def sweep_forever(
         task_status.started(scope)
         while True:
             await trio.sleep(interval)
-            await sweep_once(services, out)
+            await sweep_once(services, hub)

@@ -36,6 +36,9 @@ class EventHub:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(send)
 
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
     def close(self) -> None:
         for send in self._subscribers:
             send.close()
@@ -43,10 +46,12 @@ class EventHub:
 
 
 class Outbox:
-    """The events of one command, in emission order."""
+    """The events of one command, in emission order. `reply` False: no reply will carry them (the recovery
+    scan's outboxes), so only the hub's subscribers can receive them."""
 
-    def __init__(self, hub: EventHub) -> None:
+    def __init__(self, hub: EventHub, *, reply: bool = True) -> None:
         self._hub = hub
+        self._reply = reply
         self.events: list[Event] = []
 
     def emit(self, event: Event) -> None:
@@ -58,3 +63,13 @@ class Outbox:
         """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event."""
         getattr(log, level)(code, **fields)
         self.emit(Diagnostic(level=level, code=code, fields=fields))  # type: ignore[arg-type]
+
+    def has_audience(self) -> bool:
+        """Whether an event emitted now could be received: a reply will carry it, or the hub has a subscriber.
+        The recovery scan runs before `open_runtime` yields, so at startup it has neither and may log and
+        count instead of building events nobody receives (issue 14)."""
+        return self._reply or self._hub.has_subscribers()
+
+    def log(self, level: str, code: str, **fields: Any) -> None:
+        """Log a diagnostic without emitting it: for a publisher with no audience (`has_audience`)."""
+        getattr(log, level)(code, **fields)

@@ -24,7 +24,8 @@ import trio
 
 from onceflow import metrics
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
-from onceflow.actors.outbox import Outbox
+from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.recovery_set import Member, SetEntry, finish_common, plan_common
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
@@ -36,7 +37,7 @@ from onceflow.store.step_entries import EntryKey, UndecodableEntry
 log = get_logger("onceflow.recovery")
 
 
-BATCH_SIZE = 256
+BATCH_SIZE = 1024
 """Entries classified (and, when every action has an executor, re-dispatched) per store request."""
 
 
@@ -66,11 +67,11 @@ class _Failed:
     cause: str
 
 
-_Recovered = _Closed | _Dispatched | _Deferred | _Failed
+_Recovered = _Closed | _Dispatched | _Deferred | _Failed | SetEntry
 
 
 async def recover_open_entries(
-    services: Services, out: Outbox, entries: list[tuple[StepEntry, int]] | None = None
+    services: Services, hub: EventHub, entries: list[tuple[StepEntry, int]] | None = None
 ) -> int:
     """Run the scan; returns how many entries were re-dispatched. Never raises.
 
@@ -82,10 +83,12 @@ async def recover_open_entries(
     savepoint (a failing record rolls back alone, is logged at ERROR with its identity and stays open,
     AC-B9(f)); events and diagnostics are published once the batch has committed. A row whose stored values
     cannot be decoded is logged at ERROR with its identity (rowid, task, step, entry_seq) and left open, and
-    the scan goes on (AC-B9(f), issue 11).
+    the scan goes on (AC-B9(f), issue 11). Each batch publishes through its own `Outbox` on `hub`, so the
+    scan never holds every event of a large recovery (issue 14: the garbage collector's passes over them
+    cost more than building them).
     """
     if entries is not None:
-        return await _recover_entries(services, out, entries)
+        return await _recover_entries(services, hub, entries)
     try:
         rows = await services.store.transact(step_entries.open_entries)
     except Exception as exc:
@@ -104,30 +107,34 @@ async def recover_open_entries(
             )
         else:
             entries.append(row)
-    return await _recover_entries(services, out, entries)
+    return await _recover_entries(services, hub, entries)
 
 
-async def _recover_entries(services: Services, out: Outbox, entries: list[tuple[StepEntry, int]]) -> int:
+async def _recover_entries(services: Services, hub: EventHub, entries: list[tuple[StepEntry, int]]) -> int:
     metrics.RECOVERED_OPEN_ENTRIES.add(len(entries))
-    batches: trio.MemorySendChannel[list[_Recovered]]
-    batches, committed = trio.open_memory_channel[list[_Recovered]](1)
+    batches: trio.MemorySendChannel[tuple[list[_Recovered], Outbox]]
+    batches, committed = trio.open_memory_channel[tuple[list[_Recovered], Outbox]](1)
 
     async def run_batches() -> None:  # one batch ahead: the writer works while the last one is published
         async with batches:
             for start in range(0, len(entries), BATCH_SIZE):
-                batch, now = entries[start : start + BATCH_SIZE], services.now()
+                batch, now, out = (
+                    entries[start : start + BATCH_SIZE],
+                    services.now(),
+                    Outbox(hub, reply=False),
+                )
                 try:
                     recovered = await services.store.transact(
                         functools.partial(_recover_batch, services=services, batch=batch, now=now, out=out)
                     )
                 except Exception as exc:  # the batch's transaction itself failed: nothing of it committed
                     recovered = [_Failed(entry, repr(exc)) for entry, _ in batch]
-                await batches.send(recovered)
+                await batches.send((recovered, out))
 
     redispatched = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_batches)
-        async for recovered in committed:
+        async for recovered, out in committed:
             for item in recovered:
                 redispatched += await _publish(item, out)
     return redispatched
@@ -146,6 +153,9 @@ async def _publish(item: _Recovered, out: Outbox) -> int:
             )
         case _Dispatched(dispatch, result):
             dispatch.publish_segment(result)
+            return 1
+        case SetEntry():
+            item.publish(out)
             return 1
         case _Deferred(entry, dispatch):
             try:
@@ -172,7 +182,32 @@ def _recover_batch(
     now: float,
     out: Outbox,
 ) -> list[_Recovered]:
-    return [_recover(conn, services, entry, latest, now, out) for entry, latest in batch]
+    """The batch in order (AC-B9(c)): each run of consecutive common entries of one step set-oriented
+    (`recovery_set`), every other entry, and a run the set path declined, one by one."""
+    plans = plan_common(conn, services, batch)
+    recovered: list[_Recovered] = []
+    run: list[Member] = []
+
+    def flush() -> None:
+        if run:
+            done = finish_common(conn, services, run, now, out)
+            recovered.extend(
+                done
+                if done is not None
+                else [_recover(conn, services, *batch[m.index], now, out) for m in run]
+            )
+            run.clear()
+
+    for index, (entry, latest) in enumerate(batch):
+        member = plans.get(index)
+        if member is None or (run and run[0].group is not member.group):
+            flush()
+        if member is not None:
+            run.append(member)
+        else:
+            recovered.append(_recover(conn, services, entry, latest, now, out))
+    flush()
+    return recovered
 
 
 def _recover(

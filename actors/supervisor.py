@@ -181,12 +181,15 @@ class Runtime:
         """The next queued envelope, or None after `actor_idle_timeout` seconds without one.
 
         A queued envelope is taken without waiting: a receive under an expired deadline would be cancelled
-        even with one queued. Raises trio.EndOfChannel once the mailbox is closed and drained.
+        even with one queued. With a timeout of 0 (the default) an empty mailbox returns None at once, with no
+        cancel scope and no Cancelled raised and caught per message (issue 14: ~10 % of an entry's CPU).
+        Raises trio.EndOfChannel once the mailbox is closed and drained.
         """
         try:
             return mailbox.inbox.receive_nowait()
         except trio.WouldBlock:
-            pass
+            if self.actor_idle_timeout == 0:
+                return None
         with trio.move_on_after(self.actor_idle_timeout):  # only the wait, never a command
             return await mailbox.inbox.receive()
         return None
@@ -488,13 +491,13 @@ async def open_runtime(
                     try:
                         await runtime._load_workflows()
                         if store.postgres:  # other runtimes may serve these tasks meanwhile
-                            await recover_at_start(runtime.services, Outbox(hub))
+                            await recover_at_start(runtime.services, hub)
                         else:
-                            await recover_open_entries(runtime.services, Outbox(hub))
+                            await recover_open_entries(runtime.services, hub)
                         await runtime.promote_all()
                         if store.postgres:  # others may die while we run: finish what their epochs left
                             sweep = await task_nursery.start(
-                                sweep_forever, runtime.services, Outbox(hub), epoch_sweep_interval
+                                sweep_forever, runtime.services, hub, epoch_sweep_interval
                             )
                         yield runtime
                     finally:

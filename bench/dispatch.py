@@ -1,7 +1,7 @@
 """Dispatch throughput: N tasks entering a review step that clears decisions and fans out to 3 reviewers.
 
 Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--replay-rate P] [--durability FULL|NORMAL]
-    [--max-batch B]
+    [--max-batch B] [--count-statements]
 
 The inline workflow has steps work → review; review declares on_enter
 [clear_decisions, queue_run_for_each_participant{role: reviewer}] and the template seats 3 reviewers.
@@ -156,11 +156,16 @@ async def run_dispatch(
     max_batch: int,
     seed: int,
     replay_rate: float = 0.0,
+    count_statements: bool = False,
 ) -> dict[str, Any]:
-    """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench."""
+    """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench.
+
+    `count_statements` counts every SQL statement of the move phase through SQLite's trace callback (a
+    Python call per statement: it slows the run, so its wall-clock figures are not comparable)."""
     rng = random.Random(seed)
     latencies: list[float] = []
     counts = {"transactions": 0, "requests": 0, "dup_sends": 0, "replays": 0, "replayed_actions": 0}
+    statements = {"data": 0, "savepoint": 0, "transaction": 0}
     async with open_runtime(db, durability=durability, max_batch=max_batch) as rt:
         await setup(rt, n, concurrency)
         store = rt.services.store
@@ -169,7 +174,14 @@ async def run_dispatch(
         def counting_commit(conn: sqlite3.Connection, batch: list[Any]) -> None:
             counts["transactions"] += 1  # only the writer thread touches these
             counts["requests"] += len(batch)
-            commit(conn, batch)
+            if not count_statements:
+                commit(conn, batch)
+                return
+            conn.set_trace_callback(lambda sql: count_statement(statements, sql))
+            try:
+                commit(conn, batch)
+            finally:
+                conn.set_trace_callback(None)
 
         store._commit = counting_commit  # type: ignore[method-assign]
         dups = [rng.random() < dup_rate for _ in range(n)]
@@ -188,11 +200,11 @@ async def run_dispatch(
                     counts["replays"] += 1
                     counts["replayed_actions"] += await replay(rt, f"T-{i}")
 
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         async with trio.open_nursery() as nursery:
             for offset in range(concurrency):
                 nursery.start_soon(mover, offset)
-        elapsed = time.perf_counter() - began
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         store._commit = commit  # type: ignore[method-assign]
         move_phase_rss = peak_rss_mb()  # before list_runs below loads every run into memory
         listed = len(await _send(rt, {"type": "list_runs"}))
@@ -207,6 +219,7 @@ async def run_dispatch(
         "concurrency": concurrency,
         "durability": durability.value,
         "seconds": elapsed,
+        "cpu_us_per_entry": cpu / n * 1e6,
         "entries_per_s": n / elapsed,
         "runs_per_s": figures["runs"] / elapsed,
         "p50_ms": _percentile(latencies, 0.50) * 1000,
@@ -216,9 +229,22 @@ async def run_dispatch(
         "dup_sends": counts["dup_sends"],
         "replays": counts["replays"],
         "peak_rss_mb": move_phase_rss,
+        "statements": statements,
         **figures,
         "violations": violations,
     }
+
+
+def count_statement(statements: dict[str, int], sql: str) -> None:
+    """Count one statement SQLite ran (its trace callback): data, SAVEPOINT/RELEASE/ROLLBACK TO, or
+    BEGIN/COMMIT/ROLLBACK. Unlike wall-clock figures these repeat exactly on a shared machine."""
+    head = sql.lstrip()[:11].upper()
+    if head.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK TO")):
+        statements["savepoint"] += 1
+    elif head.startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+        statements["transaction"] += 1
+    else:
+        statements["data"] += 1
 
 
 def peak_rss_mb() -> float:
@@ -242,6 +268,12 @@ def print_figures(result: dict[str, Any]) -> None:
     )
     for violation in result["violations"]:
         print(f"VIOLATION: {violation}")
+    if any(result["statements"].values()):
+        per = {kind: count / result["n"] for kind, count in result["statements"].items()}
+        print(
+            f"SQL statements per entry: {per['data']:.2f} data, {per['savepoint']:.2f} savepoint,"
+            f" {per['transaction']:.2f} begin/commit (timed figures above are slowed by the counting)"
+        )
     print("(transactions/avg batch count every commit of the move phase: moves, redeliveries, replays)")
 
 
@@ -254,6 +286,7 @@ def main() -> int:
     parser.add_argument("--durability", choices=[d.value for d in Durability], default="FULL")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count-statements", action="store_true", help="SQL statements per entry (slower)")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
     args = parser.parse_args()
     structlog.configure(
@@ -270,8 +303,12 @@ def main() -> int:
             args.max_batch,
             args.seed,
             args.replay_rate,
+            args.count_statements,
         )
-    print(f"sqlite {sqlite3.sqlite_version}; move phase {result['seconds']:.2f} s")
+    print(
+        f"sqlite {sqlite3.sqlite_version}; move phase {result['seconds']:.2f} s,"
+        f" CPU {result['cpu_us_per_entry']:.0f} us per entry (both threads)"
+    )
     print_figures(result)
     return 1 if result["violations"] else 0
 

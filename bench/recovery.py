@@ -1,6 +1,6 @@
 """Recovery time: K unfinished step entries left as a killed runtime leaves them; time to "recovery done".
 
-Run: python bench/recovery.py [-k K] [--durability FULL|NORMAL]
+Run: python bench/recovery.py [-k K] [--durability FULL|NORMAL] [--count-statements]
 
 A first runtime registers bench/dispatch.py's workflow (review declares [clear_decisions,
 queue_run_for_each_participant{role: reviewer}], 3 template reviewers) and closes. Then, through the store
@@ -20,14 +20,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
-from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, check
+from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, check, count_statement
 
 from onceflow.actors.supervisor import open_runtime
 from onceflow.store.step_entries import declaration_digest
-from onceflow.store.writer import Durability, open_store
+from onceflow.store.writer import Durability, StoreActor, open_store
 
 DIGEST = declaration_digest(["clear_decisions", "queue_run_for_each_participant"])
 
@@ -70,10 +71,27 @@ async def prepare(db: Path, k: int) -> None:
         await store.transact(write)
 
 
-async def recover(db: Path, durability: Durability) -> float:
-    began = time.perf_counter()
-    async with open_runtime(db, durability=durability):
-        elapsed = time.perf_counter() - began  # the recovery scan has finished before the yield
+async def recover(db: Path, durability: Durability, statements: dict[str, int] | None = None) -> float:
+    """Seconds from `open_runtime` until it yields. `statements`: count the SQL statements run meanwhile by
+    kind (SQLite's trace callback: slower, the time is then not comparable)."""
+    commit = StoreActor._commit
+
+    def counting_commit(self: StoreActor, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        assert statements is not None
+        conn.set_trace_callback(lambda sql: count_statement(statements, sql))
+        try:
+            commit(self, conn, batch)
+        finally:
+            conn.set_trace_callback(None)
+
+    if statements is not None:
+        StoreActor._commit = counting_commit  # type: ignore[method-assign]
+    try:
+        began = time.perf_counter()
+        async with open_runtime(db, durability=durability):
+            elapsed = time.perf_counter() - began  # the recovery scan has finished before the yield
+    finally:
+        StoreActor._commit = commit  # type: ignore[method-assign]
     return elapsed
 
 
@@ -82,7 +100,9 @@ def main() -> int:
     parser.add_argument("-k", "--entries", type=int, default=10000)
     parser.add_argument("--durability", choices=[d.value for d in Durability], default="FULL")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
+    parser.add_argument("--count-statements", action="store_true", help="SQL statements per entry (slower)")
     args = parser.parse_args()
+    statements = {"data": 0, "savepoint": 0, "transaction": 0} if args.count_statements else None
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
     )
@@ -92,7 +112,7 @@ def main() -> int:
         conn = sqlite3.connect(db)
         left_open = conn.execute("SELECT COUNT(*) FROM step_entries WHERE terminal = 0").fetchone()[0]
         conn.close()
-        seconds = trio.run(recover, db, Durability(args.durability))
+        seconds = trio.run(recover, db, Durability(args.durability), statements)
         figures, violations = check(db, args.entries)
         conn = sqlite3.connect(db)
         stale = conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
@@ -108,6 +128,12 @@ def main() -> int:
         f"{left_open:>13}{seconds:>12.2f}{left_open / seconds:>11,.0f}{figures['runs']:>8}{rss:>8.0f}"
         f"  {'OK' if not violations else 'FAILED'}"
     )
+    if statements is not None:
+        per = {kind: count / left_open for kind, count in statements.items()}
+        print(
+            f"SQL statements per entry: {per['data']:.3f} data, {per['savepoint']:.3f} savepoint,"
+            f" {per['transaction']:.3f} begin/commit (the time above is slowed by the counting)"
+        )
     for violation in violations:
         print(f"VIOLATION: {violation}")
     return 1 if violations else 0

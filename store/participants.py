@@ -78,6 +78,17 @@ def participants_for_task(conn: sqlite3.Connection, *, workflow_id: str, task_id
     return [_participant(row) for row in rows]
 
 
+def template_participants(conn: sqlite3.Connection, *, workflow_id: str, step_id: str) -> list[Participant]:
+    """The template-level rows of one step in (role, position, id) order: what `participants_for_task` gives
+    at that step for a task with no per-task rows."""
+    rows = conn.execute(
+        f"SELECT {_P_COLUMNS} FROM participants WHERE task_id IS NULL AND workflow_id = ? AND step_id = ?"
+        " ORDER BY role, position, id",
+        (workflow_id, step_id),
+    ).fetchall()
+    return [_participant(row) for row in rows]
+
+
 def record_decision(
     conn: sqlite3.Connection,
     *,

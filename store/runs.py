@@ -69,7 +69,8 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
     )
 
 
-def _payload_json(payload: dict[str, Any] | None) -> str | None:
+def payload_json(payload: dict[str, Any] | None) -> str | None:
+    """The stored form of a run payload: canonical JSON (sorted keys), None stays SQL NULL (AC-H2)."""
     return None if payload is None else json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
@@ -154,7 +155,7 @@ def _coalesce(conn: sqlite3.Connection, request: RunRequest, now: float) -> Enqu
         return None
     conn.execute(
         "UPDATE runs SET coalesced_count = coalesced_count + 1, payload = ? WHERE id = ?",
-        (_payload_json(request.payload), row[0]),
+        (payload_json(request.payload), row[0]),
     )
     return EnqueueResult("coalesced", row[0], row[1] + 1)
 
@@ -178,7 +179,7 @@ def _insert(
             request.task_id,
             request.step_id,
             request.reason,
-            _payload_json(request.payload),
+            payload_json(request.payload),
             request.idempotency_key or None,
             int(request.exclude_from_coalescing),
             now,

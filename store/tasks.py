@@ -11,13 +11,15 @@ from typing import Any
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.store.records import TaskRecord
 
-_COLUMNS = (
+TASK_COLUMNS = (
+    # every column a TaskRecord is read from, in `task_from_row` order
     "id, workflow_id, workflow_step_id, title, session_id, primary_agent_id, ceo_agent_id, priority,"
     " wip_admitted, queued_for_step_id, created_at, updated_at, admissions"
 )
 
 
-def _task(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
+def task_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
+    """A TaskRecord from a row selected as `TASK_COLUMNS`."""
     return TaskRecord(
         id=row[0],
         workflow_id=row[1],
@@ -36,8 +38,8 @@ def _task(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
 
 
 def find_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord | None:
-    row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    return _task(row) if row else None
+    row = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    return task_from_row(row) if row else None
 
 
 def list_tasks(
@@ -46,9 +48,9 @@ def list_tasks(
     """Up to `limit` tasks with ids after `after_task_id` (None: from the first), in id order, and whether
     more follow (issue 13 item 4: paged `list_tasks`)."""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?", (after_task_id or "", limit + 1)
+        f"SELECT {TASK_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?", (after_task_id or "", limit + 1)
     ).fetchall()
-    return [_task(row) for row in rows[:limit]], len(rows) > limit
+    return [task_from_row(row) for row in rows[:limit]], len(rows) > limit
 
 
 def get_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord:

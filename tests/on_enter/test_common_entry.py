@@ -1,0 +1,361 @@
+"""The common entry's one-savepoint path decides every admission exactly as the per-action path does.
+
+Issue 14 item "A writer fast path for the common entry": an on_enter of built-in clears and fan-outs is
+admitted and finished in one savepoint; any anomaly rolls it back to the per-action path. Each example
+draws a review step declaration (clears, fan-outs with reasons and payloads, sometimes an action the common
+path does not take), seats (some without an agent, per-task ones, duplicates), a WIP limit, and a sequence
+of commands (moves, redeliveries, decisions, a key taken or merged in advance). The same sequence runs on
+two runtimes, the common path on and off; the database, every reply and every log must be the same.
+Rules compared: AC-A3, AC-A5, AC-B5, AC-B6, AC-B7, AC-C1, AC-H6, issue 12 items 2-4 (coalesced keys), WIP
+admission (E2, queued placements).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from helpers import START, FakeClock, send
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+import onceflow.actors.engine as engine
+from onceflow.actors.common_entry import run_key
+from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.supervisor import open_runtime
+from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, load_workflow_text
+from onceflow.store import runs
+from onceflow.store.step_entries import EntryKey
+
+TASKS = ("T0", "T1", "T2")
+ACTIONS = {
+    "clear": "- type: clear_decisions",
+    "fan_out": "- type: queue_run_for_each_participant\n  config: {role: reviewer}",
+    "fan_out_r2": "- type: queue_run_for_each_participant\n  config: {role: reviewer, reason: r2}",
+    "fan_out_approver": "- type: queue_run_for_each_participant\n  config: {role: approver, reason: ok}",
+    "fan_out_payload": (
+        "- type: queue_run_for_each_participant\n  config: {role: reviewer, reason: p, payload: {n: 1}}"
+    ),
+    "queue_run": "- type: queue_run\n  config: {target: primary}",
+    "auto_start": "- type: auto_start_agent",
+}
+
+
+def workflow_yaml(review: list[str], wip_limit: int) -> str:
+    on_enter = "\n".join(ACTIONS[name] for name in review) or "[]"
+    indented = "\n".join("        " + line for line in on_enter.splitlines())
+    return f"""\
+id: common
+name: Common
+steps:
+  - id: work
+    name: Work
+    position: 0
+    is_start_step: true
+  - id: review
+    name: Review
+    position: 1
+    wip_limit: {wip_limit}
+    events:
+      on_enter:
+{indented}
+"""
+
+
+def mostly_common() -> st.SearchStrategy[list[str]]:
+    common = st.sampled_from(["clear", "fan_out", "fan_out_r2", "fan_out_approver", "fan_out_payload"])
+    rare = st.sampled_from(["queue_run", "auto_start"])
+    return st.lists(st.one_of(common, common, common, rare), min_size=1, max_size=4)
+
+
+commands = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["move_review", "move_review", "move_review", "move_work", "decide", "take_key", "merge_key"]
+        ),
+        st.sampled_from(TASKS),
+    ),
+    min_size=1,
+    max_size=10,
+)
+scenarios = st.fixed_dictionaries(
+    {
+        "review": mostly_common(),
+        "wip_limit": st.sampled_from([0, 0, 0, 1, 2]),
+        "seats": st.lists(
+            st.sampled_from(
+                ["rev-a", "rev-b", "rev-a", "", "approver:app-1", "own:T0:rev-a", "own:T1:rev-c"]
+            ),
+            max_size=4,
+        ),
+        "commands": commands,
+    }
+)
+
+
+@contextmanager
+def per_action_only() -> Iterator[None]:
+    """The per-action path alone: no declaration qualifies for the common path."""
+    original = engine.common_order
+    engine.common_order = lambda services, step, path: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine.common_order = original
+
+
+def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    conn = sqlite3.connect(db)
+    try:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
+            for table in (
+                "tasks",
+                "step_entries",
+                "step_entry_markers",
+                "runs",
+                "decisions",
+                "coalesced_keys",
+            )
+        }
+    finally:
+        conn.close()
+
+
+async def play(db: Path, scenario: dict[str, Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Run the scenario on a fresh runtime; every reply (as JSON) and every log of the command phase."""
+    text = workflow_yaml(scenario["review"], scenario["wip_limit"])
+    review = load_workflow_text(text, "t.yml", allowed_actions=IMPORT_ALLOWED_ACTIONS).step("review")
+    replies: list[Any] = []
+    async with open_runtime(db, clock=FakeClock()) as rt:
+        await send(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
+        for task_id in TASKS:
+            await send(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
+        for seat in scenario["seats"]:
+            role, agent, task_id = "reviewer", seat, None
+            if seat.startswith("approver:"):
+                role, agent = "approver", seat.removeprefix("approver:")
+            elif seat.startswith("own:"):
+                _, task_id, agent = seat.split(":")
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review", "role": role}
+            message |= {"agent_profile_id": agent} | ({"task_id": task_id} if task_id else {})
+            replies.append((await send(rt, message)).model_dump())
+        with capture_logs() as logs:
+            for seq, (command, task_id) in enumerate(scenario["commands"]):
+                if command in ("move_review", "move_work"):
+                    step = command.removeprefix("move_")
+                    reply = await send(rt, {"type": "move_task", "task_id": task_id, "step_id": step})
+                elif command == "decide":
+                    message = {"type": "record_decision", "task_id": task_id, "step_id": "review"}
+                    message |= {"decider_type": "user", "decider_id": f"u{seq}", "decision": "approved"}
+                    reply = await send(rt, message)
+                else:
+                    requests = key_in_advance(command, task_id, review, seq)
+                    results = []
+                    for request in requests:
+                        results.append(
+                            await rt.services.store.transact(
+                                lambda conn, r=request: attrs.asdict(runs.enqueue_run(conn, r, START))
+                            )
+                        )
+                    replies.append(results)
+                    continue
+                replies.append(reply.model_dump())
+    return replies, logs
+
+
+def key_in_advance(command: str, task_id: str, review: Any, seq: int) -> list[runs.RunRequest]:
+    """Enqueues (as another trigger would) carrying the key the task's first review entry would give its
+    first fan-out's rev-a run: taken by a run, or (merge_key) merged into a keyless run by coalescing."""
+    fan_outs = [
+        (p, a) for p, a in enumerate(review.events.on_enter) if a.type == "queue_run_for_each_participant"
+    ]
+    key = "unused"
+    if fan_outs:
+        position, action = fan_outs[0]
+        key = run_key(EntryKey(task_id, "review", 1), position, "rev-a", action)
+    if command == "merge_key":  # a keyless run absorbs the keyed one within 5 s (same task, agent, reason)
+        keyless = runs.RunRequest("rev-a", task_id, "review", f"m{seq}")
+        return [keyless, attrs.evolve(keyless, idempotency_key=key)]
+    return [runs.RunRequest("rev-a", task_id, "review", f"t{seq}", idempotency_key=key)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=scenarios)
+def test_issue14_the_common_entry_path_decides_every_admission_as_the_per_action_path_does(
+    tmp_path_factory: Any, scenario: dict[str, Any]
+) -> None:
+    assert_same_outcome(tmp_path_factory.mktemp("common"), scenario)
+
+
+def assert_same_outcome(folder: Path, scenario: dict[str, Any]) -> list[Any]:
+    """Play `scenario` with the common path on and off; the same database, replies and logs. Returns the
+    replies."""
+    fast_replies, fast_logs = trio.run(play, folder / "fast.db", scenario)
+    with per_action_only():
+        slow_replies, slow_logs = trio.run(play, folder / "slow.db", scenario)
+    assert snapshot(folder / "fast.db") == snapshot(folder / "slow.db")
+    assert fast_replies == slow_replies
+    assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
+    return fast_replies
+
+
+def event_types(reply: Any) -> list[str]:
+    return [event["type"] for event in reply["events"]]
+
+
+ANOMALIES = {
+    "key_taken": (["take_key"], "run_suppressed"),
+    "key_merged": (["merge_key"], "run_suppressed"),
+    "seat_without_agent": ([], "diagnostic"),
+}
+
+
+@pytest.mark.parametrize(("before", "expected"), ANOMALIES.values(), ids=ANOMALIES.keys())
+def test_issue14_an_anomaly_takes_the_per_action_path(
+    tmp_path: Path, before: list[str], expected: str
+) -> None:
+    """Each anomaly the common path cannot decide alone is decided by the per-action path: a key already
+    taken or merged is suppressed (AC-H6, issue 12 item 3), a seat without an agent fails its fan-out
+    (AC-E2)."""
+    seats = ["rev-a", ""] if not before else ["rev-a"]
+    scenario = {
+        "review": ["clear", "fan_out"],
+        "wip_limit": 0,
+        "seats": seats,
+        "commands": [(command, "T0") for command in before] + [("move_review", "T0")],
+    }
+    replies = assert_same_outcome(tmp_path, scenario)
+    assert expected in event_types(replies[-1])
+    if before:
+        assert "run_queued" not in event_types(replies[-1])
+    else:
+        assert "fan_out_participant_failed" in [e["code"] for e in replies[-1]["events"] if "code" in e]
+
+
+def test_issue14_a_step_at_its_wip_limit_queues_the_task_as_before(tmp_path: Path) -> None:
+    scenario = {
+        "review": ["clear", "fan_out"],
+        "wip_limit": 1,
+        "seats": ["rev-a"],
+        "commands": [("move_review", "T0"), ("move_review", "T1")],
+    }
+    replies = assert_same_outcome(tmp_path, scenario)
+    assert "step_entered" in event_types(replies[-2])
+    assert "task_queued" in event_types(replies[-1])
+    assert "run_queued" not in event_types(replies[-1])
+
+
+def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
+    """Not vacuous: an untouched entry of clears and fan-outs is admitted by the common path, in one
+    savepoint holding the move, the entry, the clear, the markers and the runs."""
+    calls: list[bool] = []
+    admit = engine.admit_common
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        admitted = admit(*args, **kwargs)
+        calls.append(admitted is not None)
+        return admitted
+
+    engine.admit_common = counted  # type: ignore[assignment]
+    try:
+        scenario = {
+            "review": ["clear", "fan_out"],
+            "wip_limit": 0,
+            "seats": ["rev-a", "rev-b"],
+            "commands": [],
+        }
+        scenario["commands"] = [("decide", "T0"), ("move_review", "T0")]
+        replies = trio.run(play, tmp_path / "one.db", scenario)[0]
+    finally:
+        engine.admit_common = admit
+    assert calls == [True]
+    assert event_types(replies[-1]) == [
+        "transition",
+        "step_entered",
+        "decisions_cleared",
+        "action_outcome",
+        "run_queued",
+        "run_queued",
+        "diagnostic",
+        "action_outcome",
+    ]
+
+
+def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path: Path) -> None:
+    """The common path's compare-and-set on the task's step: an admission from a row the task has already
+    left is abandoned (transition_abandoned), with no entry, marker or run, as on the per-action path."""
+
+    async def run(db: Path) -> tuple[bool, dict[str, list[tuple[Any, ...]]]]:
+        text = workflow_yaml(["clear", "fan_out"], 0)
+        async with open_runtime(db, clock=FakeClock()) as rt:
+            await send(
+                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
+            )
+            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            stale = await rt.engine.load_task("T0")
+            await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
+            await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "work"})
+            moved_back = await rt.engine.load_task("T0")
+            stale = attrs.evolve(stale, step_id="review")  # it was at review, it is at work now
+            workflow = rt.services.workflows.get("common")
+            out = Outbox(EventHub())
+            moved = await rt.engine.enter_step(
+                stale, workflow, workflow.step("review"), path="E2", trigger="t", out=out
+            )
+            assert moved_back.step_id == "work"
+        return moved, snapshot(db)
+
+    fast = trio.run(run, tmp_path / "fast.db")
+    with per_action_only():
+        slow = trio.run(run, tmp_path / "slow.db")
+    assert fast == slow
+    assert fast[0] is False
+    assert len(fast[1]["step_entries"]) == 1  # the first, real entry only
+
+
+def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path(
+    tmp_path: Path,
+) -> None:
+    """A statement of the common path failing (here a trigger refusing T0's runs) rolls back only its
+    savepoint, is logged (common_entry_declined), and the per-action path decides the entry as it would
+    alone: the clear stands, the fan-out collects the failures (AC-C1) and is marked failed."""
+    refuse = (
+        "CREATE TRIGGER refuse BEFORE INSERT ON runs WHEN NEW.task_id = 'T0'"
+        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+
+    async def run(db: Path) -> tuple[Any, list[dict[str, Any]], dict[str, list[tuple[Any, ...]]]]:
+        text = workflow_yaml(["clear", "fan_out"], 0)
+        async with open_runtime(db, clock=FakeClock()) as rt:
+            await send(
+                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
+            )
+            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            await rt.services.store.transact(lambda conn: conn.execute(refuse).fetchall())
+            with capture_logs() as logs:
+                reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
+        return reply.model_dump(), logs, snapshot(db)
+
+    fast_reply, fast_logs, fast_state = trio.run(run, tmp_path / "fast.db")
+    with per_action_only():
+        slow_reply, slow_logs, slow_state = trio.run(run, tmp_path / "slow.db")
+    assert [log["event"] for log in fast_logs].count("common_entry_declined") == 1
+    assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
+    assert fast_reply == slow_reply
+    assert fast_state == slow_state
+    assert [row[3:6] for row in fast_state["step_entry_markers"]] == [
+        (0, "clear_decisions", "done"),
+        (1, "queue_run_for_each_participant", "failed"),
+    ]

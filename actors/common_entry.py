@@ -37,6 +37,7 @@ from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import payload_json
+from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.on_enter")
@@ -172,19 +173,15 @@ def admit_common(
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
-    conn.execute("SAVEPOINT common_entry")
     try:
-        admitted = _admit(conn, task, workflow_id, step, order, path, now)
+        with savepoint(conn, "common_entry"):
+            return _admit(conn, task, workflow_id, step, order, path, now)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
-        conn.execute("ROLLBACK TO common_entry")
-        conn.execute("RELEASE common_entry")
         if not isinstance(exc, Anomaly):
             log.info("common_entry_declined", task_id=task.id, step_id=step.id, cause=repr(exc))
         return None
-    conn.execute("RELEASE common_entry")
-    return admitted
 
 
 def _admit(

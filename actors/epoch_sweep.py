@@ -14,12 +14,11 @@ from __future__ import annotations
 import trio
 
 from onceflow.actors.outbox import EventHub
-from onceflow.actors.recovery import recover_open_entries
+from onceflow.actors.recovery import decodable_open_entries, recover_open_entries
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.store import epochs, step_entries
+from onceflow.store import epochs
 from onceflow.store.records import StepEntry
-from onceflow.store.step_entries import UndecodableEntry
 
 log = get_logger("onceflow.epoch_sweep")
 
@@ -50,25 +49,8 @@ async def recover_at_start(services: Services, hub: EventHub) -> int:
     is recovered in its own transactions under its task's lock, never concurrently with a command of that
     task. An undecodable row is logged at ERROR and left open, as on SQLite (AC-B9(f)).
     """
-    try:
-        rows = await services.store.transact(step_entries.open_entries)
-    except Exception as exc:
-        log.error("recovery_scan_query_failed", cause=repr(exc))
-        return 0
-    found = []
-    for row in rows:
-        if isinstance(row, UndecodableEntry):
-            log.error(
-                "recovery_entry_undecodable",
-                rowid=row.rowid,
-                task_id=row.task_id,
-                step_id=row.step_id,
-                entry_seq=row.entry_seq,
-                cause=row.cause,
-            )
-        else:
-            found.append(row)
-    return await _each_under_its_task_lock(services, hub, found)
+    found = await decodable_open_entries(services)
+    return 0 if found is None else await _each_under_its_task_lock(services, hub, found)
 
 
 async def _each_under_its_task_lock(

@@ -89,14 +89,22 @@ async def recover_open_entries(
     """
     if entries is not None:
         return await _recover_entries(services, hub, entries)
+    entries = await decodable_open_entries(services)
+    return 0 if entries is None else await _recover_entries(services, hub, entries)
+
+
+async def decodable_open_entries(services: Services) -> list[tuple[StepEntry, int]] | None:
+    """Every open entry with the greatest entry_seq of its pair, or None when the query itself failed
+    (logged at ERROR). A row whose stored values cannot be decoded is logged at ERROR with its identity and
+    left out, so it stays open and is reported at every start until repaired (AC-B9(f), issue 11)."""
     try:
         rows = await services.store.transact(step_entries.open_entries)
     except Exception as exc:
         log.error("recovery_scan_query_failed", cause=repr(exc))
-        return 0
+        return None
     entries = []
     for row in rows:
-        if isinstance(row, UndecodableEntry):  # left open: reported at every start until repaired
+        if isinstance(row, UndecodableEntry):
             log.error(
                 "recovery_entry_undecodable",
                 rowid=row.rowid,
@@ -107,7 +115,7 @@ async def recover_open_entries(
             )
         else:
             entries.append(row)
-    return await _recover_entries(services, hub, entries)
+    return entries
 
 
 async def _recover_entries(services: Services, hub: EventHub, entries: list[tuple[StepEntry, int]]) -> int:

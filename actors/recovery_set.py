@@ -42,6 +42,7 @@ from onceflow.store import faults, tasks
 from onceflow.store.participants import template_participants
 from onceflow.store.records import StepEntry, TaskRecord
 from onceflow.store.runs import payload_json
+from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.recovery")
@@ -206,14 +207,12 @@ def finish_common(
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
-    conn.execute("SAVEPOINT recover_set")
     try:
-        done = _finish(conn, members, now)
+        with savepoint(conn, "recover_set"):
+            done = _finish(conn, members, now)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
-        conn.execute("ROLLBACK TO recover_set")
-        conn.execute("RELEASE recover_set")
         group = members[0].group
         log.info(
             "recovery_set_path_declined",
@@ -222,7 +221,6 @@ def finish_common(
             cause=repr(exc),
         )
         return None
-    conn.execute("RELEASE recover_set")
     group = members[0].group
     return [
         SetEntry(OnEnterDispatch(services, m.task, group.workflow, group.step, m.key, "recovery", out), did)

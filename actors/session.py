@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import attrs
+
 from onceflow.actors.host import SessionActionRequest
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
@@ -63,18 +65,5 @@ async def request_session_action(
     except Exception as exc:
         out.diagnostic("error", "session_action_failed", cause=repr(exc), **fields)
         return "failed"
-    out.emit(
-        SessionAction(
-            task_id=task.id,
-            session_id=task.session_id,
-            step_id=step_id,
-            action=action.type,
-            config=config,
-            entry_path=path,
-            trigger=trigger,
-            position=position,
-            entry_seq=entry_seq,
-            admission_seq=task.admissions,
-        )
-    )
+    out.emit(SessionAction(**attrs.asdict(request)))  # the event shows exactly what the host was asked
     return "performed"

@@ -56,6 +56,31 @@ async def test_issue15_open_store_on_postgres_creates_the_schema_at_the_current_
         ]
 
 
+async def test_issue15_postgres_schema_has_sqlites_tables_and_columns(pg_url: str, tmp_path: Any) -> None:
+    """store/pg_schema.py restates store/schema.py for PostgreSQL: the two must not drift apart. Every
+    table and column SQLite's migrations end with exists on PostgreSQL and the other way round (PostgreSQL
+    adds only an explicit `rowid` where the store reads SQLite's implicit one, and its version table)."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db", isolation_level=None)) as lite:
+        schema.migrate(lite)
+        tables = [row[0] for row in lite.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        on_sqlite = {
+            (table, column[1])
+            for table in tables
+            if not table.startswith("sqlite_")
+            for column in lite.execute(f"PRAGMA table_info({table})")
+        }
+    async with open_store(pg_url) as store:
+        rows = await store.transact(
+            lambda conn: conn.execute(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema()"
+            ).fetchall()
+        )
+    on_postgres = {(table, column) for table, column in rows if table != "onceflow_meta"}
+    assert on_postgres - on_sqlite == {("step_entries", "rowid"), ("outcomes", "rowid")}
+    assert on_sqlite - on_postgres == set()
+
+
 async def test_issue15_runtimes_starting_together_migrate_once(pg_url: str) -> None:
     opened: list[str] = []
 

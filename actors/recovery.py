@@ -25,7 +25,7 @@ import trio
 from onceflow import metrics
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
 from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.recovery_set import Member, SetEntry, finish_common, plan_common
+from onceflow.actors.recovery_set import Member, SetRun, finish_common, plan_common
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
@@ -67,7 +67,7 @@ class _Failed:
     cause: str
 
 
-_Recovered = _Closed | _Dispatched | _Deferred | _Failed | SetEntry
+_Recovered = _Closed | _Dispatched | _Deferred | _Failed | SetRun
 
 
 async def recover_open_entries(
@@ -149,7 +149,8 @@ async def _recover_entries(services: Services, hub: EventHub, entries: list[tupl
 
 
 async def _publish(item: _Recovered, out: Outbox) -> int:
-    """Publish what a committed batch did for one entry (or run its deferred dispatch); 1 if re-dispatched."""
+    """Publish what a committed batch did for one entry, or a run of entries the set path finished (or run
+    a deferred dispatch); how many entries were re-dispatched."""
     match item:
         case _Closed(entry, reason):
             out.diagnostic(
@@ -162,9 +163,8 @@ async def _publish(item: _Recovered, out: Outbox) -> int:
         case _Dispatched(dispatch, result):
             dispatch.publish_segment(result)
             return 1
-        case SetEntry():
-            item.publish(out)
-            return 1
+        case SetRun():
+            return item.publish(out)
         case _Deferred(entry, dispatch):
             try:
                 await dispatch.run()
@@ -199,11 +199,10 @@ def _recover_batch(
     def flush() -> None:
         if run:
             done = finish_common(conn, services, run, now, out)
-            recovered.extend(
-                done
-                if done is not None
-                else [_recover(conn, services, *batch[m.index], now, out) for m in run]
-            )
+            if done is not None:
+                recovered.append(done)
+            else:
+                recovered.extend(_recover(conn, services, *batch[m.index], now, out) for m in run)
             run.clear()
 
     for index, (entry, latest) in enumerate(batch):

@@ -268,8 +268,12 @@ def test_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_d
     assert same_for_both(set_logs) == slow_logs == same_for_both(quiet_logs)
 
 
-def test_issue14_the_set_path_takes_the_common_entries(prepared: Path, tmp_path: Path) -> None:
-    """The equivalence above is not vacuous: untouched entries are finished by the set path."""
+@pytest.mark.parametrize("listening", [False, True])
+def test_issue14_the_set_path_takes_the_common_entries(
+    prepared: Path, tmp_path: Path, listening: bool
+) -> None:
+    """The equivalence above is not vacuous: untouched entries are finished by the set path, whether the
+    events are built (a subscriber) or not (as at every real start)."""
     db = tmp_path / "common.db"
     shutil.copy(prepared, db)
     scenario = {
@@ -288,30 +292,100 @@ def test_issue14_the_set_path_takes_the_common_entries(prepared: Path, tmp_path:
         * 3,
     }
 
-    async def run() -> None:
+    async def crash_state() -> None:
         async with open_store(db) as store:
             await store.transact(lambda conn: write_state(conn, scenario))
-        calls: list[int] = []
-        finish = recovery.finish_common
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            done = finish(*args, **kwargs)
-            calls.append(len(done or ()))
-            return done
-
-        recovery.finish_common = counted  # type: ignore[assignment]
-        try:
-            async with open_runtime(db, clock=FakeClock()):
-                pass
-        finally:
-            recovery.finish_common = finish
-        assert calls == [3]
-
-    trio.run(run)
+    trio.run(crash_state)
+    with counting_finishes() as calls:
+        events, logs = trio.run(lambda: restart(db, listening=listening))
+    assert calls == [3]
+    assert same_for_both(logs) == logs  # not declined
+    assert len([e for e in events if e.type == "run_queued"]) == (3 * 2 * len(REVIEWERS) if listening else 0)
     state = snapshot(db)
     assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
     assert all(row[6] == 1 for row in state["step_entries"])  # terminal
     assert state["decisions"] == []
+
+
+@contextmanager
+def counting_finishes() -> Iterator[list[int]]:
+    """The number of entries each `finish_common` call finished (0: declined) while inside."""
+    calls: list[int] = []
+    finish = recovery.finish_common
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        done = finish(*args, **kwargs)
+        calls.append(len(done.members) if done is not None else 0)
+        return done
+
+    recovery.finish_common = counted  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        recovery.finish_common = finish
+
+
+ODD = """
+- type: clear_decisions
+- type: queue_run_for_each_participant
+  config:
+    role: reviewer
+    payload:
+      note: 'héllo "quoted" \u2603'
+      n: 1
+"""
+ODD_TASKS = ("T:1", "Tä'\"2", "T 3;\\", "T-\U0001f600")
+ODD_REVIEWERS = ("rév:1", "rev'2")
+
+
+@pytest.mark.parametrize("listening", [False, True])
+def test_issue14_the_set_path_writes_the_per_entry_paths_keys_byte_for_byte(
+    tmp_path: Path, listening: bool
+) -> None:
+    """The set path builds idempotency keys, payloads and reasons in SQL: for task and agent ids with colons,
+    quotes, non-ASCII and astral characters, an entry_seq of two digits and a non-ASCII payload, every row
+    is the per-entry path's (AC-C1 keys, AC-H2 payloads)."""
+    base = tmp_path / "odd.db"
+
+    async def prepare() -> None:
+        async with open_runtime(base, clock=FakeClock()) as rt:
+            await setup_entries(rt, ODD, reviewers=ODD_REVIEWERS)
+            for task_id in ODD_TASKS:
+                await new_task(rt, task_id)
+
+    def crash_state(conn: sqlite3.Connection) -> None:
+        kinds = kinds_of(entries_yaml(ODD), "review")
+        for task_id in ODD_TASKS:
+            for _ in range(11):  # entry_seq 11 is left open: earlier entries closed as a finished one is
+                key = admit(conn, task_id, "review", kinds)
+                conn.execute(
+                    "UPDATE step_entries SET terminal = 1 WHERE task_id = ? AND entry_seq = ?",
+                    (task_id, key.entry_seq),
+                )
+            key = admit(conn, task_id, "review", kinds)
+            assert key.entry_seq >= 10
+            add_decision(conn, task_id, "review")
+
+    trio.run(prepare)
+
+    async def crash() -> None:
+        async with open_store(base) as store:
+            await store.transact(crash_state)
+
+    trio.run(crash)
+    dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
+    for db in dbs.values():
+        shutil.copy(base, db)
+    with counting_finishes() as calls:
+        trio.run(lambda: restart(dbs["set"], listening=listening))
+    assert calls == [len(ODD_TASKS)]
+    with per_entry_only():
+        trio.run(lambda: restart(dbs["per_entry"], listening=listening))
+    assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
+    keys = [row[6] for row in snapshot(dbs["set"])["runs"]]
+    assert len(keys) == len(ODD_TASKS) * len(ODD_REVIEWERS)
+    assert all(key.startswith("on_enter:") and ":review:" in key for key in keys)
 
 
 COMMON = {

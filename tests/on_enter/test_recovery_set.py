@@ -466,3 +466,87 @@ def test_issue14_a_statement_failing_in_the_set_path_leaves_the_entries_to_the_p
     assert set_events == slow_events
     assert same_for_both(set_logs) == slow_logs
     assert [log["task_id"] for log in slow_logs if log["event"] == "fan_out_participant_failed"] == ["T1"] * 4
+
+
+@contextmanager
+def small_batches(size: int) -> Iterator[list[tuple[int, int]]]:
+    """`BATCH_SIZE` = `size` (three batches per request) while inside; (entries offered, entries covered)
+    per store request that committed."""
+    requests: list[tuple[int, int]] = []
+    original = recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request
+
+    def recorded(*args: Any, entries: list[Any], **kwargs: Any) -> Any:
+        recovered, covered = original[2](*args, entries=entries, **kwargs)
+        requests.append((len(entries), covered))
+        return recovered, covered
+
+    recovery.BATCH_SIZE, recovery.REQUEST_SIZE = size, 3 * size
+    recovery._recover_request = recorded  # type: ignore[assignment]
+    try:
+        yield requests
+    finally:
+        recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request = original
+
+
+def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_one_by_one_ends_it(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """Six untouched entries in batches of two: one request covers all three batches; the same entries
+    decided one by one take a request per batch (each request decides about `BATCH_SIZE` entries one by one
+    at most, so the events it holds stay bounded)."""
+    scenario = {"seat_without_agent": False, "tasks": [COMMON["tasks"][0]] * len(TASKS)}  # type: ignore[index]
+    dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
+    for db in dbs.values():
+        shutil.copy(prepared, db)
+
+        async def crash_state(db: Path = db) -> None:
+            async with open_store(db) as store:
+                await store.transact(lambda conn: write_state(conn, scenario))
+
+        trio.run(crash_state)
+    with small_batches(2) as requests:
+        trio.run(lambda: restart(dbs["set"], listening=False))
+    assert requests == [(6, 6)]
+    with small_batches(2) as requests, per_entry_only():
+        trio.run(lambda: restart(dbs["per_entry"], listening=False))
+    assert requests == [(6, 2), (4, 2), (2, 2)]
+    assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
+
+
+def test_issue11_issue14_a_request_failing_in_a_later_batch_fails_that_batch_only(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """The transaction ends inside the third batch of a request (T4's runs): the request is tried again
+    batch by batch, so T0 to T3 are recovered and only T4 and T5 are logged failed and left open (AC-B9(f));
+    the next start, without the fault, finishes them."""
+    db = tmp_path / "later.db"
+    shutil.copy(prepared, db)
+    scenario = {"seat_without_agent": False, "tasks": [COMMON["tasks"][0]] * len(TASKS)}  # type: ignore[index]
+
+    def write(conn: sqlite3.Connection) -> None:
+        write_state(conn, scenario)
+        conn.execute(
+            "CREATE TRIGGER gone BEFORE INSERT ON runs WHEN NEW.task_id = 'T4'"
+            " BEGIN SELECT RAISE(ROLLBACK, 'transaction gone'); END"
+        )
+
+    async def crash() -> None:
+        async with open_store(db) as store:
+            await store.transact(write)
+
+    trio.run(crash)
+    with small_batches(2) as requests:
+        _, logs = trio.run(lambda: restart(db, listening=False))
+    assert requests == [(2, 2), (2, 2)]  # the committed ones: T0-T1, then T2-T3, each after a failed try
+    assert [log["task_id"] for log in logs if log["event"] == "recovery_entry_failed"] == ["T4", "T5"]
+    state = snapshot(db)
+    assert [row[0] for row in state["step_entries"] if row[6] == 0] == ["T4", "T5"]
+    assert len(state["runs"]) == 4 * 2 * len(REVIEWERS)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TRIGGER gone")
+    conn.commit()
+    conn.close()
+    trio.run(lambda: restart(db, listening=False))
+    state = snapshot(db)
+    assert len(state["runs"]) == 6 * 2 * len(REVIEWERS)
+    assert all(row[6] == 1 for row in state["step_entries"])

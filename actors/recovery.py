@@ -25,7 +25,7 @@ import trio
 from onceflow import metrics
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
 from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.recovery_set import Member, SetRun, finish_common, plan_common
+from onceflow.actors.recovery_set import SetRun, finish_common, plan_common
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
@@ -231,23 +231,23 @@ def _recover_batch(
     (`recovery_set`), every other entry, and a run the set path declined, one by one."""
     plans = plan_common(conn, services, batch)
     recovered: list[_Recovered] = []
-    run: list[Member] = []
+    run: list[int] = []
 
     def flush() -> None:
         if run:
-            done = finish_common(conn, services, run, now, out)
+            done = finish_common(conn, services, plans[run[0]], [batch[i][0] for i in run], now, out)
             if done is not None:
                 recovered.append(done)
             else:
-                recovered.extend(_recover(conn, services, *batch[m.index], now, out) for m in run)
+                recovered.extend(_recover(conn, services, *batch[i], now, out) for i in run)
             run.clear()
 
     for index, (entry, latest) in enumerate(batch):
-        member = plans.get(index)
-        if member is None or (run and run[0].group is not member.group):
+        group = plans.get(index)
+        if group is None or (run and plans[run[0]] is not group):
             flush()
-        if member is not None:
-            run.append(member)
+        if group is not None:
+            run.append(index)
         else:
             recovered.append(_recover(conn, services, entry, latest, now, out))
     flush()

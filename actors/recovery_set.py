@@ -85,54 +85,46 @@ class Group:
 
 
 @attrs.frozen
-class Member:
-    """An entry of a batch the set path may finish: its place in the batch, its key and its group."""
-
-    index: int
-    key: EntryKey
-    group: Group
-
-
-@attrs.frozen
 class SetRun:
-    """Entries of one group the set path finished in one savepoint, in batch order. `detailed`, per member,
+    """Entries of `group` the set path finished in one savepoint, in batch order. `detailed`, per entry,
     the dispatch that publishes it and what each position did (the decisions its clear deleted, an int, or
     the runs its fan-out queued, (agent_profile_id, run_id, idempotency_key) in participant order): read
     back only when someone could receive the events (`Outbox.has_audience` when the run was finished), else
     empty, and every fan-out queued one run per agent of the group."""
 
-    members: tuple[Member, ...]
+    group: Group
+    entries: tuple[StepEntry, ...]
     detailed: tuple[tuple[OnEnterDispatch, Done], ...] = ()
 
     def results(self) -> list[SegmentResult]:
-        """Per detailed member, the `SegmentResult` the per-entry path builds: the executors' effects and
+        """Per detailed entry, the `SegmentResult` the per-entry path builds: the executors' effects and
         events."""
-        group = self.members[0].group
-        return [common_result(d.task.id, group.step, group.order, done) for d, done in self.detailed]
+        step, order = self.group.step, self.group.order
+        return [common_result(d.task.id, step, order, done) for d, done in self.detailed]
 
     def publish(self, out: Outbox) -> int:
-        """Publish what every member did, in order; how many entries that is. Detailed: exactly the
+        """Publish what every entry did, in order; how many entries that is. Detailed: exactly the
         per-entry path's events and diagnostics (`results`). Else (the scan runs before `open_runtime`
         yields, so at startup nobody can subscribe): the same diagnostics logged and the same runs counted,
         no event built."""
         if self.detailed:
             for (dispatch, _), result in zip(self.detailed, self.results(), strict=True):
                 dispatch.publish_segment(result)
-            return len(self.members)
-        group = self.members[0].group
-        for member in self.members:
-            for level, code, fields in group.notes:
-                out.log(level, code, task_id=member.key.task_id, **fields)
-        if group.queued:
-            metrics.RUNS.add(group.queued * len(self.members), {"result": "queued"})
-        return len(self.members)
+            return len(self.entries)
+        notes = self.group.notes
+        for entry in self.entries:
+            for level, code, fields in notes:
+                out.log(level, code, task_id=entry.task_id, **fields)
+        if self.group.queued:
+            metrics.RUNS.add(self.group.queued * len(self.entries), {"result": "queued"})
+        return len(self.entries)
 
 
 def plan_common(
     conn: sqlite3.Connection, services: Services, batch: Sequence[tuple[StepEntry, int]]
-) -> dict[int, Member]:
-    """Which entries of `batch` the set path may finish, by index (writer thread; reads only, one query per
-    (workflow, step)).
+) -> dict[int, Group]:
+    """Which entries of `batch` the set path may finish, by index, with their group (writer thread; reads
+    only, one query per (workflow, step)).
 
     An entry qualifies when it is the latest of its (task, step), its digest is current, `common_order`
     accepts its step, its task is at that step in that workflow with no per-task participant, it has no
@@ -143,7 +135,7 @@ def plan_common(
     for index, (entry, latest) in enumerate(batch):
         if latest == entry.entry_seq:
             groups[(entry.workflow_id, entry.step_id)].append(index)
-    members: dict[int, Member] = {}
+    members: dict[int, Group] = {}
     any_merged = bool(groups) and _any_merged_on_enter_key(conn)
     for (workflow_id, step_id), indexes in groups.items():
         group = _group(conn, services, workflow_id, step_id)
@@ -168,10 +160,7 @@ def plan_common(
             " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)" + merged,
             (step_id, _entries(batch[i][0] for i in candidates), group.runs, workflow_id),
         ).fetchall()
-        for (at,) in rows:
-            index = candidates[at]
-            entry = batch[index][0]
-            members[index] = Member(index, EntryKey(entry.task_id, step_id, entry.entry_seq), group)
+        members.update((candidates[at], group) for (at,) in rows)
     return members
 
 
@@ -186,7 +175,7 @@ def _any_merged_on_enter_key(conn: sqlite3.Connection) -> bool:
     )
 
 
-def _entries(entries: Iterable[StepEntry | EntryKey]) -> str:
+def _entries(entries: Iterable[StepEntry]) -> str:
     """The JSON parameter naming entries: [[task_id, entry_seq], ...]."""
     return json.dumps([[e.task_id, e.entry_seq] for e in entries])
 
@@ -223,24 +212,28 @@ def _group(conn: sqlite3.Connection, services: Services, workflow_id: str, step_
 
 
 def finish_common(
-    conn: sqlite3.Connection, services: Services, members: Sequence[Member], now: float, out: Outbox
+    conn: sqlite3.Connection,
+    services: Services,
+    group: Group,
+    entries: Sequence[StepEntry],
+    now: float,
+    out: Outbox,
 ) -> SetRun | None:
-    """Finish `members` (consecutive in the batch, one group) in one savepoint; None when an anomaly rolled
-    it back, leaving them to the per-entry path. What each entry did is read back (run ids, clear counts,
-    task rows) only when `out` has an audience for its events.
+    """Finish `entries` (consecutive in the batch, all planned into `group`) in one savepoint; None when an
+    anomaly rolled it back, leaving them to the per-entry path. What each entry did is read back (run ids,
+    clear counts, task rows) only when `out` has an audience for its events.
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
-    group = members[0].group
     try:
         with savepoint(conn, "recover_set"):
             if not out.has_audience():
-                _finish(conn, members, now, detailed=False)
-                return SetRun(tuple(members))
-            done = _finish(conn, members, now, detailed=True)
+                _finish(conn, group, entries, now, detailed=False)
+                return SetRun(group, tuple(entries))
+            done = _finish(conn, group, entries, now, detailed=True)
             assert done is not None
-            found = _tasks(conn, members)
+            found = _tasks(conn, entries)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
@@ -252,33 +245,36 @@ def finish_common(
         )
         return None
     dispatches = (
-        OnEnterDispatch(services, found[m.key.task_id], group.workflow, group.step, m.key, "recovery", out)
-        for m in members
+        OnEnterDispatch(services, found[e.task_id], group.workflow, group.step, _key(e), "recovery", out)
+        for e in entries
     )
-    return SetRun(tuple(members), tuple(zip(dispatches, done, strict=True)))
+    return SetRun(group, tuple(entries), tuple(zip(dispatches, done, strict=True)))
 
 
-def _tasks(conn: sqlite3.Connection, members: Sequence[Member]) -> dict[str, TaskRecord]:
+def _key(entry: StepEntry) -> EntryKey:
+    return EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
+
+
+def _tasks(conn: sqlite3.Connection, entries: Sequence[StepEntry]) -> dict[str, TaskRecord]:
     columns = ", ".join(f"t.{c.strip()}" for c in tasks.TASK_COLUMNS.split(","))
     rows = conn.execute(
         f"SELECT {columns} FROM json_each(?) AS e CROSS JOIN tasks AS t ON t.id = e.value ->> 0",
-        (_entries(m.key for m in members),),
+        (_entries(entries),),
     ).fetchall()
     return {task.id: task for task in map(tasks.task_from_row, rows)}
 
 
 def _finish(
-    conn: sqlite3.Connection, members: Sequence[Member], now: float, *, detailed: bool
+    conn: sqlite3.Connection, group: Group, members: Sequence[StepEntry], now: float, *, detailed: bool
 ) -> list[Done] | None:
-    """The group's actions for every member, set-oriented; `detailed`: what each position did, per member
-    (else None).
+    """The group's actions for every member entry, set-oriented; `detailed`: what each position did, per
+    member (else None).
 
     Raises:
         Anomaly: a statement touched other rows than the plan says (a key already taken, an entry closed).
     """
-    group = members[0].group
     step_id = group.step.id
-    entries = _entries(m.key for m in members)
+    entries = _entries(members)
     counts: dict[str, int] = {}
     if any(action.type == "clear_decisions" for _, action in group.order):
         counts = _clear(conn, step_id, entries, detailed=detailed)
@@ -307,9 +303,9 @@ def _finish(
         did: list[tuple[int, int | tuple[tuple[str, int, str], ...]]] = []
         for position, action in group.order:
             if position not in group.agents:
-                did.append((position, counts.get(m.key.task_id, 0)))
+                did.append((position, counts.get(m.task_id, 0)))
                 continue
-            keys = [(agent, run_key(m.key, position, agent, action)) for agent in group.agents[position]]
+            keys = [(agent, run_key(_key(m), position, agent, action)) for agent in group.agents[position]]
             if any(key not in ids for _, key in keys):
                 raise Anomaly("a run key the set statement did not write")
             did.append((position, tuple((agent, ids[key], key) for agent, key in keys)))

@@ -316,7 +316,7 @@ def counting_finishes() -> Iterator[list[int]]:
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         done = finish(*args, **kwargs)
-        calls.append(len(done.members) if done is not None else 0)
+        calls.append(len(done.entries) if done is not None else 0)
         return done
 
     recovery.finish_common = counted  # type: ignore[assignment]

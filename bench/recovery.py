@@ -141,8 +141,9 @@ def main() -> int:
     if statements is not None:
         per = {kind: count / left_open for kind, count in statements.items()}
         print(
-            f"SQL statements per entry: {per['data']:.3f} data, {per['savepoint']:.3f} savepoint,"
-            f" {per['transaction']:.3f} begin/commit (the time above is slowed by the counting)"
+            f"SQL statements: {statements['data']} data, {statements['savepoint']} savepoint,"
+            f" {statements['transaction']} begin/commit; per entry {per['data']:.4f}, {per['savepoint']:.4f},"
+            f" {per['transaction']:.4f} (the time above is slowed by the counting)"
         )
     for violation in violations:
         print(f"VIOLATION: {violation}")

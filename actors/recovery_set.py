@@ -55,10 +55,10 @@ _WITH = (
     " (SELECT key, value ->> 0, value ->> 1 FROM json_each(?2)),"
     " r (n, suffix, agent, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?3)),"
-    " p (position, kind) AS MATERIALIZED (SELECT value ->> 0, value ->> 1 FROM json_each(?3)) "
+    " pos (position, kind) AS MATERIALIZED (SELECT value ->> 0, value ->> 1 FROM json_each(?3)) "
 )
 """The statements' operands, ?1 the step id: `e` the entries (`_entries`, ?2); ?3 either the runs of one
-entry, `r` (`Group.runs`), or the positions of one entry, `p` (`Group.kinds`). Materialized: each JSON
+entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`). Materialized: each JSON
 value is read once, not once per row it joins (SQLite 3.40 parses a JSON argument again at every `->>`,
 and a `json_each` on the inner side of a join again for every outer row)."""
 
@@ -287,7 +287,8 @@ def _finish(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
         " updated_at)"
         + _WITH
-        + "SELECT e.task_id, ?1, e.entry_seq, p.position, p.kind, 'done', NULL, '', ?4 FROM e CROSS JOIN p",
+        + "SELECT e.task_id, ?1, e.entry_seq, pos.position, pos.kind, 'done', NULL, '', ?4"
+        " FROM e CROSS JOIN pos",
         (step_id, entries, group.kinds, now),
     )
     terminal = conn.execute(

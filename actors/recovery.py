@@ -8,9 +8,9 @@ failed is closed as it stands; the rest are re-dispatched
 (engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed by epoch).
 The scan never stops the runtime from starting: a failing record, or one whose stored values cannot be
 decoded, is logged at ERROR and left open.
-Entries are classified, closed and re-dispatched in the writer thread, `BATCH_SIZE` per store request
-(issue 7: 10,000 entries took 21 s one by one); an entry with an action that waits on the host is
-re-dispatched from the Trio side after its batch commits.
+Entries are classified, closed and re-dispatched in the writer thread, in batches of `BATCH_SIZE`, as many
+batches per store request as `_recover_request` takes (issue 7: 10,000 entries took 21 s one by one); an
+entry with an action that waits on the host is re-dispatched from the Trio side after its request commits.
 Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 """
 
@@ -25,7 +25,7 @@ import trio
 from onceflow import metrics
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
 from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.recovery_set import Member, SetEntry, finish_common, plan_common
+from onceflow.actors.recovery_set import SetRun, finish_common, plan_common
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
@@ -38,7 +38,14 @@ log = get_logger("onceflow.recovery")
 
 
 BATCH_SIZE = 1024
-"""Entries classified (and, when every action has an executor, re-dispatched) per store request."""
+"""Entries planned and classified together (the set path's query per step covers a batch), and about the
+most entries a store request decides one by one (the per-entry path holds their events until published)."""
+
+REQUEST_SIZE = 16 * BATCH_SIZE
+"""The most entries one store request (one transaction) covers. A request takes batch after batch until it
+has decided `BATCH_SIZE` entries one by one or covered this many: the set path's entries cost little to
+hold, and every request costs a commit (an fsync at FULL) and two thread hand-offs, which on a loaded
+machine cost more than the set statements (issue 14, bench/README.md)."""
 
 
 @attrs.frozen
@@ -67,7 +74,7 @@ class _Failed:
     cause: str
 
 
-_Recovered = _Closed | _Dispatched | _Deferred | _Failed | SetEntry
+_Recovered = _Closed | _Dispatched | _Deferred | _Failed | SetRun
 
 
 async def recover_open_entries(
@@ -78,14 +85,17 @@ async def recover_open_entries(
     `entries` (each with the greatest entry_seq of its pair) replaces the query for every open entry: the
     periodic sweep of entries left by dead epochs passes its own (actors/epoch_sweep.py, issue 15).
 
-    Entries are handled in batches of `BATCH_SIZE` per store request: classification, closing and the
-    re-dispatch of executor-backed actions all run in the writer thread, every multi-write step in its own
-    savepoint (a failing record rolls back alone, is logged at ERROR with its identity and stays open,
-    AC-B9(f)); events and diagnostics are published once the batch has committed. A row whose stored values
-    cannot be decoded is logged at ERROR with its identity (rowid, task, step, entry_seq) and left open, and
-    the scan goes on (AC-B9(f), issue 11). Each batch publishes through its own `Outbox` on `hub`, so the
-    scan never holds every event of a large recovery (issue 14: the garbage collector's passes over them
-    cost more than building them).
+    Entries are handled in batches of `BATCH_SIZE`, several per store request while the set path takes
+    them (`REQUEST_SIZE`): classification, closing and the re-dispatch of executor-backed actions all run in
+    the writer thread, every multi-write step in its own savepoint (a failing record rolls back alone, is
+    logged at ERROR with its identity and stays open, AC-B9(f)); events and diagnostics are published once
+    the request has committed. A request whose transaction fails (nothing of it committed) is tried again
+    as its first batch alone; when that fails too, each of its entries is logged at ERROR and left open, and
+    the scan goes on after it. A row whose stored values cannot be
+    decoded is logged at ERROR with its identity (rowid, task, step, entry_seq) and left open, and the scan
+    goes on (AC-B9(f), issue 11). Each request publishes through its own `Outbox` on `hub` and decides about
+    `BATCH_SIZE` entries one by one at most, so the scan never holds every event of a large recovery
+    (issue 14: the garbage collector's passes over them cost more than building them).
     """
     if entries is not None:
         return await _recover_entries(services, hub, entries)
@@ -123,20 +133,27 @@ async def _recover_entries(services: Services, hub: EventHub, entries: list[tupl
     batches: trio.MemorySendChannel[tuple[list[_Recovered], Outbox]]
     batches, committed = trio.open_memory_channel[tuple[list[_Recovered], Outbox]](1)
 
-    async def run_batches() -> None:  # one batch ahead: the writer works while the last one is published
+    async def run_batches() -> None:  # one request ahead: the writer works while the last one is published
         async with batches:
-            for start in range(0, len(entries), BATCH_SIZE):
-                batch, now, out = (
-                    entries[start : start + BATCH_SIZE],
-                    services.now(),
-                    Outbox(hub, reply=False),
+            start, size = 0, REQUEST_SIZE
+            while start < len(entries):
+                now, out = services.now(), Outbox(hub, reply=False)
+                request = functools.partial(
+                    _recover_request,
+                    services=services,
+                    entries=entries[start : start + size],
+                    now=now,
+                    out=out,
                 )
                 try:
-                    recovered = await services.store.transact(
-                        functools.partial(_recover_batch, services=services, batch=batch, now=now, out=out)
-                    )
-                except Exception as exc:  # the batch's transaction itself failed: nothing of it committed
-                    recovered = [_Failed(entry, repr(exc)) for entry, _ in batch]
+                    recovered, covered = await services.store.transact(request)
+                except Exception as exc:  # the transaction itself failed: nothing of it committed
+                    if size > BATCH_SIZE:  # again, its first batch alone: only a failing batch fails
+                        size = BATCH_SIZE
+                        continue
+                    covered = min(BATCH_SIZE, len(entries) - start)
+                    recovered = [_Failed(entry, repr(exc)) for entry, _ in entries[start : start + covered]]
+                start, size = start + covered, REQUEST_SIZE
                 await batches.send((recovered, out))
 
     redispatched = 0
@@ -149,7 +166,8 @@ async def _recover_entries(services: Services, hub: EventHub, entries: list[tupl
 
 
 async def _publish(item: _Recovered, out: Outbox) -> int:
-    """Publish what a committed batch did for one entry (or run its deferred dispatch); 1 if re-dispatched."""
+    """Publish what a committed batch did for one entry, or a run of entries the set path finished (or run
+    a deferred dispatch); how many entries were re-dispatched."""
     match item:
         case _Closed(entry, reason):
             out.diagnostic(
@@ -162,9 +180,8 @@ async def _publish(item: _Recovered, out: Outbox) -> int:
         case _Dispatched(dispatch, result):
             dispatch.publish_segment(result)
             return 1
-        case SetEntry():
-            item.publish(out)
-            return 1
+        case SetRun():
+            return item.publish(out)
         case _Deferred(entry, dispatch):
             try:
                 await dispatch.run()
@@ -183,6 +200,26 @@ async def _publish(item: _Recovered, out: Outbox) -> int:
     return 0
 
 
+def _recover_request(
+    conn: sqlite3.Connection,
+    services: Services,
+    entries: list[tuple[StepEntry, int]],
+    now: float,
+    out: Outbox,
+) -> tuple[list[_Recovered], int]:
+    """Batches of `entries` in order until `BATCH_SIZE` entries were decided one by one (writer thread, one
+    transaction); what they did and how many entries they covered."""
+    recovered: list[_Recovered] = []
+    covered = one_by_one = 0
+    while covered < len(entries) and one_by_one < BATCH_SIZE:
+        batch = entries[covered : covered + BATCH_SIZE]
+        done = _recover_batch(conn, services, batch, now, out)
+        one_by_one += sum(not isinstance(item, SetRun) for item in done)
+        recovered.extend(done)
+        covered += len(batch)
+    return recovered, covered
+
+
 def _recover_batch(
     conn: sqlite3.Connection,
     services: Services,
@@ -194,24 +231,23 @@ def _recover_batch(
     (`recovery_set`), every other entry, and a run the set path declined, one by one."""
     plans = plan_common(conn, services, batch)
     recovered: list[_Recovered] = []
-    run: list[Member] = []
+    run: list[int] = []
 
     def flush() -> None:
         if run:
-            done = finish_common(conn, services, run, now, out)
-            recovered.extend(
-                done
-                if done is not None
-                else [_recover(conn, services, *batch[m.index], now, out) for m in run]
-            )
+            done = finish_common(conn, services, plans[run[0]], [batch[i][0] for i in run], now, out)
+            if done is not None:
+                recovered.append(done)
+            else:
+                recovered.extend(_recover(conn, services, *batch[i], now, out) for i in run)
             run.clear()
 
     for index, (entry, latest) in enumerate(batch):
-        member = plans.get(index)
-        if member is None or (run and run[0].group is not member.group):
+        group = plans.get(index)
+        if group is None or (run and plans[run[0]] is not group):
             flush()
-        if member is not None:
-            run.append(member)
+        if group is not None:
+            run.append(index)
         else:
             recovered.append(_recover(conn, services, entry, latest, now, out))
     flush()

@@ -7,13 +7,16 @@ queue_run_for_each_participant{role: reviewer}], 3 template reviewers) and close
 actor alone (no runtime, as after a SIGKILL between the admitting commit and dispatch), K tasks are written
 at review with one open step entry each (terminal=0, the declaration's real digest, no markers) and one
 stale review decision each. The timed part is `open_runtime` from its call until it yields: the recovery
-scan runs to completion before it yields. The database is then checked by SQL: every entry terminal, one
-committed clear per entry, 3 runs per entry, no key twice, no decision left. Exits 1 on a violation.
+scan runs to completion before it yields. Printed: its wall seconds and the process's CPU seconds (both
+threads) over the same span, and the 1-minute load average. The database is then checked by SQL: every
+entry terminal, one committed clear per entry, 3 runs per entry, no key twice, no decision left. Exits 1 on
+a violation.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sqlite3
 import sys
@@ -71,9 +74,12 @@ async def prepare(db: Path, k: int) -> None:
         await store.transact(write)
 
 
-async def recover(db: Path, durability: Durability, statements: dict[str, int] | None = None) -> float:
-    """Seconds from `open_runtime` until it yields. `statements`: count the SQL statements run meanwhile by
-    kind (SQLite's trace callback: slower, the time is then not comparable)."""
+async def recover(
+    db: Path, durability: Durability, statements: dict[str, int] | None = None
+) -> tuple[float, float]:
+    """Seconds from `open_runtime` until it yields, and the CPU seconds the process (both threads) spent
+    meanwhile: on a shared machine the CPU time varies less than the wall time. `statements`: count the SQL
+    statements run meanwhile by kind (SQLite's trace callback: slower, the time is then not comparable)."""
     commit = StoreActor._commit
 
     def counting_commit(self: StoreActor, conn: sqlite3.Connection, batch: list[Any]) -> None:
@@ -87,12 +93,13 @@ async def recover(db: Path, durability: Durability, statements: dict[str, int] |
     if statements is not None:
         StoreActor._commit = counting_commit  # type: ignore[method-assign]
     try:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         async with open_runtime(db, durability=durability):
-            elapsed = time.perf_counter() - began  # the recovery scan has finished before the yield
+            # the recovery scan has finished before the yield
+            elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     finally:
         StoreActor._commit = commit  # type: ignore[method-assign]
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> int:
@@ -112,7 +119,7 @@ def main() -> int:
         conn = sqlite3.connect(db)
         left_open = conn.execute("SELECT COUNT(*) FROM step_entries WHERE terminal = 0").fetchone()[0]
         conn.close()
-        seconds = trio.run(recover, db, Durability(args.durability), statements)
+        seconds, cpu = trio.run(recover, db, Durability(args.durability), statements)
         figures, violations = check(db, args.entries)
         conn = sqlite3.connect(db)
         stale = conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
@@ -123,16 +130,20 @@ def main() -> int:
         violations.append(f"{stale} decisions survived their entry's clear")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"sqlite {sqlite3.sqlite_version}, durability {args.durability}")
-    print(f"{'open entries':>13}{'recovery s':>12}{'entries/s':>11}{'runs':>8}{'RSS MB':>8}  invariants")
     print(
-        f"{left_open:>13}{seconds:>12.2f}{left_open / seconds:>11,.0f}{figures['runs']:>8}{rss:>8.0f}"
-        f"  {'OK' if not violations else 'FAILED'}"
+        f"{'open entries':>13}{'recovery s':>12}{'CPU s':>8}{'entries/s':>11}{'runs':>8}{'RSS MB':>8}"
+        f"  invariants  (load average {os.getloadavg()[0]:.2f})"
+    )
+    print(
+        f"{left_open:>13}{seconds:>12.3f}{cpu:>8.3f}{left_open / seconds:>11,.0f}{figures['runs']:>8}"
+        f"{rss:>8.0f}  {'OK' if not violations else 'FAILED'}"
     )
     if statements is not None:
         per = {kind: count / left_open for kind, count in statements.items()}
         print(
-            f"SQL statements per entry: {per['data']:.3f} data, {per['savepoint']:.3f} savepoint,"
-            f" {per['transaction']:.3f} begin/commit (the time above is slowed by the counting)"
+            f"SQL statements: {statements['data']} data, {statements['savepoint']} savepoint,"
+            f" {statements['transaction']} begin/commit; per entry {per['data']:.4f}, {per['savepoint']:.4f},"
+            f" {per['transaction']:.4f} (the time above is slowed by the counting)"
         )
     for violation in violations:
         print(f"VIOLATION: {violation}")

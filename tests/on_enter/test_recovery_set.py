@@ -268,8 +268,12 @@ def test_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_d
     assert same_for_both(set_logs) == slow_logs == same_for_both(quiet_logs)
 
 
-def test_issue14_the_set_path_takes_the_common_entries(prepared: Path, tmp_path: Path) -> None:
-    """The equivalence above is not vacuous: untouched entries are finished by the set path."""
+@pytest.mark.parametrize("listening", [False, True])
+def test_issue14_the_set_path_takes_the_common_entries(
+    prepared: Path, tmp_path: Path, listening: bool
+) -> None:
+    """The equivalence above is not vacuous: untouched entries are finished by the set path, whether the
+    events are built (a subscriber) or not (as at every real start)."""
     db = tmp_path / "common.db"
     shutil.copy(prepared, db)
     scenario = {
@@ -288,30 +292,100 @@ def test_issue14_the_set_path_takes_the_common_entries(prepared: Path, tmp_path:
         * 3,
     }
 
-    async def run() -> None:
+    async def crash_state() -> None:
         async with open_store(db) as store:
             await store.transact(lambda conn: write_state(conn, scenario))
-        calls: list[int] = []
-        finish = recovery.finish_common
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            done = finish(*args, **kwargs)
-            calls.append(len(done or ()))
-            return done
-
-        recovery.finish_common = counted  # type: ignore[assignment]
-        try:
-            async with open_runtime(db, clock=FakeClock()):
-                pass
-        finally:
-            recovery.finish_common = finish
-        assert calls == [3]
-
-    trio.run(run)
+    trio.run(crash_state)
+    with counting_finishes() as calls:
+        events, logs = trio.run(lambda: restart(db, listening=listening))
+    assert calls == [3]
+    assert same_for_both(logs) == logs  # not declined
+    assert len([e for e in events if e.type == "run_queued"]) == (3 * 2 * len(REVIEWERS) if listening else 0)
     state = snapshot(db)
     assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
     assert all(row[6] == 1 for row in state["step_entries"])  # terminal
     assert state["decisions"] == []
+
+
+@contextmanager
+def counting_finishes() -> Iterator[list[int]]:
+    """The number of entries each `finish_common` call finished (0: declined) while inside."""
+    calls: list[int] = []
+    finish = recovery.finish_common
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        done = finish(*args, **kwargs)
+        calls.append(len(done.entries) if done is not None else 0)
+        return done
+
+    recovery.finish_common = counted  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        recovery.finish_common = finish
+
+
+ODD = """
+- type: clear_decisions
+- type: queue_run_for_each_participant
+  config:
+    role: reviewer
+    payload:
+      note: 'héllo "quoted" \u2603'
+      n: 1
+"""
+ODD_TASKS = ("T:1", "Tä'\"2", "T 3;\\", "T-\U0001f600")
+ODD_REVIEWERS = ("rév:1", "rev'2")
+
+
+@pytest.mark.parametrize("listening", [False, True])
+def test_issue14_the_set_path_writes_the_per_entry_paths_keys_byte_for_byte(
+    tmp_path: Path, listening: bool
+) -> None:
+    """The set path builds idempotency keys, payloads and reasons in SQL: for task and agent ids with colons,
+    quotes, non-ASCII and astral characters, an entry_seq of two digits and a non-ASCII payload, every row
+    is the per-entry path's (AC-C1 keys, AC-H2 payloads)."""
+    base = tmp_path / "odd.db"
+
+    async def prepare() -> None:
+        async with open_runtime(base, clock=FakeClock()) as rt:
+            await setup_entries(rt, ODD, reviewers=ODD_REVIEWERS)
+            for task_id in ODD_TASKS:
+                await new_task(rt, task_id)
+
+    def crash_state(conn: sqlite3.Connection) -> None:
+        kinds = kinds_of(entries_yaml(ODD), "review")
+        for task_id in ODD_TASKS:
+            for _ in range(11):  # entry_seq 11 is left open: earlier entries closed as a finished one is
+                key = admit(conn, task_id, "review", kinds)
+                conn.execute(
+                    "UPDATE step_entries SET terminal = 1 WHERE task_id = ? AND entry_seq = ?",
+                    (task_id, key.entry_seq),
+                )
+            key = admit(conn, task_id, "review", kinds)
+            assert key.entry_seq >= 10
+            add_decision(conn, task_id, "review")
+
+    trio.run(prepare)
+
+    async def crash() -> None:
+        async with open_store(base) as store:
+            await store.transact(crash_state)
+
+    trio.run(crash)
+    dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
+    for db in dbs.values():
+        shutil.copy(base, db)
+    with counting_finishes() as calls:
+        trio.run(lambda: restart(dbs["set"], listening=listening))
+    assert calls == [len(ODD_TASKS)]
+    with per_entry_only():
+        trio.run(lambda: restart(dbs["per_entry"], listening=listening))
+    assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
+    keys = [row[6] for row in snapshot(dbs["set"])["runs"]]
+    assert len(keys) == len(ODD_TASKS) * len(ODD_REVIEWERS)
+    assert all(key.startswith("on_enter:") and ":review:" in key for key in keys)
 
 
 COMMON = {
@@ -392,3 +466,87 @@ def test_issue14_a_statement_failing_in_the_set_path_leaves_the_entries_to_the_p
     assert set_events == slow_events
     assert same_for_both(set_logs) == slow_logs
     assert [log["task_id"] for log in slow_logs if log["event"] == "fan_out_participant_failed"] == ["T1"] * 4
+
+
+@contextmanager
+def small_batches(size: int) -> Iterator[list[tuple[int, int]]]:
+    """`BATCH_SIZE` = `size` (three batches per request) while inside; (entries offered, entries covered)
+    per store request that committed."""
+    requests: list[tuple[int, int]] = []
+    original = recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request
+
+    def recorded(*args: Any, entries: list[Any], **kwargs: Any) -> Any:
+        recovered, covered = original[2](*args, entries=entries, **kwargs)
+        requests.append((len(entries), covered))
+        return recovered, covered
+
+    recovery.BATCH_SIZE, recovery.REQUEST_SIZE = size, 3 * size
+    recovery._recover_request = recorded  # type: ignore[assignment]
+    try:
+        yield requests
+    finally:
+        recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request = original
+
+
+def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_one_by_one_ends_it(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """Six untouched entries in batches of two: one request covers all three batches; the same entries
+    decided one by one take a request per batch (each request decides about `BATCH_SIZE` entries one by one
+    at most, so the events it holds stay bounded)."""
+    scenario = {"seat_without_agent": False, "tasks": [COMMON["tasks"][0]] * len(TASKS)}  # type: ignore[index]
+    dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
+    for db in dbs.values():
+        shutil.copy(prepared, db)
+
+        async def crash_state(db: Path = db) -> None:
+            async with open_store(db) as store:
+                await store.transact(lambda conn: write_state(conn, scenario))
+
+        trio.run(crash_state)
+    with small_batches(2) as requests:
+        trio.run(lambda: restart(dbs["set"], listening=False))
+    assert requests == [(6, 6)]
+    with small_batches(2) as requests, per_entry_only():
+        trio.run(lambda: restart(dbs["per_entry"], listening=False))
+    assert requests == [(6, 2), (4, 2), (2, 2)]
+    assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
+
+
+def test_issue11_issue14_a_request_failing_in_a_later_batch_fails_that_batch_only(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """The transaction ends inside the third batch of a request (T4's runs): the request is tried again
+    batch by batch, so T0 to T3 are recovered and only T4 and T5 are logged failed and left open (AC-B9(f));
+    the next start, without the fault, finishes them."""
+    db = tmp_path / "later.db"
+    shutil.copy(prepared, db)
+    scenario = {"seat_without_agent": False, "tasks": [COMMON["tasks"][0]] * len(TASKS)}  # type: ignore[index]
+
+    def write(conn: sqlite3.Connection) -> None:
+        write_state(conn, scenario)
+        conn.execute(
+            "CREATE TRIGGER gone BEFORE INSERT ON runs WHEN NEW.task_id = 'T4'"
+            " BEGIN SELECT RAISE(ROLLBACK, 'transaction gone'); END"
+        )
+
+    async def crash() -> None:
+        async with open_store(db) as store:
+            await store.transact(write)
+
+    trio.run(crash)
+    with small_batches(2) as requests:
+        _, logs = trio.run(lambda: restart(db, listening=False))
+    assert requests == [(2, 2), (2, 2)]  # the committed ones: T0-T1, then T2-T3, each after a failed try
+    assert [log["task_id"] for log in logs if log["event"] == "recovery_entry_failed"] == ["T4", "T5"]
+    state = snapshot(db)
+    assert [row[0] for row in state["step_entries"] if row[6] == 0] == ["T4", "T5"]
+    assert len(state["runs"]) == 4 * 2 * len(REVIEWERS)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TRIGGER gone")
+    conn.commit()
+    conn.close()
+    trio.run(lambda: restart(db, listening=False))
+    state = snapshot(db)
+    assert len(state["runs"]) == 6 * 2 * len(REVIEWERS)
+    assert all(row[6] == 1 for row in state["step_entries"])

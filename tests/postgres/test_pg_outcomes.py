@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 from helpers import ok
+from structlog.testing import capture_logs
 
 from onceflow.actors.epoch_sweep import SWEEP_INTERVAL
 from onceflow.actors.supervisor import Runtime, open_runtime
@@ -149,3 +150,56 @@ async def claimable(url: str, outcome_id: str) -> bool:
             )
 
     return await trio.to_thread.run_sync(ask)
+
+
+async def test_issue15_an_outcome_actor_whose_runtime_lost_its_connection_stops_and_is_resumed(
+    pg_url: str,
+) -> None:
+    """The server ends the delivering runtime's session while the coordinator holds its delivery: the
+    runtime reconnects under a new epoch, without the claim. The actor's next transaction finds the claim
+    gone and stops (`outcome_claim_lost`, recording nothing); the sweep resumes the outcome, which retries
+    cycle 1 under its own id (AC-CO-17) and is acknowledged once."""
+    env = envelope()
+    outcome_id = env["outcome_id"]
+    release = trio.Event()
+
+    async def hold_first(request: Any) -> None:
+        await release.wait()
+
+    coordinator = FakeCoordinator(during_delivery=hold_first)
+    with capture_logs() as logs:
+        async with runtime(pg_url, coordinator) as rt:
+            store = rt.services.store
+            await ready(rt, env)
+            with trio.fail_after(5):
+                while not coordinator.deliveries:
+                    await trio.sleep(0.02)
+            old_epoch = store.epoch
+            await trio.to_thread.run_sync(terminate_others, pg_url)
+            with trio.fail_after(10):  # the heartbeat finds the session gone and reconnects
+                while store.epoch == old_epoch:
+                    await trio.sleep(0.05)
+            coordinator.during_delivery = None
+            release.set()
+            with trio.fail_after(5):
+                while not any(log["event"] == "outcome_claim_lost" for log in logs):
+                    await trio.sleep(0.05)
+            with trio.fail_after(SWEEP_INTERVAL + 5):  # resumed by the sweep: cycle 1 again
+                while len(coordinator.deliveries) < 2:
+                    await trio.sleep(0.05)
+            await ok(rt, ack(env, "coord-1"))
+            final = (await until_acknowledged(rt, [outcome_id], limit=10))[outcome_id]
+    assert [request.cycle_id for _, request in coordinator.deliveries] == [
+        f"deliver/{outcome_id}/cycle-000001"
+    ] * 2
+    assert [request.cycle_id for _, request in coordinator.acks] == [f"ack/{outcome_id}/cycle-000001"]
+    assert (final["delivery_attempts"], final["phase"]) == (1, "acknowledged")
+
+
+def terminate_others(url: str) -> None:
+    """End every other session on the database (the runtime's writer and its probe)."""
+    with contextlib.closing(postgres.connect(url)) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

@@ -45,12 +45,19 @@ ids the code and tests use:
 
 Without a `Coordinator` the runtime still accepts and stores outcomes (phase pending, a warning diagnostic)
 as Temporal accepts a workflow no worker polls yet; the next runtime opened with a coordinator delivers them.
+
+Several runtimes on one PostgreSQL database (issue 15): an actor delivers only while its runtime holds the
+outcome's claim (store/outcome_claims.py), checked in each of its transactions, so one outcome is never
+delivered or acknowledged by two runtimes at once; every SWEEP_INTERVAL seconds each runtime resumes the
+unfinished outcomes nobody claims (their runtime died), from their stored state as at a start (AC-CO-14,
+AC-CO-17). An ack sent to a runtime not delivering the outcome waits in the inbox for the one that is, which
+drains it when woken or when its redelivery timer fires (AC-CO-8).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -63,6 +70,7 @@ from onceflow.actors.coordinator import (
     cycle_label,
 )
 from onceflow.actors.durations import seconds
+from onceflow.actors.epoch_sweep import SWEEP_INTERVAL
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import ConflictError
@@ -74,7 +82,7 @@ from onceflow.protocol.outcome import (
     OutcomeEnvelope,
     OutcomeReady,
 )
-from onceflow.store import outcomes
+from onceflow.store import outcome_claims, outcomes
 from onceflow.store.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
 
@@ -85,6 +93,13 @@ BEHAVIOR_VERSION = 1
 
 ACK_DURING_FAILED_REDELIVERY = 1
 """The version from which an ack is awaited while a redelivery fails (AC-CO-12; 0 = spec DefaultVersion)."""
+
+T = TypeVar("T")
+
+
+class ClaimLostError(Exception):
+    """This runtime no longer holds the outcome's claim (its connection was replaced): another runtime may
+    be delivering it, so this actor stops; what it committed stays (issue 15, store/outcome_claims.py)."""
 
 
 class OutcomeActor:
@@ -123,13 +138,23 @@ class OutcomeActor:
         """Deliver until acknowledged, resuming from the stored record; return once acknowledged (AC-CO-14).
 
         A cycle left in flight by a stop or crash is retried first, and the acks waiting from before are
-        judged against the fence it obtains (AC-CO-17). Raises whatever the store or the clock raise (the
-        supervisor restarts the actor); the host's callables never make it raise. A cancellation leaves
-        what was committed: a cycle it interrupts stays in flight for the next start.
+        judged against the fence it obtains (AC-CO-17). Returns at once, delivering nothing, when another
+        runtime holds the outcome's claim (PostgreSQL). Raises ClaimLostError when the claim is lost midway,
+        else whatever the store or the clock raise (the supervisor restarts the actor); the host's callables
+        never make it raise. A cancellation leaves what was committed: a cycle it interrupts stays in flight
+        for the next start.
         """
-        self._record = await self._store.transact(lambda conn: outcomes.get(conn, self.outcome_id))
-        if self._record.phase == outcomes.ACKNOWLEDGED:
+
+        def start(conn: Any) -> OutcomeRecord | None:
+            record = outcomes.get(conn, self.outcome_id)
+            if record.phase != outcomes.ACKNOWLEDGED and not outcome_claims.claim(conn, self.outcome_id):
+                return None
+            return record
+
+        record = await self._store.transact(start)
+        if record is None or record.phase == outcomes.ACKNOWLEDGED:
             return
+        self._record = record
         self._envelope = OutcomeEnvelope.model_validate(self._record.envelope)
         if not self._record.cycle_in_flight:
             ack = await self._take()  # acks that arrived before this start (AC-CO-14)
@@ -153,9 +178,23 @@ class OutcomeActor:
             and self._record.phase == outcomes.NEEDS_ACK
         )
 
+    async def _transact(self, fn: Callable[[Any], T]) -> T:
+        """`fn` in a store transaction, provided this runtime still holds the outcome's claim.
+
+        Raises:
+            ClaimLostError: it does not (nothing of `fn` ran).
+        """
+
+        def owned(conn: Any) -> T:
+            if not outcome_claims.held(conn, self.outcome_id):
+                raise ClaimLostError(f"outcome {self.outcome_id}: this runtime's claim is gone")
+            return fn(conn)
+
+        return await self._store.transact(owned)
+
     async def _update(self, fn: Callable[..., OutcomeRecord], *args: Any) -> None:
         before = self._record.phase
-        self._record = await self._store.transact(lambda conn: fn(conn, self.outcome_id, *args))
+        self._record = await self._transact(lambda conn: fn(conn, self.outcome_id, *args))
         if self._record.phase != before:
             metrics.OUTCOMES.add(1, {"phase": self._record.phase})
 
@@ -210,7 +249,7 @@ class OutcomeActor:
         return await self._take()  # acks that arrived just as the timer fired
 
     async def _take(self) -> PendingAck | None:
-        return await self._store.transact(lambda conn: outcomes.take_matching_ack(conn, self.outcome_id))
+        return await self._transact(lambda conn: outcomes.take_matching_ack(conn, self.outcome_id))
 
     async def _complete(self, ack: PendingAck) -> bool:
         """Commit a matching ack through the host (AC-CO-10); True once acknowledged (AC-CO-15)."""
@@ -224,10 +263,10 @@ class OutcomeActor:
                 cycle_id=cycle_id,
             )
         except Exception as exc:
-            self._record = await self._store.transact(lambda conn: outcomes.consume_ack(conn, ack))
+            self._record = await self._transact(lambda conn: outcomes.consume_ack(conn, ack))
             self._emit("warning", "outcome_acknowledgement_failed", cycle_id=cycle_id, error=repr(exc))
             return False
-        await self._update(outcomes.record_acknowledged, ack.acknowledged_by, self._clock())
+        await self._update(_acknowledged_and_released, ack.acknowledged_by, self._clock())
         self._emit(
             "info",
             "outcome_acknowledged",
@@ -239,6 +278,13 @@ class OutcomeActor:
 
     def _emit(self, level: str, code: str, **fields: Any) -> None:
         Outbox(self._hub).diagnostic(level, code, outcome_id=self.outcome_id, **fields)
+
+
+def _acknowledged_and_released(conn: Any, outcome_id: str, acknowledged_by: str, now: float) -> OutcomeRecord:
+    """`outcomes.record_acknowledged`, and the claim given up: nobody needs to deliver it any more."""
+    record = outcomes.record_acknowledged(conn, outcome_id, acknowledged_by, now)
+    outcome_claims.release(conn, outcome_id)
+    return record
 
 
 class OutcomeSupervisor:
@@ -270,15 +316,27 @@ class OutcomeSupervisor:
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Resume every unfinished outcome (AC-CO-14), report started, and run actors until `close`."""
+        """Resume every unfinished outcome no other runtime claims (AC-CO-14), report started, and run actors
+        until `close`; on PostgreSQL, resume the unclaimed ones again every SWEEP_INTERVAL seconds (their
+        runtime died: issue 15)."""
         with self._cancel:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._coordinator is not None:
-                    for outcome_id in await self._store.transact(outcomes.unfinished):
-                        self._spawn(outcome_id)
+                    await self._resume_unclaimed()
                 task_status.started()
-                await trio.sleep_forever()
+                if self._coordinator is None or not self._store.postgres:
+                    await trio.sleep_forever()
+                while True:
+                    await trio.sleep(SWEEP_INTERVAL)
+                    try:
+                        await self._resume_unclaimed()
+                    except Exception as exc:  # a storage fault: the next sweep tries again
+                        log.warning("outcome_sweep_failed", cause=repr(exc))
+
+    async def _resume_unclaimed(self) -> None:
+        for outcome_id in await self._store.transact(outcome_claims.unclaimed_unfinished):
+            self._spawn(outcome_id)
 
     def close(self) -> None:
         """Stop every actor (what they committed stays; the next start resumes the rest)."""
@@ -353,10 +411,16 @@ class OutcomeSupervisor:
         self._nursery.start_soon(self._supervise, actor)
 
     async def _supervise(self, actor: OutcomeActor) -> None:
-        """Run the actor until acknowledged; after a crash, log it and restart it one interval later."""
+        """Run the actor until acknowledged or claimed by another runtime; after a crash, log it and restart
+        it one interval later. An actor whose claim was lost is dropped: the sweep resumes the outcome if
+        nobody claims it."""
         while True:
             try:
                 await actor.run()
+            except ClaimLostError as exc:
+                log.warning("outcome_claim_lost", outcome_id=actor.outcome_id, cause=repr(exc))
+                del self._actors[actor.outcome_id]
+                return
             except Exception as exc:
                 log.error("outcome_actor_crashed", outcome_id=actor.outcome_id, cause=repr(exc))
                 await trio.sleep(self._interval)

@@ -63,7 +63,7 @@ def _claims(
         feeder = step.pull_from_step_id
         yield wip.feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
     for target in workflow.fed_by(step.id):
-        if not wip.has_room(conn, workflow.id, target.id, target.wip_limit):
+        if not wip.has_room(conn, workflow.id, target.id, target.wip_limit, serialize=False):  # admits none
             yield wip.queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id
 
 

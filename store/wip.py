@@ -3,6 +3,13 @@
 A slot at a step is taken by a task there with `wip_admitted` set; queued tasks take none. Every claim
 re-counts inside its transaction and updates only a row still in its expected state, so one task is never
 promoted twice. Source: kandev-engine-notes.md, "WIP limits (entry path E3)".
+
+Several runtimes on one PostgreSQL database (issue 15, item 1 of the multi-runtime gaps): two transactions
+admitting different tasks into one step would each count the other's admission as not yet committed and
+both see room. `has_room` therefore first takes a transaction-scoped advisory lock keyed by (workflow, step)
+(`serialize_admissions`), held until the admitting transaction commits, so the count it reads includes
+every admission committed before and none can commit in between. SQLite needs none: its one writer already
+serializes every transaction.
 """
 
 from __future__ import annotations
@@ -28,11 +35,40 @@ def occupancy(
     return int(count)
 
 
+WIP_NAMESPACE = 0x7769  # 'wi': the first key of every step's admission lock (tasks use store.epochs' 0x6F66)
+
+
+def serialize_admissions(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> None:
+    """On PostgreSQL, wait for the (workflow, step) admission lock, held until `conn`'s transaction ends;
+    nothing on SQLite. Two steps whose keys hash alike share a lock, which only serializes more.
+
+    Raises:
+        sqlite3.OperationalError: the wait exceeded the lock timeout, or PostgreSQL broke a deadlock with
+            it (both SQLITE_BUSY: the store answers `storage_busy`, retryable).
+    """
+    if not isinstance(conn, sqlite3.Connection):
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(?, hashtext(?))", (WIP_NAMESPACE, f"{workflow_id}\t{step_id}")
+        )
+
+
 def has_room(
-    conn: sqlite3.Connection, workflow_id: str, step_id: str, limit: int, *, excluding: str | None = None
+    conn: sqlite3.Connection,
+    workflow_id: str,
+    step_id: str,
+    limit: int,
+    *,
+    excluding: str | None = None,
+    serialize: bool = True,
 ) -> bool:
-    """Whether the step admits one more task; a limit <= 0 is unlimited."""
-    return limit <= 0 or occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
+    """Whether the step admits one more task; a limit <= 0 is unlimited. For a limited step, on PostgreSQL,
+    first takes the step's admission lock (`serialize_admissions`) unless `serialize` is False (a caller
+    that only reads whether the step is full, admitting nothing into it)."""
+    if limit <= 0:
+        return True
+    if serialize:
+        serialize_admissions(conn, workflow_id, step_id)
+    return occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
 
 
 def queued_in_place(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> str | None:

@@ -2,22 +2,30 @@
 
 Each runtime is `onceflow serve --db postgresql://… --socket …` in its own process. Driver threads push
 the Office Default rejection-then-approval script for a stream of tasks, every command to a random live
-runtime; both round-2 approvals of a task are sent at once to two runtimes. A command whose reply never came
+runtime. Every decision is sent at once to two different runtimes (the same decision id twice), and both
+round-2 approvals together, so two runtimes serve one task's commands concurrently: only the per-task lock
+makes the second copy a replay (without it both copies insert the decision and one fails on the receipt's
+key, or the quorum is judged on a snapshot missing the other approval). A command whose reply never came
 (its runtime was killed) is sent again to another runtime unless the task shows it took effect (decisions
 carry ids, so they are simply sent again). Meanwhile one runtime at a time is SIGKILLed and restarted, at
-least `KILLS` times. Afterwards, compared with the same script run once on SQLite without any kill:
-every task reached the same step with exactly the same runs (so no enqueue ran twice or was lost, and no
-second clear dropped a decision), no idempotency key is both a run's and a coalesced one, and no entry is
-left open with a claim of a dead epoch (a live runtime finished every one).
+least `KILLS` times. Afterwards, compared with the same script run once on SQLite without any kill, per
+task: the same final step; exactly the same runs (no enqueue ran twice or was lost, no second clear dropped
+a decision); the same decisions, each with one receipt (none applied twice); the same step entries, their
+sequence numbers per step 1..n without a gap or duplicate; and the same admissions counter (one per step
+entered, whether or not the step allocates an entry record). No idempotency key is both a run's and a
+coalesced one, no entry is left open with a claim of a dead epoch (a live runtime finished every one), and
+every reply a driver got was as expected (a failure in a sending thread fails the test).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import random
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -61,16 +69,46 @@ def script(task: str) -> list[list[dict[str, Any]]]:
           "session_id": f"s-{task}", "primary_agent_id": "worker"}],
         [{"type": "move_task", "task_id": task, "step_id": "work"}],
         [{"type": "turn_complete", "task_id": task}],
-        [_decision(task, "review", "reviewer-1", "reviewer", "rejected", 1)],
+        [_decision(task, "review", "reviewer-1", "reviewer", "rejected", 1)] * 2,
         [{"type": "turn_complete", "task_id": task}],
-        [_decision(task, "review", "reviewer-1", "reviewer", "approved", 2),
-         _decision(task, "review", "reviewer-2", "reviewer", "approved", 2)],
-        [_decision(task, "approval", "approver-1", "approver", "approved", 1)],
+        [_decision(task, "review", "reviewer-1", "reviewer", "approved", 2)] * 2
+        + [_decision(task, "review", "reviewer-2", "reviewer", "approved", 2)] * 2,
+        [_decision(task, "approval", "approver-1", "approver", "approved", 1)] * 2,
     ]  # fmt: skip
 
 
-async def baseline(tmp: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Per command group, the task's step after it; and the task's runs, on SQLite in one process."""
+# What a task's rows say, one query each (`?` is its id); compared with the kill-free SQLite run.
+FACTS = {
+    "decisions": "SELECT step_id, decider_id, decision FROM decisions WHERE task_id = ?",
+    "receipts": "SELECT r.step_id, replace(r.external_id, r.task_id, '') FROM decision_receipts AS r"
+    " JOIN decisions AS d ON d.id = r.decision_id WHERE r.task_id = ?",
+    "entries": "SELECT step_id, entry_seq, entry_path, terminal FROM step_entries WHERE task_id = ?",
+    "admissions": "SELECT admissions FROM tasks WHERE id = ?",
+}
+
+
+def facts(conn: Any, task: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The task's FACTS, each sorted (a psycopg or sqlite3 connection; `?` becomes `%s` for psycopg)."""
+    mark = "?" if isinstance(conn, sqlite3.Connection) else "%s"
+    return {
+        name: sorted(tuple(row) for row in conn.execute(sql.replace("?", mark), (task,)).fetchall())
+        for name, sql in FACTS.items()
+    }
+
+
+def gapless(entries: list[tuple[Any, ...]]) -> bool:
+    """Each step's entry sequence numbers are 1..n: none skipped, none twice."""
+    seqs: dict[str, list[int]] = collections.defaultdict(list)
+    for step, seq, *_ in entries:
+        seqs[step].append(int(seq))
+    return all(sorted(numbers) == list(range(1, len(numbers) + 1)) for numbers in seqs.values())
+
+
+async def baseline(
+    tmp: Path,
+) -> tuple[list[str], list[tuple[str, str, str]], dict[str, list[tuple[Any, ...]]]]:
+    """Per command group, the task's step after it; the task's runs; and its FACTS, on SQLite in one
+    process."""
     steps: list[str] = []
     async with open_runtime(tmp / "baseline.db") as rt:
         await rt.send({"type": "register_workflow", "yaml": OFFICE.read_text(), "source": OFFICE.name})
@@ -81,7 +119,11 @@ async def baseline(tmp: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
                 assert (await rt.send(command)).ok, command
             steps.append((await rt.send({"type": "get_task", "task_id": "T0"})).result["step_id"])
         runs = (await rt.send({"type": "list_runs", "task_id": "T0"})).result
-    return steps, sorted((r["step_id"], r["agent_profile_id"], r["reason"]) for r in runs)
+    with contextlib.closing(sqlite3.connect(tmp / "baseline.db")) as conn:
+        expected = facts(conn, "T0")
+    assert gapless(expected["entries"])
+    assert len(expected["decisions"]) == len(expected["receipts"]) > 0
+    return steps, sorted((r["step_id"], r["agent_profile_id"], r["reason"]) for r in runs), expected
 
 
 class Cluster:
@@ -143,9 +185,12 @@ def _drain(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def send(cluster: Cluster, command: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
-    """Send `command` to one random live runtime; its reply, or None when the runtime died first."""
-    index = rng.randrange(RUNTIMES)
+def send(
+    cluster: Cluster, command: dict[str, Any], rng: random.Random, index: int | None = None
+) -> dict[str, Any] | None:
+    """Send `command` to runtime `index` (default: a random one) once it is live; its reply, or None when
+    the runtime died first."""
+    index = rng.randrange(RUNTIMES) if index is None else index
     cluster.up[index].wait(60)
     try:
         client = WireClient(cluster.socket(index), timeout=30)
@@ -167,23 +212,35 @@ def step_of(cluster: Cluster, task: str, rng: random.Random) -> str | None:
             return reply["result"]["step_id"] if reply["ok"] else None
 
 
-def deliver(cluster: Cluster, command: dict[str, Any], expected_step: str, rng: random.Random) -> None:
-    """Deliver one command at least once, and at most once where a resend would not be a no-op."""
+def deliver(
+    cluster: Cluster, command: dict[str, Any], expected_step: str, rng: random.Random, first: int
+) -> None:
+    """Deliver one command at least once, and at most once where a resend would not be a no-op: first to
+    runtime `first`, resends to random ones."""
+    index: int | None = first
     while True:
-        reply = send(cluster, command, rng)
+        reply, index = send(cluster, command, rng, index), None
         if reply is not None:
             if not reply["ok"] and reply["error"]["code"] in ("storage_io", "storage_busy", "shutting_down"):
                 continue  # nothing committed (retryable)
             if command["type"] == "create_task" and not reply["ok"]:
                 assert reply["error"]["code"] == "conflict", reply
             else:
-                assert reply["ok"], (command, reply)
+                assert reply["ok"], (command, reply["error"])
             return
         if command["type"] == "record_decision":
             continue  # its decision id makes a resend a no-op
         if command["type"] == "create_task" or step_of(cluster, command["task_id"], rng) != expected_step:
             continue  # did not take effect (a create resent after it did is refused as a conflict)
         return
+
+
+def reporting(errors: list[BaseException], *args: Any) -> None:
+    """`deliver(*args)`, its failure added to `errors` (a thread's exception would only be a warning)."""
+    try:
+        deliver(*args)
+    except BaseException as exc:
+        errors.append(exc)
 
 
 def drive(
@@ -193,12 +250,18 @@ def drive(
     try:
         for task in tasks:
             for group, expected in zip(script(task), steps, strict=True):
-                threads = [
-                    threading.Thread(
-                        target=deliver, args=(cluster, command, expected, random.Random(rng.random()))
+                # the copies of one command go to different runtimes at once
+                copies = collections.Counter(json.dumps(command, sort_keys=True) for command in group)
+                targets = {text: rng.sample(range(RUNTIMES), count) for text, count in copies.items()}
+                threads = []
+                for command in group:
+                    first = targets[json.dumps(command, sort_keys=True)].pop()
+                    own = random.Random(rng.random())
+                    threads.append(
+                        threading.Thread(
+                            target=reporting, args=(errors, cluster, command, expected, own, first)
+                        )
                     )
-                    for command in group
-                ]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
@@ -210,7 +273,7 @@ def drive(
 async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_nothing_twice(
     pg_url: str, tmp_path: Path
 ) -> None:
-    steps, expected_runs = await baseline(tmp_path)
+    steps, expected_runs, expected_facts = await baseline(tmp_path)
     async with open_runtime(pg_url) as rt:  # seats first, from one runtime
         await rt.send({"type": "register_workflow", "yaml": OFFICE.read_text(), "source": OFFICE.name})
         for seat in SEATS:
@@ -256,8 +319,11 @@ async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_
         both = conn.execute(
             "SELECT count(*) FROM coalesced_keys AS c JOIN runs AS r ON r.idempotency_key = c.idempotency_key"
         ).fetchone()
+        found = {task: facts(conn, task) for task in tasks}
     assert {task: finals.get(task) for task in tasks} == {task: steps[-1] for task in tasks}
     assert {task: sorted(runs[task]) for task in tasks} == {task: expected_runs for task in tasks}
+    assert {task: found[task] for task in tasks} == {task: expected_facts for task in tasks}
+    assert all(gapless(found[task]["entries"]) for task in tasks)  # implied; says what a difference means
     assert both == (0,)
     assert _open_claims(pg_url) == 0  # every claim a killed runtime left was finished by a live one
 

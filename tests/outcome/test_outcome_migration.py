@@ -149,15 +149,11 @@ async def test_issue12_migration_8_rewrites_stored_outcomes_in_gas_citys_format(
             "occurred_at",
         ]
         # the three waiting acks had no acknowledged_by: they could never match, so they count stale
-        assert (
-            pending["stale_acknowledgements"],
-            pending["delivery_attempts"],
-            pending["acknowledged_by"],
-        ) == (
-            3,
-            3,
-            None,
-        )
+        assert (pending["stale_acknowledgements"], pending["acknowledged_by"]) == (3, None)
+        # the migrated count (2) carried over: the first cycle after it is the third. Later cycles may have
+        # begun meanwhile (the autojump clock reaches the redelivery timer while the writer thread works).
+        assert coordinator.deliveries[0][1].cycle_id == f"deliver/{NEW_PENDING_ID}/cycle-000003"
+        assert pending["delivery_attempts"] >= 3
         assert (done["envelope"]["workflow_id"], done["envelope"]["workflow_run_id"]) == (
             "coordinator-outcome/formula:42",
             "run-9",

@@ -154,11 +154,13 @@ def record_delivery(
     conn: sqlite3.Connection, outcome_id: str, delivery_ref: str, coordinator_fence: str, now: float
 ) -> OutcomeRecord:
     """A delivery succeeded: phase needs-coordinator-ack under its fence and ref, error cleared, the cycle
-    ended (AC-CO-6)."""
+    ended (AC-CO-6). An acknowledged outcome stays as it is: acknowledged is terminal (AC-CO-3), whichever
+    actor or runtime reports a late delivery."""
     conn.execute(
         "UPDATE outcomes SET phase = ?, delivery_ref = ?, coordinator_fence = ?, cycle_in_flight = 0,"
-        " delivered_at = COALESCE(delivered_at, ?), last_delivery_error = NULL WHERE outcome_id = ?",
-        (NEEDS_ACK, delivery_ref, coordinator_fence, now, outcome_id),
+        " delivered_at = COALESCE(delivered_at, ?), last_delivery_error = NULL"
+        " WHERE outcome_id = ? AND phase <> ?",
+        (NEEDS_ACK, delivery_ref, coordinator_fence, now, outcome_id, ACKNOWLEDGED),
     )
     return get(conn, outcome_id)
 

@@ -417,3 +417,24 @@ async def test_ac_co_18_the_redelivery_interval_must_be_finite_and_positive(
     with pytest.raises(ValueError, match="redelivery_interval"):
         async with open_runtime(db_path, coordinator=FakeCoordinator(), redelivery_interval=interval):
             pass
+
+
+async def test_ac_co_3_a_late_delivery_report_leaves_an_acknowledged_outcome_acknowledged(
+    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+) -> None:
+    """Acknowledged is the last phase: a delivery recorded after it (an actor of another runtime that lost
+    its claim, or any late writer) changes nothing of the record."""
+    events, env = await start(rt)
+    await diagnostic(events, "outcome_delivered")
+    await ok(rt, ack(env, "coord-1"))
+    await diagnostic(events, "outcome_acknowledged")
+    before = await state(rt, env["outcome_id"])
+    after = await rt.services.store.transact(
+        lambda conn: outcomes.record_delivery(conn, env["outcome_id"], "bead:late", "coord-9", 1e9)
+    )
+    assert after.as_dict() == before
+    assert (after.phase, after.coordinator_fence, after.delivery_ref) == (
+        "acknowledged",
+        "coord-1",
+        before["delivery_ref"],
+    )

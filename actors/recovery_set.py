@@ -126,11 +126,11 @@ def plan_common(
         if not candidates:
             continue
         rows = conn.execute(
-            f"SELECT j.value ->> 2, {_TASK_COLUMNS} FROM json_each(?1) AS j"
+            f"SELECT CAST(j.value ->> 2 AS INTEGER), {_TASK_COLUMNS} FROM json_each(?1) AS j"
             " CROSS JOIN tasks AS t ON t.id = j.value ->> 0"
             " WHERE t.workflow_id = ?2 AND t.workflow_step_id = ?3"
             " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = t.id AND m.step_id = ?3"
-            " AND m.entry_seq = j.value ->> 1)"
+            " AND m.entry_seq = CAST(j.value ->> 1 AS INTEGER))"
             " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)",
             (
                 json.dumps([[batch[i][0].task_id, batch[i][0].entry_seq, i] for i in candidates]),
@@ -261,13 +261,14 @@ def _finish(conn: sqlite3.Connection, members: Sequence[Member], now: float) -> 
     entries = json.dumps([[m.task.id, m.key.entry_seq] for m in members])
     conn.execute(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-        " updated_at) SELECT e.value ->> 0, ?1, e.value ->> 1, p.value ->> 0, p.value ->> 1, 'done', NULL,"
+        " updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER),"
+        " CAST(p.value ->> 0 AS INTEGER), p.value ->> 1, 'done', NULL,"
         " '', ?2 FROM json_each(?3) AS e, json_each(?4) AS p",
         (step_id, now, entries, json.dumps([[p, a.type] for p, a in group.order])),
     )
     terminal = conn.execute(
         "UPDATE step_entries SET terminal = 1 WHERE step_id = ?1 AND terminal = 0"
-        " AND (task_id, entry_seq) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))",
+        " AND (task_id, entry_seq) IN (SELECT value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2))",
         (step_id, entries),
     ).rowcount
     if terminal != len(members):

@@ -174,6 +174,9 @@ class PgConnection:
     module docstring). `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips`
     counts the waits for the server's answer (issue 15, group commit)."""
 
+    dialect: ClassVar[str] = "postgresql"
+    """What store code that must tell the backends apart reads (`getattr(conn, "dialect", "sqlite")`)."""
+
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
         self.text_factory: type = str

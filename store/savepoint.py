@@ -48,7 +48,7 @@ def undone_alone(conn: sqlite3.Connection, name: str) -> Iterator[None]:
     Raises:
         whatever the block raised (on PostgreSQL after rolling back to the savepoint).
     """
-    if isinstance(conn, sqlite3.Connection):
+    if getattr(conn, "dialect", "sqlite") != "postgresql":
         yield
         return
     with savepoint(conn, name):

@@ -3,14 +3,19 @@
 The store's transaction functions are written once, against the sqlite3 connection API and portable SQL
 (`ON CONFLICT`, `RETURNING`, savepoints). `PgConnection` lets the same functions drive PostgreSQL from the
 writer thread with psycopg's synchronous API (psycopg's async API is asyncio-only; issue 15): it rewrites
-what is not portable (placeholders `?` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid` through an appended
-`RETURNING`), reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database
+what is not portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid`
+through an appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` →
+`JOIN ... ON`), reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database
 error as the sqlite3 exception class, with the SQLite result code, that the rest of the store already
 understands. So `faults.storage_kind` types PostgreSQL's faults too: a serialization failure, deadlock or
 lock timeout is `busy` (retryable), a lost connection `io` (retryable), a full disk `full`, a read-only
 transaction or missing privilege `read_only`, corruption `corrupt`; the psycopg error is the `__cause__`.
 
-Source: issue 15, "What to build" items 1 and 3 (epoch liveness lives in store/epochs.py).
+The writer runs each group-commit transaction `pipelined` (psycopg's pipeline mode): statements go out
+without waiting, and a round trip is paid only where an answer is read, so a batch is not round-trip bound.
+
+Source: issue 15, "What to build" items 1, 3 and "Group commit that is not round-trip bound" (epoch
+liveness lives in store/epochs.py).
 """
 
 from __future__ import annotations
@@ -213,7 +218,7 @@ class PgConnection:
             yield
         finally:
             if self._pipeline is not None:
-                with contextlib.suppress(psycopg.Error):
+                with contextlib.suppress(psycopg.Error, sqlite3.Error):
                     self._leave()
 
     def settle(self) -> None:
@@ -356,7 +361,7 @@ class PgConnection:
         a ROLLBACK TO can follow (the server ignores everything up to the next sync)."""
         if self._pipeline is None:
             return
-        with contextlib.suppress(psycopg.Error):
+        with contextlib.suppress(psycopg.Error, sqlite3.Error):
             self._leave()
         if not self.broken:
             self._enter()

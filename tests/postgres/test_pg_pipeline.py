@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from onceflow.actors.supervisor import open_runtime
-from onceflow.store import epochs, postgres
+from onceflow.store import epochs, faults, postgres
 from onceflow.store.postgres import PgConnection, translate
 from onceflow.store.writer import open_store
 
@@ -185,3 +185,25 @@ steps:
     assert reply.ok
     assert [e.type for e in reply.events].count("run_queued") == 2
     assert waited <= 10
+
+
+def test_issue15_a_connection_lost_mid_pipeline_is_an_io_fault_that_ends_the_transaction(pg_url: str) -> None:
+    """The server ends the session while a pipelined transaction is open: the next read raises the I/O
+    fault (retryable storage_io) and the connection reports itself broken, outside any transaction, so the
+    writer fails the batch whole and reconnects."""
+    conn = postgres.connect(pg_url)
+    try:
+        conn.execute(TABLE)
+        pid = conn.scalar("SELECT pg_backend_pid()")
+        with conn.pipelined():
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO items (id, name) VALUES (1, 'lost')")
+            with psycopg.connect(pg_url, autocommit=True) as killer:
+                killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with pytest.raises(sqlite3.OperationalError) as raised:
+                conn.scalar("SELECT count(*) FROM items")
+            assert faults.storage_kind(raised.value) == "io"
+            assert conn.broken and not conn.in_transaction
+    finally:
+        conn.close()
+    assert rows(pg_url) == []

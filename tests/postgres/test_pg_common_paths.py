@@ -298,3 +298,25 @@ def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
     assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
     assert all(row[6] == 1 for row in state["step_entries"])  # terminal
     assert state["decisions"] == []
+
+
+def test_issue15_the_batched_set_path_finishes_several_entries_in_one_savepoint_on_postgres(
+    postgres_server: PostgresServer, prepared: str
+) -> None:
+    """SQLite's batched scan (`recover_open_entries` over every open entry) on a PostgreSQL database: the
+    set statements take several entries at once there too (the multi-row marker insert over two json_each,
+    the row-value terminal UPDATE), with the per-entry path's result."""
+    url = crashed(postgres_server, prepared, recovery_set.COMMON)
+    calls, undo = counting("finish_common", recovery)
+    scan = supervisor.recover_at_start
+    supervisor.recover_at_start = supervisor.recover_open_entries  # type: ignore[assignment]
+    try:
+        trio.run(lambda: restart(url, listening=False))
+    finally:
+        supervisor.recover_at_start = scan
+        undo()
+    assert [len(done or ()) for done in calls] == [3]
+    slow = crashed(postgres_server, prepared, recovery_set.COMMON)
+    with recovery_set.per_entry_only():
+        trio.run(lambda: restart(slow, listening=False))
+    assert snapshot(url) == snapshot(slow)

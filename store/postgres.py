@@ -125,7 +125,7 @@ class PgCursor:
 
     __slots__ = ("_conn", "_cur", "_lastrowid", "_returning", "_rowcount", "_rows")
 
-    def __init__(self, conn: PgConnection, cur: psycopg.Cursor[Any], returning: str | None) -> None:
+    def __init__(self, conn: PgConnection, cur: psycopg.Cursor[Any] | None, returning: str | None) -> None:
         self._conn = conn
         self._cur: psycopg.Cursor[Any] | None = cur
         self._returning = returning
@@ -270,20 +270,24 @@ class PgConnection:
         return None if row is None else row[0]
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> PgCursor:
+        if self._pipeline is not None:  # each row pipelined like `execute`, all answered by one wait
+            cursors = [self.execute(sql, params) for params in seq]
+            self.settle()
+            total = PgCursor(self, None, None)
+            total._rowcount = sum(max(cursor.rowcount, 0) for cursor in cursors)
+            return total
         statement = translate(sql)
         text = statement.text
         if statement.returning is not None:  # no lastrowid from executemany
             text = text[: text.rindex(" RETURNING ")]
-        self.settle()
         try:
             cur = self.raw.cursor()
             cur.executemany(text, [statement.params_for(params) for params in seq])
             self._waited()
         except psycopg.Error as exc:
-            self._recover()
             raise as_sqlite_error(exc) from exc
-        answered = PgCursor(self, cur, None)
-        answered._cur, answered._rowcount = None, cur.rowcount
+        answered = PgCursor(self, None, None)
+        answered._rowcount = cur.rowcount
         return answered
 
     def close(self) -> None:

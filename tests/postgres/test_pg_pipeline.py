@@ -111,9 +111,10 @@ def test_issue15_a_read_raises_the_error_of_an_earlier_unread_statement(pg_url: 
 
 async def test_issue15_group_commit_gives_an_unread_statements_error_to_its_own_request(pg_url: str) -> None:
     """Three requests of three tasks in one batch, each with an insert whose answer it never reads; A and B
-    insert the same key, so the second of them fails. Only that one gets the error; the others commit. Round trips from the release of the
-    request holding the writer: its COMMIT, then one for BEGIN and the three task locks, one per request to
-    settle its insert, one to resynchronise after the second's error, one for COMMIT."""
+    insert the same key, so the second of them fails. Only that one gets the error; the others commit.
+    Round trips from the release of the request holding the writer: its COMMIT, then one for BEGIN and the
+    three task locks, one per request to settle its insert, one to resynchronise after the second's error,
+    one for COMMIT."""
     gate = threading.Event()
     async with open_store(pg_url, max_batch=8) as store:
         await store.transact(lambda conn: conn.execute(TABLE).rowcount)

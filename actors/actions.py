@@ -33,6 +33,7 @@ from onceflow.protocol.workflow import SESSION_ACTION_TYPES, ActionDecl
 from onceflow.store import faults, runs, tasks
 from onceflow.store import participants as participant_rows
 from onceflow.store.records import Participant, TaskRecord
+from onceflow.store.savepoint import undone_alone
 
 # Builds the idempotency key for a run from (agent_profile_id, config digest); None means no key.
 KeyFor = Callable[[str, str], str | None]
@@ -246,7 +247,8 @@ def queue_run_for_each_participant(
             exclude_from_coalescing=ctx.exclude_from_coalescing,
         )
         try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
-            result, event = _enqueue(conn, request, ctx.now)
+            with undone_alone(conn, "participant"):
+                result, event = _enqueue(conn, request, ctx.now)
         except sqlite3.Error as exc:
             if faults.ends_transaction(conn, exc):  # nothing to continue in: fail the whole request
                 raise

@@ -59,11 +59,8 @@ def common_order(
     services: Services, step: Step, path: EntryPath
 ) -> tuple[tuple[int, ActionDecl], ...] | None:
     """The dispatch order of `step` on `path` when every action in it is a built-in clear or fan-out with a
-    role (nothing waits on the host), else None. Always None on PostgreSQL: the one-savepoint and
-    set-oriented statements are SQLite's (json_each, numbered parameters), so PostgreSQL takes the
-    per-action path, which is the same rules (issue 15 left the dialect for them open)."""
-    if services.store.postgres:
-        return None
+    role (nothing waits on the host), else None. On PostgreSQL too: store/postgres.py translates the
+    statements' json_each and numbered parameters (issue 15)."""
     order = dispatch_order(step.events.on_enter, path)
     if not order:
         return None
@@ -236,7 +233,8 @@ def _admit(
         )
     conn.execute(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-        " updated_at) SELECT ?1, ?2, ?3, value ->> 0, value ->> 1, 'done', NULL, '', ?4 FROM json_each(?5)",
+        " updated_at) SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
+        " FROM json_each(?5)",
         (task.id, step.id, seq, now, json.dumps([[p, a.type] for p, a in order])),
     )
     ids: dict[str, int] = {}

@@ -29,7 +29,7 @@ from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow
 from onceflow.store import faults, review_runs, step_entries
 from onceflow.store.records import Marker, StepEntry, TaskRecord
-from onceflow.store.savepoint import savepoint
+from onceflow.store.savepoint import savepoint, undone_alone
 from onceflow.store.step_entries import EntryKey
 
 log = get_logger("onceflow.on_enter")
@@ -268,12 +268,13 @@ class OnEnterDispatch:
         if not finish:
             return SegmentResult(tuple(runs))
         try:  # one UPDATE: if it fails, nothing of it was written and the actions above still stand
-            declaration = self.step.events.on_enter
-            engine_positions = {p for p, a in enumerate(declaration) if a.type in ENGINE_ACTION_TYPES}
-            if engine_positions == {run.position for run in runs if run.claim is not None}:
-                step_entries.mark_terminal(conn, key)  # this segment brought every position to terminal
-            else:
-                finish_if_terminal(conn, key, declaration)
+            with undone_alone(conn, "finish"):
+                declaration = self.step.events.on_enter
+                engine_positions = {p for p, a in enumerate(declaration) if a.type in ENGINE_ACTION_TYPES}
+                if engine_positions == {run.position for run in runs if run.claim is not None}:
+                    step_entries.mark_terminal(conn, key)  # this segment brought every position to terminal
+                else:
+                    finish_if_terminal(conn, key, declaration)
         except Exception as exc:
             if faults.ends_transaction(conn, exc):
                 raise

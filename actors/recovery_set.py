@@ -52,10 +52,10 @@ log = get_logger("onceflow.recovery")
 
 _WITH = (
     " WITH e (n, task_id, entry_seq) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 1 FROM json_each(?2)),"
+    " (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2)),"
     " r (n, suffix, agent, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?3)),"
-    " pos (position, kind) AS MATERIALIZED (SELECT value ->> 0, value ->> 1 FROM json_each(?3)) "
+    " pos (position, kind) AS MATERIALIZED (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM json_each(?3)) "
 )
 """The statements' operands, ?1 the step id: `e` the entries (`_entries`, ?2); ?3 either the runs of one
 entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`). Materialized: each JSON
@@ -293,7 +293,7 @@ def _finish(
     )
     terminal = conn.execute(
         "UPDATE step_entries SET terminal = 1 WHERE step_id = ?1 AND terminal = 0"
-        " AND (task_id, entry_seq) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))",
+        " AND (task_id, entry_seq) IN (SELECT value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2))",
         (step_id, entries),
     ).rowcount
     if terminal != len(members):

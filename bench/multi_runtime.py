@@ -11,6 +11,7 @@ from C concurrent Trio tasks (timed). Aggregate entries/s = N / (last finish - r
 same workload in one process (dispatch.run_dispatch, `synchronous=FULL`, dup-rate 0) in the same
 invocation. Afterwards each database is checked by SQL: runs = entries x 3, no idempotency key twice, every
 entry terminal, one done clear_decisions marker per entry. A violated invariant prints VIOLATION, exit 1.
+Each PostgreSQL line also gives the round trips per entry of the move phase (`round_trip_counter`), exact.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,29 @@ from onceflow.actors.supervisor import open_runtime
 from onceflow.store.writer import Durability
 
 
+def round_trip_counter() -> Callable[[], int]:
+    """A reader of this process's PostgreSQL round trips (waits for the server's answer): the store's own
+    count (`PgConnection.total_round_trips`), or, on code from before it counted (a "before" run from a copy
+    on PYTHONPATH), one per statement the unpipelined wrapper ran, each of which waited for its answer."""
+    from onceflow.store import postgres
+
+    if hasattr(postgres.PgConnection, "total_round_trips"):
+        return lambda: int(postgres.PgConnection.total_round_trips)
+    calls = [0]
+    for name in ("execute", "executemany"):
+        original = getattr(postgres.PgConnection, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original) -> Any:
+            calls[0] += 1
+            return _original(self, *args)
+
+        setattr(postgres.PgConnection, name, counted)
+    return lambda: calls[0]
+
+
 async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
     """One runtime: create `n` tasks, print `ready`, wait for a line on stdin, move them, print figures."""
+    round_trips = round_trip_counter()
     async with open_runtime(url) as rt:
 
         async def create(offset: int) -> None:
@@ -51,6 +74,7 @@ async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
                 nursery.start_soon(create, offset)
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
+        before = round_trips()
 
         async def mover(offset: int) -> None:
             for i in range(offset, n, concurrency):
@@ -59,7 +83,7 @@ async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
         async with trio.open_nursery() as nursery:
             for offset in range(concurrency):
                 nursery.start_soon(mover, offset)
-        print(json.dumps({"finished": time.time()}), flush=True)
+        print(json.dumps({"finished": time.time(), "round_trips": round_trips() - before}), flush=True)
 
 
 async def _seed(url: str) -> None:
@@ -133,13 +157,16 @@ def run_postgres(server: Any, runtimes: int, n: int, concurrency: int) -> dict[s
         child.stdin.write("go\n")
         child.stdin.flush()
     finished = []
+    round_trips = 0
     for child in children:
         assert child.stdout is not None
-        finished.append(json.loads(child.stdout.readline())["finished"])
+        figures = json.loads(child.stdout.readline())
+        finished.append(figures["finished"])
+        round_trips += figures["round_trips"]
         child.wait()
     elapsed = max(finished) - released
     return {"runtimes": runtimes, "n": share * runtimes, "seconds": elapsed,
-            "entries_per_s": share * runtimes / elapsed,
+            "entries_per_s": share * runtimes / elapsed, "round_trips": round_trips,
             "violations": check_postgres(url, share * runtimes)}  # fmt: skip
 
 
@@ -168,7 +195,8 @@ def main() -> int:
             result = run_postgres(server, runtimes, args.n, args.c)
             print(
                 f"postgres {runtimes} runtime{'s' if runtimes > 1 else ' '}: {result['entries_per_s']:8,.0f}"
-                f" entries/s  ({result['n']} entries, {result['seconds']:.2f} s)"
+                f" entries/s  ({result['n']} entries, {result['seconds']:.2f} s,"
+                f" {result['round_trips'] / result['n']:.2f} round trips per entry)"
             )
             for violation in result["violations"]:
                 print(f"VIOLATION: {violation}")

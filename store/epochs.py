@@ -22,6 +22,7 @@ import contextvars
 import hashlib
 import secrets
 import sqlite3
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # psycopg is imported only by a runtime on PostgreSQL
@@ -94,6 +95,26 @@ def lock_task(conn: PgConnection, task_id: str, *, wait: bool) -> bool:
         conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id))
         return True
     return bool(conn.scalar("SELECT pg_try_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id)))
+
+
+def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
+    """Take the transaction-scoped locks of `task_ids` (distinct) in one round trip: the first is waited
+    for, the others only tried (`lock_task`'s rule, so two runtimes' batches never wait in a cycle); whether
+    each is held. Raises what the wait raises (lock_timeout: busy)."""
+    if not task_ids:
+        return {}
+    first = conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_ids[0]))
+    held = {task_ids[0]: True}
+    if len(task_ids) == 1:
+        first.fetchall()
+        return held
+    tried = conn.execute(
+        "SELECT pg_try_advisory_xact_lock(?, hashtext(u.task)) FROM unnest(CAST(? AS text[]))"
+        " WITH ORDINALITY AS u(task, n) ORDER BY u.n",
+        (TASK_NAMESPACE, list(task_ids[1:])),
+    ).fetchall()
+    held.update(zip(task_ids[1:], (bool(ok) for (ok,) in tried), strict=True))
+    return held
 
 
 def dead_epoch_entries(conn: Any, own_epoch: str) -> list[tuple[StepEntry, int]]:

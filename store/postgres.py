@@ -3,23 +3,29 @@
 The store's transaction functions are written once, against the sqlite3 connection API and portable SQL
 (`ON CONFLICT`, `RETURNING`, savepoints). `PgConnection` lets the same functions drive PostgreSQL from the
 writer thread with psycopg's synchronous API (psycopg's async API is asyncio-only; issue 15): it rewrites
-what is not portable (placeholders `?` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid` through an appended
-`RETURNING`), reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database
+what is not portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid`
+through an appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` →
+`JOIN ... ON`), reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database
 error as the sqlite3 exception class, with the SQLite result code, that the rest of the store already
 understands. So `faults.storage_kind` types PostgreSQL's faults too: a serialization failure, deadlock or
 lock timeout is `busy` (retryable), a lost connection `io` (retryable), a full disk `full`, a read-only
 transaction or missing privilege `read_only`, corruption `corrupt`; the psycopg error is the `__cause__`.
 
-Source: issue 15, "What to build" items 1 and 3 (epoch liveness lives in store/epochs.py).
+The writer runs each group-commit transaction `pipelined` (psycopg's pipeline mode): statements go out
+without waiting, and a round trip is paid only where an answer is read, so a batch is not round-trip bound.
+
+Source: issue 15, "What to build" items 1, 3 and "Group commit that is not round-trip bound" (epoch
+liveness lives in store/epochs.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import psycopg
 from psycopg.adapt import Loader
@@ -42,31 +48,66 @@ _IS_PARAM = re.compile(r"\bIS\s+(NOT\s+)?\?", re.IGNORECASE)
 _PARAM_IS_NULL = re.compile(r"\?(\s+IS\s+(?:NOT\s+)?NULL)", re.IGNORECASE)
 
 
+# SQLite's json_each(?) over a JSON array: PostgreSQL's json_array_elements when the statement reads into the
+# elements (`value ->> n`), else json_array_elements_text (scalars compared as text); `key` is the 0-based index.
+_JSON_EACH = re.compile(r"\bjson_each\((\?\d*)\)(?=(\s+AS\b)?)", re.IGNORECASE)
+# SQLite accepts `CROSS JOIN t ON ...` (CROSS fixes its join order); PostgreSQL's CROSS JOIN takes no ON.
+_CROSS_JOIN_ON = re.compile(r"\bCROSS\s+JOIN\s+(\w+(?:\s+AS\s+\w+)?)\s+ON\b", re.IGNORECASE)
+
+
 class Statement(NamedTuple):
-    """A statement translated for PostgreSQL: its `text`, and the identity column appended as RETURNING
-    for `lastrowid` (or None)."""
+    """A statement translated for PostgreSQL: its `text`, the identity column appended as RETURNING for
+    `lastrowid` (or None), and, when the SQLite text numbers its parameters (`?1`, `?2`), the 0-based index
+    of the caller's parameter for each `%s` in order (`params_for` applies it; None: in the caller's
+    order)."""
 
     text: str
     returning: str | None
+    order: tuple[int, ...] | None = None
+
+    def params_for(self, params: Sequence[Any]) -> Sequence[Any]:
+        """The parameters as PostgreSQL takes them: one per `%s`, a numbered one repeated where reused."""
+        return params if self.order is None else [params[i] for i in self.order]
 
 
 @functools.lru_cache(maxsize=1024)
 def translate(sql: str, has_params: bool = True) -> Statement:
-    """`sql` (SQLite dialect, `?` placeholders) as PostgreSQL. `?` inside quoted literals is left alone; `%`
-    is escaped when the statement goes with parameters (psycopg reads placeholders only then)."""
+    """`sql` (SQLite dialect, `?` or `?NNN` placeholders) as PostgreSQL. `?` inside quoted literals is left
+    alone; `%` is escaped when the statement goes with parameters (psycopg reads placeholders only then).
+    A bare `?` after numbered ones is the next number, as in SQLite."""
     if sql.strip().upper() == "BEGIN IMMEDIATE":
         return Statement("BEGIN", None)
     sql = _PARAM_IS_NULL.sub(r"CAST(? AS TEXT)\1", sql)
     sql = _IS_PARAM.sub(lambda m: "IS DISTINCT FROM ?" if m.group(1) else "IS NOT DISTINCT FROM ?", sql)
+    each = "json_array_elements" if "->>" in sql else "json_array_elements_text"
+    sql = _JSON_EACH.sub(
+        lambda m: f"(SELECT value, ordinality - 1 AS key FROM {each}(CAST({m.group(1)} AS json))"
+        " WITH ORDINALITY AS _each (value, ordinality))" + ("" if m.group(2) else " AS _each"),
+        sql,
+    )
+    sql = _CROSS_JOIN_ON.sub(r"JOIN \1 ON", sql)
     out: list[str] = []
+    order: list[int] = []
+    numbered = False
     quote: str | None = None
-    for char in sql:
+    index = 0
+    while index < len(sql):
+        char = sql[index]
+        index += 1
         if quote is not None:
             if char == quote:
                 quote = None
         elif char in "'\"":
             quote = char
         elif char == "?":
+            digits = re.match(r"\d*", sql[index:])
+            assert digits is not None
+            if digits.group():
+                numbered = True
+                order.append(int(digits.group()) - 1)
+                index += len(digits.group())
+            else:
+                order.append(max(order, default=-1) + 1)
             out.append("%s")
             continue
         out.append("%%" if char == "%" and has_params else char)
@@ -77,24 +118,54 @@ def translate(sql: str, has_params: bool = True) -> Statement:
         returning = _IDENTITY.get(match.group(1).lower())
         if returning is not None:
             text = f"{text.rstrip().rstrip(';')} RETURNING {returning}"
-    return Statement(text, returning)
+    return Statement(text, returning, tuple(order) if numbered else None)
 
 
 class PgCursor:
-    """The answered rows of one statement, shaped like a `sqlite3.Cursor` (fetchone, fetchall, iteration,
-    rowcount, lastrowid). Rows are plain tuples."""
+    """The answer of one statement, shaped like a `sqlite3.Cursor` (fetchone, fetchall, iteration, rowcount,
+    lastrowid). Rows are plain tuples. Inside `PgConnection.pipelined` the answer is read from the server
+    only when first asked for (one round trip, which also settles every statement sent before it), and a
+    database error of this statement, or of an earlier unsettled one, is raised then."""
 
-    __slots__ = ("_rows", "lastrowid", "rowcount")
+    __slots__ = ("_conn", "_cur", "_lastrowid", "_returning", "_rowcount", "_rows")
 
-    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int, lastrowid: int | None) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
-        self.lastrowid = lastrowid
+    def __init__(self, conn: PgConnection, cur: psycopg.Cursor[Any] | None, returning: str | None) -> None:
+        self._conn = conn
+        self._cur: psycopg.Cursor[Any] | None = cur
+        self._returning = returning
+        self._rows: list[tuple[Any, ...]] = []
+        self._rowcount = -1
+        self._lastrowid: int | None = None
+
+    def _answer(self) -> None:
+        """Read this statement's answer (once) from its psycopg cursor; raises its error as sqlite3's."""
+        cur, self._cur = self._cur, None
+        if cur is None:
+            return
+        rows = self._conn._fetch(self, cur)
+        if self._conn.text_factory is bytes:
+            rows = [tuple(v.encode() if isinstance(v, str) else v for v in row) for row in rows]
+        if self._returning is not None:
+            self._lastrowid = int(rows[0][0]) if rows else None
+            rows = []
+        self._rows, self._rowcount = rows, cur.rowcount
+
+    @property
+    def rowcount(self) -> int:
+        self._answer()
+        return self._rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        self._answer()
+        return self._lastrowid
 
     def fetchone(self) -> tuple[Any, ...] | None:
+        self._answer()
         return self._rows.pop(0) if self._rows else None
 
     def fetchall(self) -> list[tuple[Any, ...]]:
+        self._answer()
         rows, self._rows = self._rows, []
         return rows
 
@@ -102,20 +173,34 @@ class PgCursor:
         return iter(self.fetchall())
 
 
+_CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK\s+TO|ROLLBACK|COMMIT)\b\s*(\w*)", re.IGNORECASE)
+
+
 class PgConnection:
     """A psycopg connection (autocommit; the writer issues BEGIN/SAVEPOINT/COMMIT itself) behind the part of
     the `sqlite3.Connection` API the store uses: `execute`, `executemany`, `in_transaction`,
     `text_factory`, `close`. Errors surface as sqlite3 exceptions carrying `sqlite_errorcode` (see the
-    module docstring). `raw` is the psycopg connection, for PostgreSQL-only statements."""
+    module docstring). `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips`
+    counts the waits for the server's answer (issue 15, group commit)."""
+
+    dialect: ClassVar[str] = "postgresql"
+    """What store code that must tell the backends apart reads (`getattr(conn, "dialect", "sqlite")`)."""
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
         self.text_factory: type = str
+        self.round_trips = 0
+        self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None  # while pipelined
+        self._unsettled: list[PgCursor] = []  # pipelined data statements nobody has read the answer of yet
+        self._open = False  # pipelined: BEGIN sent, no COMMIT or ROLLBACK yet
 
     @property
     def in_transaction(self) -> bool:
         """True inside a transaction, also one failed by an error (a savepoint rollback can still save it);
-        False when idle or when the connection is gone."""
+        False when idle or when the connection is gone. Pipelined, the server reports its state only at a
+        sync, so this follows the BEGIN/COMMIT/ROLLBACK sent."""
+        if self._pipeline is not None:
+            return self._open and not self.broken
         return self.raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
     @property
@@ -123,20 +208,65 @@ class PgConnection:
         """The connection to the server is lost (closed, or its state unknown after a network error)."""
         return self.raw.closed or self.raw.info.transaction_status == TransactionStatus.UNKNOWN
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
-        text, returning = translate(sql, bool(params))
+    @contextlib.contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Within the block, statements are sent in psycopg's pipeline mode without waiting for their
+        answers: a round trip is paid only where the caller reads one (rows, rowcount, lastrowid), at
+        SAVEPOINT / RELEASE after an unread statement (so an error is raised inside the savepoint that
+        issued it, as on SQLite), at `settle`, and at COMMIT, which ends the pipeline. Leaving the block
+        by an exception drains the pipeline quietly (the exception propagates).
+
+        Source: issue 15, "Group commit that is not round-trip bound"."""
+        self._enter()
         try:
-            cur = self.raw.execute(text, params or None)
-            rows = cur.fetchall() if cur.description is not None else []
-        except psycopg.Error as exc:
-            raise as_sqlite_error(exc) from exc
-        if self.text_factory is bytes:
-            rows = [tuple(v.encode() if isinstance(v, str) else v for v in row) for row in rows]
-        lastrowid = None
-        if returning is not None:
-            lastrowid = int(rows[0][0]) if rows else None
-            rows = []
-        return PgCursor(rows, cur.rowcount, lastrowid)
+            yield
+        finally:
+            if self._pipeline is not None:
+                with contextlib.suppress(psycopg.Error, sqlite3.Error):
+                    self._leave()
+
+    def settle(self) -> None:
+        """Wait for every pipelined statement not read yet (no round trip when there is none).
+
+        Raises:
+            sqlite3.Error: the first of them that failed (the pipeline is usable again afterwards).
+        """
+        if self._unsettled:
+            self._unsettled[-1]._answer()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
+        statement = translate(sql, bool(params))
+        args = statement.params_for(params) if params else None
+        if self._pipeline is None:
+            return self._now(statement.text, args, statement.returning)
+        control = _CONTROL.match(statement.text)
+        if control is None:
+            cursor = self._send(statement.text, args, statement.returning)
+            self._unsettled.append(cursor)
+            return cursor
+        verb = control.group(1).upper().split()[0]
+        if verb == "ROLLBACK":  # an error of the statements it undoes no longer matters
+            with contextlib.suppress(sqlite3.Error):
+                self.settle()
+        elif verb == "RELEASE":
+            try:
+                self.settle()
+            except sqlite3.Error:  # the block failed after all: undo it, as the savepoint would have
+                if self._pipeline is not None:  # (else the connection is gone, and the savepoint with it)
+                    name = control.group(2)
+                    self._send(f"ROLLBACK TO {name}", None, None)
+                    self._send(f"RELEASE {name}", None, None)
+                raise
+        elif verb == "SAVEPOINT":  # an earlier statement's error belongs to the enclosing block
+            self.settle()
+        if verb == "BEGIN":
+            self._open = True
+        elif verb in ("COMMIT", "ROLLBACK") and "TO" not in statement.text.upper():
+            self._open = False
+        cursor = self._send(statement.text, args, None)
+        if verb == "COMMIT":  # its answer comes with the pipeline's closing sync: one round trip
+            self._leave()
+        return cursor
 
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row `sql` answers (None when it answers no row)."""
@@ -144,18 +274,105 @@ class PgConnection:
         return None if row is None else row[0]
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> PgCursor:
-        text, returning = translate(sql)
-        if returning is not None:  # no lastrowid from executemany
+        if self._pipeline is not None:  # each row pipelined like `execute`, all answered by one wait
+            cursors = [self.execute(sql, params) for params in seq]
+            self.settle()
+            total = PgCursor(self, None, None)
+            total._rowcount = sum(max(cursor.rowcount, 0) for cursor in cursors)
+            return total
+        statement = translate(sql)
+        text = statement.text
+        if statement.returning is not None:  # no lastrowid from executemany
             text = text[: text.rindex(" RETURNING ")]
         try:
-            with self.raw.cursor() as cur:
-                cur.executemany(text, list(seq))
-                return PgCursor([], cur.rowcount, None)
+            cur = self.raw.cursor()
+            cur.executemany(text, [statement.params_for(params) for params in seq])
+            self._waited()
         except psycopg.Error as exc:
             raise as_sqlite_error(exc) from exc
+        answered = PgCursor(self, None, None)
+        answered._rowcount = cur.rowcount
+        return answered
 
     def close(self) -> None:
         self.raw.close()
+
+    total_round_trips: ClassVar[int] = 0
+    """Round trips of every connection of this process (bench/multi_runtime.py reports them per entry)."""
+
+    def _waited(self) -> None:
+        self.round_trips += 1
+        PgConnection.total_round_trips += 1
+
+    # --- internals ---------------------------------------------------------------------------------------
+
+    def _now(self, text: str, args: Sequence[Any] | None, returning: str | None) -> PgCursor:
+        try:
+            cur = self.raw.execute(text, args)
+        except psycopg.Error as exc:
+            raise as_sqlite_error(exc) from exc
+        self._waited()
+        cursor = PgCursor(self, cur, returning)
+        cursor._answer()
+        return cursor
+
+    def _send(self, text: str, args: Sequence[Any] | None, returning: str | None) -> PgCursor:
+        try:
+            cur = self.raw.cursor()
+            cur.execute(text, args)
+        except psycopg.Error as exc:
+            self._recover()
+            raise as_sqlite_error(exc) from exc
+        return PgCursor(self, cur, returning)
+
+    def _fetch(self, cursor: PgCursor, cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
+        """The rows of `cursor`'s psycopg `cur` (empty for a command), waiting for them if pipelined."""
+        if self._pipeline is not None:
+            position = next((i for i, c in enumerate(self._unsettled) if c is cursor), -1)
+            if position >= 0:  # answers come in order: those sent before it arrive with it
+                self._waited()
+                del self._unsettled[: position + 1]
+        try:
+            if cur.description is None and self._pipeline is None:
+                return []
+            try:
+                return list(cur.fetchall())
+            except psycopg.ProgrammingError as exc:
+                if exc.sqlstate is not None:
+                    raise
+                return []  # a command: its answer has arrived and carries no rows
+        except psycopg.Error as exc:
+            self._recover()
+            raise as_sqlite_error(exc) from exc
+
+    def _enter(self) -> None:
+        self._pipeline = self.raw.pipeline()
+        self._pipeline.__enter__()
+
+    def _leave(self) -> None:
+        """Close the pipeline: one sync (a round trip) answering everything sent.
+
+        Raises:
+            sqlite3.Error: the first statement that failed among those not read yet."""
+        pipeline, self._pipeline = self._pipeline, None
+        self._unsettled = []
+        if pipeline is None:
+            return
+        self._waited()
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error as exc:
+            raise as_sqlite_error(exc) from exc
+
+    def _recover(self) -> None:
+        """After a pipelined statement failed: drain what the server skipped and start a fresh pipeline, so
+        a ROLLBACK TO can follow (the server ignores everything up to the next sync)."""
+        if self._pipeline is None:
+            return
+        with contextlib.suppress(psycopg.Error, sqlite3.Error):
+            self._leave()
+        if not self.broken:
+            self._enter()
 
 
 # SQLSTATE classes and codes → the SQLite primary result code whose StorageKind they are.

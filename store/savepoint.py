@@ -36,3 +36,20 @@ def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
     if not conn.in_transaction:
         raise sqlite3.OperationalError(f"the transaction ended inside savepoint {name}")
     conn.execute(f"RELEASE {name}")
+
+
+@contextmanager
+def undone_alone(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+    """For a block that is atomic by itself on SQLite (one statement, or its own savepoint) whose error the
+    caller catches and goes on from: nothing more on SQLite, where a failed statement undoes only itself and
+    the transaction goes on; `savepoint(conn, name)` on PostgreSQL, where any error aborts the whole
+    transaction until it is rolled back to a savepoint (issue 15: the same rules on both backends).
+
+    Raises:
+        whatever the block raised (on PostgreSQL after rolling back to the savepoint).
+    """
+    if getattr(conn, "dialect", "sqlite") != "postgresql":
+        yield
+        return
+    with savepoint(conn, name):
+        yield

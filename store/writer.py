@@ -298,10 +298,11 @@ class StoreActor:
     def _commit(self, conn: Any, batch: list[_Request[Any]]) -> None:
         """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
 
-        On PostgreSQL each request first takes its task's lock (store/epochs.py): the transaction's first
-        waits for it, a later one only tries, and on failure it and every request after it are moved from
+        On PostgreSQL the batch first takes its tasks' locks (store/epochs.py): the first task's waits, the
+        others' are only tried, and from the first request whose lock failed, the requests are moved from
         `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait
-        on each other).
+        on each other). The transaction runs pipelined (`PgConnection.pipelined`): a statement's answer is
+        waited for only where it is read, at each request's end and at COMMIT (issue 15, group commit).
 
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
         itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error. If a
@@ -312,24 +313,22 @@ class StoreActor:
         """
         started = time.perf_counter()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            locked: set[str] = set()
-            for index, request in enumerate(batch):
-                if self.postgres and request.task_id is not None and request.task_id not in locked:
-                    if not epochs.lock_task(conn, request.task_id, wait=index == 0):
-                        self._deferred = batch[index:]
-                        del batch[index:]
-                        break
-                    locked.add(request.task_id)
-                conn.execute("SAVEPOINT request")
-                request.result = outcome.capture(request.fn, conn)
-                error = request.result.error if isinstance(request.result, outcome.Error) else None
-                if not conn.in_transaction or (error is not None and faults.ends_transaction(conn, error)):
-                    raise _TransactionEnded(request, error)
-                if error is not None:
-                    conn.execute("ROLLBACK TO request")
-                conn.execute("RELEASE request")
-            conn.execute("COMMIT")
+            with conn.pipelined() if self.postgres else contextlib.nullcontext():
+                conn.execute("BEGIN IMMEDIATE")
+                if self.postgres:
+                    self._lock_tasks(conn, batch)
+                for request in batch:
+                    conn.execute("SAVEPOINT request")
+                    request.result = outcome.capture(self._run_request, conn, request.fn)
+                    error = request.result.error if isinstance(request.result, outcome.Error) else None
+                    if not conn.in_transaction or (
+                        error is not None and faults.ends_transaction(conn, error)
+                    ):
+                        raise _TransactionEnded(request, error)
+                    if error is not None:
+                        conn.execute("ROLLBACK TO request")
+                    conn.execute("RELEASE request")
+                conn.execute("COMMIT")
             self._confirmed = time.monotonic()
             metrics.COMMIT_DURATION.record(time.perf_counter() - started)
             metrics.COMMIT_BATCH_SIZE.record(len(batch))
@@ -338,6 +337,26 @@ class StoreActor:
         for request in batch:
             assert request.result is not None
             request.result = _typed(request.result)
+
+    def _lock_tasks(self, conn: PgConnection, batch: list[_Request[Any]]) -> None:
+        """Take the batch's task locks (PostgreSQL), all in one round trip: the first request's waits, the
+        others' are only tried; from the first request whose lock another runtime holds, the requests move
+        from `batch` to `self._deferred` (locks taken for later tasks are merely held until the commit)."""
+        tasks = list(dict.fromkeys(r.task_id for r in batch if r.task_id is not None))
+        held = epochs.lock_tasks(conn, tasks)
+        for index, request in enumerate(batch):
+            if request.task_id is not None and not held[request.task_id]:
+                self._deferred = batch[index:]
+                del batch[index:]
+                return
+
+    def _run_request(self, conn: Any, fn: Callable[[Any], T]) -> T:
+        """`fn(conn)`, then on PostgreSQL every statement it sent without reading the answer is settled,
+        so that an error among them is this request's (its savepoint is rolled back, the batch goes on)."""
+        result = fn(conn)
+        if self.postgres:
+            conn.settle()
+        return result
 
     def _fail(self, conn: Any, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""

@@ -1,0 +1,322 @@
+"""The common paths on PostgreSQL: the one-savepoint common entry and the set-oriented recovery decide
+exactly as the per-action / per-entry paths do, there too (issue 15 with issue 14's common paths).
+
+The SQL of both paths is SQLite's (json_each, `?NNN` parameters, `CROSS JOIN ... ON`); store/postgres.py
+translates it, and the writer runs it pipelined. These are issue 14's equivalence tests
+(tests/on_enter/test_common_entry.py, test_recovery_set.py) replayed on a PostgreSQL database per run, with
+their scenarios, plus the database-error case as a PostgreSQL trigger: the failing statement is one whose
+answer the pipeline reads late, so it also checks that its error is raised inside the savepoint that
+issued it. The databases are compared by SQL; replies, events and logs as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from helpers import FakeClock, send
+from hypothesis import HealthCheck, given, settings
+from pg_support import PostgresServer
+from structlog.testing import capture_logs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
+
+import test_common_entry as common
+import test_recovery_set as recovery_set
+from entry_support import REVIEWERS, new_task, setup_entries
+
+import onceflow.actors.engine as engine
+import onceflow.actors.recovery as recovery
+import onceflow.actors.supervisor as supervisor
+from onceflow.actors.outbox import EventHub
+from onceflow.actors.services import Services
+from onceflow.actors.supervisor import open_runtime
+from onceflow.protocol.events import Event
+from onceflow.store.writer import open_store
+
+TABLES = ("tasks", "step_entries", "step_entry_markers", "runs", "decisions", "coalesced_keys")
+_names = itertools.count(1)
+
+
+def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The tables, rows in order, with `rowid` columns left out and run ids replaced by their rank
+    (`run_ranks`): PostgreSQL's identity values are not transactional, so a savepoint the common path rolled
+    back leaves a gap in them that SQLite would have reused."""
+    ranks = run_ranks(url)
+    state: dict[str, list[tuple[Any, ...]]] = {}
+    with psycopg.connect(url) as conn:
+        for table in TABLES:
+            cur = conn.execute(f"SELECT * FROM {table}")
+            names = [column.name for column in cur.description or ()]
+            rows = []
+            for row in cur.fetchall():
+                kept = []
+                for name, value in zip(names, row, strict=True):
+                    if name == "rowid":
+                        continue
+                    run_id = (table == "runs" and name == "id") or name == "run_id"
+                    kept.append(ranks.get(value, value) if run_id else value)
+                rows.append(tuple(kept))
+            state[table] = sorted(rows, key=repr)
+    return state
+
+
+def run_ranks(url: str) -> dict[int, int]:
+    """Each run id of the database at `url` → its rank (1 = the oldest run)."""
+    with psycopg.connect(url) as conn:
+        ids = [int(run_id) for (run_id,) in conn.execute("SELECT id FROM runs ORDER BY id").fetchall()]
+    return {run_id: rank for rank, run_id in enumerate(ids, 1)}
+
+
+def renumbered(value: Any, ranks: dict[int, int]) -> Any:
+    """`value` (replies, events or logs as plain data) with every `run_id` replaced by its rank."""
+    if isinstance(value, dict):
+        return {k: ranks.get(v, v) if k == "run_id" else renumbered(v, ranks) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(renumbered(v, ranks) for v in value)
+    return value
+
+
+def fresh(server: PostgresServer, template: str | None = None) -> str:
+    """A new database on `server` (a copy of database `template` when given); its URL."""
+    name = f"cp{next(_names)}"
+    if template is None:
+        return server.create_database(name)
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return server.url(name)
+
+
+# --- the common entry ---------------------------------------------------------------------------------
+
+
+def same_outcome(server: PostgresServer, scenario: dict[str, Any]) -> list[Any]:
+    fast, slow = fresh(server), fresh(server)
+    fast_replies, fast_logs = trio.run(common.play, fast, scenario)
+    with common.per_action_only():
+        slow_replies, slow_logs = trio.run(common.play, slow, scenario)
+    assert snapshot(fast) == snapshot(slow)
+    fast_ranks, slow_ranks = run_ranks(fast), run_ranks(slow)
+    assert renumbered(fast_replies, fast_ranks) == renumbered(slow_replies, slow_ranks)
+    fast_logs = [log for log in fast_logs if log["event"] != "common_entry_declined"]
+    assert renumbered(fast_logs, fast_ranks) == renumbered(slow_logs, slow_ranks)
+    return fast_replies
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=common.scenarios)
+def test_issue15_issue14_the_common_entry_decides_every_admission_as_the_per_action_path_on_postgres(
+    postgres_server: PostgresServer, scenario: dict[str, Any]
+) -> None:
+    same_outcome(postgres_server, scenario)
+
+
+@pytest.mark.parametrize(("before", "expected"), common.ANOMALIES.values(), ids=common.ANOMALIES.keys())
+def test_issue15_issue14_an_anomaly_takes_the_per_action_path_on_postgres(
+    postgres_server: PostgresServer, before: list[str], expected: str
+) -> None:
+    scenario = {
+        "review": ["clear", "fan_out"],
+        "wip_limit": 0,
+        "seats": ["rev-a"] if before else ["rev-a", ""],
+        "commands": [(command, "T0") for command in before] + [("move_review", "T0")],
+    }
+    replies = same_outcome(postgres_server, scenario)
+    assert expected in common.event_types(replies[-1])
+
+
+def counting(name: str, module: Any) -> tuple[list[Any], Callable[[], None]]:
+    """Wrap `module.name` to record what each call returned; returns the record and the undo."""
+    calls: list[Any] = []
+    original = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        calls.append(result)
+        return result
+
+    setattr(module, name, counted)
+    return calls, lambda: setattr(module, name, original)
+
+
+def test_issue15_the_common_entry_path_is_taken_on_postgres(pg_url: str) -> None:
+    """Not vacuous: on PostgreSQL an untouched common entry is admitted by the one-savepoint path."""
+    calls, undo = counting("admit_common", engine)
+    try:
+        scenario = {
+            "review": ["clear", "fan_out"],
+            "wip_limit": 0,
+            "seats": ["rev-a", "rev-b"],
+            "commands": [("decide", "T0"), ("move_review", "T0")],
+        }
+        replies = trio.run(common.play, pg_url, scenario)[0]
+    finally:
+        undo()
+    assert [admitted is not None for admitted in calls] == [True]
+    assert common.event_types(replies[-1]).count("run_queued") == 2
+    assert "decisions_cleared" in common.event_types(replies[-1])
+
+
+REFUSE = """
+CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN IF NEW.task_id = 'T0' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION refuse();
+"""
+
+
+def test_issue15_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path_on_postgres(
+    postgres_server: PostgresServer,
+) -> None:
+    """A statement of the common path failing on PostgreSQL (a trigger refusing T0's runs) rolls back only
+    its savepoint, is logged (common_entry_declined), and the per-action path decides the entry as it would
+    alone: the clear stands, the fan-out is marked failed (AC-C1)."""
+
+    async def run(url: str) -> tuple[Any, list[dict[str, Any]], dict[str, list[tuple[Any, ...]]]]:
+        text = common.workflow_yaml(["clear", "fan_out"], 0)
+        async with open_runtime(url, clock=FakeClock()) as rt:
+            await send(
+                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
+            )
+            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(REFUSE)
+            with capture_logs() as logs:
+                reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
+        return reply.model_dump(), logs, snapshot(url)
+
+    fast_reply, fast_logs, fast_state = trio.run(run, fresh(postgres_server))
+    with common.per_action_only():
+        slow_reply, slow_logs, slow_state = trio.run(run, fresh(postgres_server))
+    assert [log["event"] for log in fast_logs].count("common_entry_declined") == 1
+    assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
+    assert fast_reply == slow_reply
+    assert fast_state == slow_state
+    assert [row[3:6] for row in fast_state["step_entry_markers"]] == [
+        (0, "clear_decisions", "done"),
+        (1, "queue_run_for_each_participant", "failed"),
+    ]
+
+
+# --- the set-oriented recovery ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prepared(postgres_server: PostgresServer) -> str:
+    """The name of a closed database: `entries` registered, two template reviewers, six tasks at work."""
+    url = fresh(postgres_server)
+
+    async def prepare() -> None:
+        async with open_runtime(url, clock=FakeClock()) as rt:
+            await setup_entries(rt, recovery_set.REVIEW)
+            for task_id in recovery_set.TASKS:
+                await new_task(rt, task_id)
+
+    trio.run(prepare)
+    return url.rsplit("/", 1)[1]
+
+
+async def restart(url: str, *, listening: bool) -> tuple[list[Event], list[dict[str, Any]]]:
+    """Open a runtime on `url` (PostgreSQL's start-up scan runs inside); the events a subscriber present
+    during the scan received (none when not `listening`) and the logs of the scan."""
+    events: list[Event] = []
+    logs: list[dict[str, Any]] = []
+    scan = supervisor.recover_at_start
+
+    async def observed(services: Services, hub: EventHub) -> int:
+        stream = hub.subscribe() if listening else None
+        with capture_logs() as captured:
+            done = await scan(services, hub)
+        logs.extend(captured)
+        while stream is not None:
+            try:
+                events.append(stream.receive_nowait())
+            except trio.WouldBlock:
+                break
+        return done
+
+    supervisor.recover_at_start = observed  # type: ignore[assignment]
+    try:
+        async with open_runtime(url, clock=FakeClock()):
+            pass
+    finally:
+        supervisor.recover_at_start = scan
+    return events, logs
+
+
+def crashed(server: PostgresServer, prepared: str, scenario: dict[str, Any]) -> str:
+    url = fresh(server, prepared)
+
+    async def crash_state() -> None:
+        async with open_store(url) as store:
+            await store.transact(lambda conn: recovery_set.write_state(conn, scenario))
+
+    trio.run(crash_state)
+    return url
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=recovery_set.scenarios)
+def test_issue15_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_on_postgres(
+    postgres_server: PostgresServer, prepared: str, scenario: dict[str, Any]
+) -> None:
+    dbs = {name: crashed(postgres_server, prepared, scenario) for name in ("set", "per_entry", "quiet")}
+    set_events, set_logs = trio.run(lambda: restart(dbs["set"], listening=True))
+    with recovery_set.per_entry_only():
+        slow_events, slow_logs = trio.run(lambda: restart(dbs["per_entry"], listening=True))
+    quiet_events, quiet_logs = trio.run(lambda: restart(dbs["quiet"], listening=False))
+    assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"]) == snapshot(dbs["quiet"])
+    ranks = {name: run_ranks(url) for name, url in dbs.items()}
+    set_dumped = renumbered([event.model_dump() for event in set_events], ranks["set"])
+    assert set_dumped == renumbered([event.model_dump() for event in slow_events], ranks["per_entry"])
+    assert quiet_events == []
+    same = recovery_set.same_for_both
+    assert renumbered(same(set_logs), ranks["set"]) == renumbered(slow_logs, ranks["per_entry"])
+    assert renumbered(same(quiet_logs), ranks["quiet"]) == renumbered(slow_logs, ranks["per_entry"])
+
+
+def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
+    postgres_server: PostgresServer, prepared: str
+) -> None:
+    """Not vacuous: on PostgreSQL untouched open entries are finished by the set path (one at a time,
+    each under its task's lock, as PostgreSQL's start-up scan goes)."""
+    url = crashed(postgres_server, prepared, recovery_set.COMMON)
+    calls, undo = counting("finish_common", recovery)
+    try:
+        trio.run(lambda: restart(url, listening=False))
+    finally:
+        undo()
+    assert [len(done.entries) if done is not None else 0 for done in calls] == [1, 1, 1]
+    state = snapshot(url)
+    assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
+    assert all(row[6] == 1 for row in state["step_entries"])  # terminal
+    assert state["decisions"] == []
+
+
+def test_issue15_the_batched_set_path_finishes_several_entries_in_one_savepoint_on_postgres(
+    postgres_server: PostgresServer, prepared: str
+) -> None:
+    """SQLite's batched scan (`recover_open_entries` over every open entry) on a PostgreSQL database: the
+    set statements take several entries at once there too (the multi-row marker insert over two json_each,
+    the row-value terminal UPDATE), with the per-entry path's result."""
+    url = crashed(postgres_server, prepared, recovery_set.COMMON)
+    calls, undo = counting("finish_common", recovery)
+    scan = supervisor.recover_at_start
+    supervisor.recover_at_start = supervisor.recover_open_entries  # type: ignore[assignment]
+    try:
+        trio.run(lambda: restart(url, listening=False))
+    finally:
+        supervisor.recover_at_start = scan
+        undo()
+    assert [len(done.entries) if done is not None else 0 for done in calls] == [3]
+    slow = crashed(postgres_server, prepared, recovery_set.COMMON)
+    with recovery_set.per_entry_only():
+        trio.run(lambda: restart(slow, listening=False))
+    assert snapshot(url) == snapshot(slow)

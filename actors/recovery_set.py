@@ -55,7 +55,8 @@ _WITH = (
     " (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2)),"
     " r (n, suffix, agent, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?3)),"
-    " pos (position, kind) AS MATERIALIZED (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM json_each(?3)) "
+    " pos (position, kind) AS MATERIALIZED"
+    " (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM json_each(?3)) "
 )
 """The statements' operands, ?1 the step id: `e` the entries (`_entries`, ?2); ?3 either the runs of one
 entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`). Materialized: each JSON

@@ -49,7 +49,8 @@ _PARAM_IS_NULL = re.compile(r"\?(\s+IS\s+(?:NOT\s+)?NULL)", re.IGNORECASE)
 
 
 # SQLite's json_each(?) over a JSON array: PostgreSQL's json_array_elements when the statement reads into the
-# elements (`value ->> n`), else json_array_elements_text (scalars compared as text); `key` is the 0-based index.
+# elements (`value ->> n`), else json_array_elements_text (scalars compared as text); `key` is the 0-based
+# index, as in SQLite.
 _JSON_EACH = re.compile(r"\bjson_each\((\?\d*)\)(?=(\s+AS\b)?)", re.IGNORECASE)
 # SQLite accepts `CROSS JOIN t ON ...` (CROSS fixes its join order); PostgreSQL's CROSS JOIN takes no ON.
 _CROSS_JOIN_ON = re.compile(r"\bCROSS\s+JOIN\s+(\w+(?:\s+AS\s+\w+)?)\s+ON\b", re.IGNORECASE)
@@ -81,8 +82,10 @@ def translate(sql: str, has_params: bool = True) -> Statement:
     sql = _IS_PARAM.sub(lambda m: "IS DISTINCT FROM ?" if m.group(1) else "IS NOT DISTINCT FROM ?", sql)
     each = "json_array_elements" if "->>" in sql else "json_array_elements_text"
     sql = _JSON_EACH.sub(
-        lambda m: f"(SELECT value, ordinality - 1 AS key FROM {each}(CAST({m.group(1)} AS json))"
-        " WITH ORDINALITY AS _each (value, ordinality))" + ("" if m.group(2) else " AS _each"),
+        lambda m: (
+            f"(SELECT value, ordinality - 1 AS key FROM {each}(CAST({m.group(1)} AS json))"
+            " WITH ORDINALITY AS _each (value, ordinality))" + ("" if m.group(2) else " AS _each")
+        ),
         sql,
     )
     sql = _CROSS_JOIN_ON.sub(r"JOIN \1 ON", sql)

@@ -38,7 +38,10 @@ def test_issue15_json_each_reads_elements_as_json_or_as_text() -> None:
     read_into = translate(
         "SELECT value ->> 0 FROM json_each(?1) AS j CROSS JOIN t AS u ON u.a = j.value ->> 1"
     )
-    each = "(SELECT value, ordinality - 1 AS key FROM {}(CAST(%s AS json)) WITH ORDINALITY AS _each (value, ordinality))"
+    each = (
+        "(SELECT value, ordinality - 1 AS key FROM {}(CAST(%s AS json))"
+        " WITH ORDINALITY AS _each (value, ordinality))"
+    )
     assert each.format("json_array_elements") + " AS j JOIN t AS u ON" in read_into.text
     scalars = translate("SELECT key, value FROM json_each(?)")
     assert scalars.text == "SELECT key, value FROM " + each.format("json_array_elements_text") + " AS _each"

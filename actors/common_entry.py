@@ -34,7 +34,7 @@ from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import DecisionsCleared, EntryPath, RunQueued
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store import faults, wip
+from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import payload_json
 from onceflow.store.savepoint import savepoint
@@ -166,16 +166,18 @@ def admit_common(
     order: Sequence[tuple[int, ActionDecl]],
     path: EntryPath,
     now: float,
+    version: tuple[str, bool, int] | None = None,
 ) -> Admitted | None:
     """Admit `task` to `step` and run its whole on_enter in one savepoint (writer thread); None when an
-    anomaly rolled it back and nothing of it remains.
+    anomaly rolled it back and nothing of it remains. `version` (a cached row's workflow id, admitted flag
+    and admission count) is verified by the compare-and-set too (`tasks.move_task_step`).
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
     try:
         with savepoint(conn, "common_entry"):
-            return _admit(conn, task, workflow_id, step, order, path, now)
+            return _admit(conn, task, workflow_id, step, order, path, now, version)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
@@ -192,15 +194,20 @@ def _admit(
     order: Sequence[tuple[int, ActionDecl]],
     path: EntryPath,
     now: float,
+    version: tuple[str, bool, int] | None,
 ) -> Admitted:
     if step.wip_limit > 0 and not wip.has_room(conn, workflow_id, step.id, step.wip_limit, excluding=task.id):
         raise Anomaly("a queued placement")
-    moved = conn.execute(
+    sql = (
         "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = NULL,"
         " queued_at = NULL, updated_at = ?, admissions = admissions + 1"
-        " WHERE id = ? AND workflow_step_id = ?",
-        (workflow_id, step.id, now, task.id, task.step_id),
-    ).rowcount
+        " WHERE id = ? AND workflow_step_id = ?"
+    )
+    params: tuple[object, ...] = (workflow_id, step.id, now, task.id, task.step_id)
+    if version is not None:
+        sql += tasks.VERSION_CHECK
+        params += (version[0], int(version[1]), version[2])
+    moved = conn.execute(sql, params).rowcount
     if moved != 1:
         raise Anomaly("the task moved")
     (seq,) = conn.execute(

@@ -1,10 +1,11 @@
 """The common step entry: an on_enter of built-in clears and fan-outs only, written in one savepoint.
 
 Most entries declare nothing but `clear_decisions` and `queue_run_for_each_participant` (served by the
-built-in executors). For those the admitting transaction runs one savepoint: the step compare-and-set, the
-entry insert (already terminal: the savepoint either finishes the entry or leaves no trace), the
-participant read, the clear, one multi-row marker insert and one multi-row runs insert with
-`ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is at its WIP limit, a seat without
+built-in executors). For those the admitting request runs in one savepoint (the writer's per-request one,
+`request_savepoint`): the step compare-and-set, the entry insert (already terminal: the savepoint either
+finishes the entry or leaves no trace), the participant read, the clear, one multi-row marker insert and
+one multi-row runs insert with `ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is
+at its WIP limit, a seat without
 an agent, an idempotency key already taken or merged by coalescing, any database error that does not end
 the transaction) rolls back to that savepoint and the caller takes the per-action path, which decides it
 exactly as before; an error that ends the transaction is re-raised (issue 11 item 4). The effects and
@@ -37,7 +38,7 @@ from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import payload_json
-from onceflow.store.savepoint import savepoint
+from onceflow.store.savepoint import request_savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.on_enter")
@@ -169,14 +170,16 @@ def admit_common(
     version: tuple[str, bool, int] | None = None,
 ) -> Admitted | None:
     """Admit `task` to `step` and run its whole on_enter in one savepoint (writer thread); None when an
-    anomaly rolled it back and nothing of it remains. `version` (a cached row's workflow id, admitted flag
-    and admission count) is verified by the compare-and-set too (`tasks.move_task_step`).
+    anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
+    savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
+    cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
+    (`tasks.move_task_step`).
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
     try:
-        with savepoint(conn, "common_entry"):
+        with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
             return _admit(conn, task, workflow_id, step, order, path, now, version)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):

@@ -187,12 +187,12 @@ class Runtime:
         Raises trio.EndOfChannel once the mailbox is closed and drained.
         """
         try:
-            return mailbox.inbox.receive_nowait()
+            return mailbox.receive_nowait()
         except trio.WouldBlock:
             if self.actor_idle_timeout == 0:
                 return None
         with trio.move_on_after(self.actor_idle_timeout):  # only the wait, never a command
-            return await mailbox.inbox.receive()
+            return await mailbox.receive()
         return None
 
     async def _serve(self, actor: TaskActor, envelope: Envelope[_TaskMessage]) -> None:

@@ -183,12 +183,18 @@ async def play(
                     replies.append(results)
                     continue
                 replies.append(reply.model_dump())
-            # A promotion is dispatched by its task's actor after the reply that freed the slot: let every
-            # forwarded promotion reach its mailbox, then queue a read behind it, so its logs are captured.
-            await trio.testing.wait_all_tasks_blocked()
-            for task_id in TASKS:
-                await send(rt, {"type": "get_task", "task_id": task_id})
+                await settle(rt)
     return replies, logs
+
+
+async def settle(rt: Any) -> None:
+    """Wait until every promotion a command caused is dispatched. A promotion is dispatched by its task's
+    actor after the reply that freed the slot, and Trio randomizes scheduling order: without this the next
+    command (or the end of the log capture) would race it. Every forwarded promotion reaches its mailbox,
+    then a read queued behind it returns once it is done."""
+    await trio.testing.wait_all_tasks_blocked()
+    for task_id in TASKS:
+        await send(rt, {"type": "get_task", "task_id": task_id})
 
 
 def behind(conn: sqlite3.Connection, task_id: str) -> int:

@@ -1,10 +1,11 @@
 """The common step entry: an on_enter of built-in clears and fan-outs only, written in one savepoint.
 
 Most entries declare nothing but `clear_decisions` and `queue_run_for_each_participant` (served by the
-built-in executors). For those the admitting transaction runs one savepoint: the step compare-and-set, the
-entry insert (already terminal: the savepoint either finishes the entry or leaves no trace), the
-participant read, the clear, one multi-row marker insert and one multi-row runs insert with
-`ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is at its WIP limit, a seat without
+built-in executors). For those the admitting request runs in one savepoint (the writer's per-request one,
+`request_savepoint`): the step compare-and-set, the entry insert (already terminal: the savepoint either
+finishes the entry or leaves no trace), the participant read, the clear, one multi-row marker insert and
+one multi-row runs insert with `ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is
+at its WIP limit, a seat without
 an agent, an idempotency key already taken or merged by coalescing, any database error that does not end
 the transaction) rolls back to that savepoint and the caller takes the per-action path, which decides it
 exactly as before; an error that ends the transaction is re-raised (issue 11 item 4). The effects and
@@ -34,10 +35,10 @@ from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import DecisionsCleared, EntryPath, RunQueued
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store import faults, wip
+from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import payload_json
-from onceflow.store.savepoint import savepoint
+from onceflow.store.savepoint import request_savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
 log = get_logger("onceflow.on_enter")
@@ -163,16 +164,20 @@ def admit_common(
     order: Sequence[tuple[int, ActionDecl]],
     path: EntryPath,
     now: float,
+    version: tuple[str, bool, int] | None = None,
 ) -> Admitted | None:
     """Admit `task` to `step` and run its whole on_enter in one savepoint (writer thread); None when an
-    anomaly rolled it back and nothing of it remains.
+    anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
+    savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
+    cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
+    (`tasks.move_task_step`).
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
     try:
-        with savepoint(conn, "common_entry"):
-            return _admit(conn, task, workflow_id, step, order, path, now)
+        with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
+            return _admit(conn, task, workflow_id, step, order, path, now, version)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
@@ -189,15 +194,20 @@ def _admit(
     order: Sequence[tuple[int, ActionDecl]],
     path: EntryPath,
     now: float,
+    version: tuple[str, bool, int] | None,
 ) -> Admitted:
     if step.wip_limit > 0 and not wip.has_room(conn, workflow_id, step.id, step.wip_limit, excluding=task.id):
         raise Anomaly("a queued placement")
-    moved = conn.execute(
+    sql = (
         "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = NULL,"
         " queued_at = NULL, updated_at = ?, admissions = admissions + 1"
-        " WHERE id = ? AND workflow_step_id = ?",
-        (workflow_id, step.id, now, task.id, task.step_id),
-    ).rowcount
+        " WHERE id = ? AND workflow_step_id = ?"
+    )
+    params: tuple[object, ...] = (workflow_id, step.id, now, task.id, task.step_id)
+    if version is not None:
+        sql += tasks.VERSION_CHECK
+        params += (version[0], int(version[1]), version[2])
+    moved = conn.execute(sql, params).rowcount
     if moved != 1:
         raise Anomaly("the task moved")
     (seq,) = conn.execute(

@@ -88,6 +88,10 @@ class HandleResult:
     operation_mark_deferred: bool = False
 
 
+class StaleRow(Exception):
+    """A cached task row failed the admission's compare-and-set: nothing was written; read it afresh."""
+
+
 @attrs.define
 class Engine:
     """Evaluates triggers and applies transitions for tasks; stateless apart from the shared services."""
@@ -250,6 +254,7 @@ class Engine:
         path: EntryPath,
         trigger: str,
         out: Outbox,
+        cached: bool = False,
     ) -> bool:
         """Admit the task to `target` and dispatch its on_enter; False if the task moved meanwhile.
 
@@ -262,12 +267,22 @@ class Engine:
         for the move and its first effects, and a failure there leaves the move standing (AC-C4). An entry
         of built-in clears and fan-outs only is first tried whole in one savepoint (`common_entry`); any
         anomaly rolls that back and the per-action path above decides it (issue 14).
+
+        `cached`: `task` came from the task-row cache (actors/task_rows.py), not a read. The compare-and-set
+        then also verifies its workflow, admitted flag and admission counter; on any mismatch nothing is
+        written and `StaleRow` is raised for the caller to read the row afresh and decide again (the host's
+        preflight, already called with the cached source step, is then called again with the real one: a
+        stale row costs an extra preflight, never a wrong commit; a refusal is asked again the same way, so a
+        refusal is only ever answered from the committed row). The admitted row is cached; any other
+        outcome forgets it (issue 14 item "A cached task row").
         """
         try:
             await self.services.host.preflight_transition(
                 task_id=task.id, from_step=task.step_id, to_step=target.id
             )
         except Exception as exc:
+            if cached:  # perhaps refused for a stale source step: ask again with the committed row
+                raise StaleRow(task.id) from exc
             raise TransitionRefusedError(
                 f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
             ) from exc
@@ -282,11 +297,19 @@ class Engine:
             on_exit = source_workflow.step(task.step_id).events.actions(Trigger.on_exit)
 
         common = None if on_exit else common_order(self.services, target, path)
+        version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
 
         def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | None]:
             if common is not None:  # the whole entry in one savepoint, or nothing of it (issue 14)
                 fast = admit_common(
-                    conn, task=task, workflow_id=workflow.id, step=target, order=common, path=path, now=now
+                    conn,
+                    task=task,
+                    workflow_id=workflow.id,
+                    step=target,
+                    order=common,
+                    path=path,
+                    now=now,
+                    version=version,
                 )
                 if fast is not None:
                     return "admitted", fast.key, common_result(task.id, target, common, fast.done)
@@ -299,9 +322,10 @@ class Engine:
                 step_id=target.id,
                 now=now,
                 admitted=admitted,
+                version=version,
             )
             if not moved:
-                return "abandoned", None, None
+                return "stale" if cached else "abandoned", None, None
             if not admitted:  # a queued placement: not an entry, nothing allocated
                 return "queued", None, None
             # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
@@ -322,9 +346,11 @@ class Engine:
                     log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
             return "admitted", key, first
 
+        rows = self.services.task_rows
         try:
             outcome, key, first = await self.services.store.transact(admit)
         except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
+            rows.forget(task.id)
             log.error(
                 "step_admission_failed", task_id=task.id, step_id=target.id, entry_path=path, cause=repr(exc)
             )
@@ -334,6 +360,12 @@ class Engine:
                 f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
                 field="step_id",
             ) from exc
+        if outcome == "admitted":
+            rows.put(attrs.evolve(entered, wip_admitted=True, queued_for_step_id=None, updated_at=now))
+        else:
+            rows.forget(task.id)
+        if outcome == "stale":
+            raise StaleRow(task.id)
         if outcome == "abandoned":
             out.diagnostic(
                 "info",
@@ -431,6 +463,7 @@ class Engine:
             if promotion is None:
                 return promoted
             promoted += 1
+            self.services.task_rows.forget(promotion.task_id)  # its row changed outside its actor
             self.services.announce_promotion(promotion)
 
 

@@ -31,7 +31,7 @@ class LedgerActor:
 
     async def run(self) -> None:
         """Serve requests until the mailbox is closed and drained."""
-        async for envelope in self._mailbox.inbox:
+        async for envelope in self._mailbox:
             request = envelope.message
             if request.verb == "mark_applied":
                 if request.operation_id:

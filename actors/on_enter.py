@@ -37,12 +37,30 @@ log = get_logger("onceflow.on_enter")
 _LEADING = ("reset_agent_context", "configure_session")
 
 
+_ORDERS: dict[tuple[int, str], tuple[Sequence[ActionDecl], tuple[tuple[int, ActionDecl], ...]]] = {}
+"""Memo of `dispatch_order` by (id of the declaration, path), holding the declaration so its id stays its
+own; cleared when it holds 4,096 (re-registered templates bring new declarations)."""
+
+
 def dispatch_order(declaration: Sequence[ActionDecl], path: EntryPath) -> list[tuple[int, ActionDecl]]:
     """The (position, action) sequence one entry executes; positions index the whole declared list.
 
     E4 keeps declared order. Elsewhere: reset_agent_context then configure_session (each at most once,
     AC-H8), the rest in declared order, auto_start_agent last. `recovery` keeps engine-owned actions only.
+    A declaration that is a tuple (a loaded template's, immutable) is planned once per path (~10 us per
+    call otherwise, twice per entry: issue 14).
     """
+    if not isinstance(declaration, tuple):
+        return _order(declaration, path)
+    memo = _ORDERS.get((id(declaration), path))
+    if memo is None or memo[0] is not declaration:
+        if len(_ORDERS) >= 4096:
+            _ORDERS.clear()
+        memo = _ORDERS[(id(declaration), path)] = (declaration, tuple(_order(declaration, path)))
+    return list(memo[1])
+
+
+def _order(declaration: Sequence[ActionDecl], path: EntryPath) -> list[tuple[int, ActionDecl]]:
     indexed = list(enumerate(declaration))
     if path == "recovery":
         return [(p, a) for p, a in indexed if a.type in ENGINE_ACTION_TYPES]

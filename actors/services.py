@@ -16,6 +16,7 @@ import trio
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.host import Host
 from onceflow.actors.ledger import LedgerActor
+from onceflow.actors.task_rows import TaskRows
 from onceflow.actors.wip import Promotion
 from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.workflow import Step, Workflow
@@ -41,7 +42,8 @@ class WorkflowRegistry:
 
 @attrs.define
 class Services:
-    """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted)."""
+    """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted). `task_rows` caches task
+    rows for moves (actors/task_rows.py; off unless `open_runtime` sizes it)."""
 
     store: StoreActor
     ledger: LedgerActor
@@ -50,6 +52,7 @@ class Services:
     promotions: trio.MemorySendChannel[Promotion]
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS
     clock: Callable[[], float] = time.time
+    task_rows: TaskRows = attrs.field(factory=TaskRows)
 
     def now(self) -> float:
         return self.clock()

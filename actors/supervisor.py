@@ -21,6 +21,7 @@ import outcome
 import trio
 from pydantic import BaseModel, ValidationError
 
+from onceflow.actors import task_rows
 from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
 from onceflow.actors.coordinator import Coordinator, RetryPolicy
 from onceflow.actors.durations import seconds
@@ -186,12 +187,12 @@ class Runtime:
         Raises trio.EndOfChannel once the mailbox is closed and drained.
         """
         try:
-            return mailbox.inbox.receive_nowait()
+            return mailbox.receive_nowait()
         except trio.WouldBlock:
             if self.actor_idle_timeout == 0:
                 return None
         with trio.move_on_after(self.actor_idle_timeout):  # only the wait, never a command
-            return await mailbox.inbox.receive()
+            return await mailbox.receive()
         return None
 
     async def _serve(self, actor: TaskActor, envelope: Envelope[_TaskMessage]) -> None:
@@ -318,6 +319,7 @@ class Runtime:
             promotions=old.promotions,
             executors=executors if executors is not None else old.executors,
             clock=old.clock,
+            task_rows=old.task_rows,
         )
         self.engine = Engine(self.services)
 
@@ -421,6 +423,7 @@ async def open_runtime(
     actor_idle_timeout: float = 0.0,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     epoch_sweep_interval: float = SWEEP_INTERVAL,
+    task_row_cache: int = task_rows.DEFAULT_CAPACITY,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -449,11 +452,16 @@ async def open_runtime(
     On PostgreSQL (issue 15) several runtimes may serve one database: each command's transactions hold its
     task's lock, and every `epoch_sweep_interval` seconds the runtime finishes the open entries whose
     epoch is dead (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
+    `task_row_cache` is how many task rows a move may start from without reading them (actors/task_rows.py:
+    the admission's compare-and-set verifies the row, a mismatch falls back to a fresh read; issue 14);
+    0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows too. A negative
+    size is a ValueError before anything is opened.
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
     busy_timeout = seconds("busy_timeout", busy_timeout)
     epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
+    rows = task_rows.TaskRows(task_row_cache)
     try:
         async with (
             open_store(
@@ -472,6 +480,7 @@ async def open_runtime(
                 promotions=promotions,
                 executors=executors,
                 clock=clock,
+                task_rows=task_rows.TaskRows() if store.postgres else rows,
             )
             hub = EventHub()
             outcome_supervisor = OutcomeSupervisor(

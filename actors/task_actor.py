@@ -12,7 +12,7 @@ from typing import Any, Literal
 import attrs
 
 from onceflow.actors import children, decisions
-from onceflow.actors.engine import Engine, HandleInput, HandleResult
+from onceflow.actors.engine import Engine, HandleInput, HandleResult, StaleRow
 from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import Outbox
@@ -52,7 +52,13 @@ class TaskActor:
         return self.engine.services.store
 
     async def handle(self, command: Any, out: Outbox) -> Any:
-        """Apply one command. Raises OnceflowError subclasses for refused commands."""
+        """Apply one command. Raises OnceflowError subclasses for refused commands.
+
+        Every command but a move, a creation or a read forgets the task's cached row first: it may write the
+        row outside the admission's compare-and-set (actors/task_rows.py).
+        """
+        if not isinstance(command, c.MoveTask | c.CreateTask | c.GetTask):
+            self.engine.services.task_rows.forget(self.task_id)
         match command:
             case c.CreateTask():
                 return await self._create(command, out)
@@ -245,6 +251,7 @@ class TaskActor:
             )
 
         task = await self._store.transact(insert)
+        self.engine.services.task_rows.put(task)  # as committed: its first move needs no read
         step = workflow.step(task.step_id)
         out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=step.id))
         if not task.wip_admitted:
@@ -277,7 +284,31 @@ class TaskActor:
         return {**attrs.asdict(result), "operation_id": op or None}
 
     async def _move(self, step_id: str, path: EntryPath, trigger: str, out: Outbox) -> Any:
-        """Manual or API step change; a move to the current step is not an entry and does nothing."""
+        """Manual or API step change; a move to the current step is not an entry and does nothing.
+
+        A cached row (actors/task_rows.py) saves the read: the admission's compare-and-set verifies it, and
+        a mismatch (`StaleRow`, nothing written) decides the move again from a fresh read. The no-op answer
+        is only ever given from a fresh read (issue 14 item "A cached task row").
+        """
+        rows = self.engine.services.task_rows
+        cached = rows.get(self.task_id)
+        if cached is not None:
+            rows.forget(self.task_id)  # an admission caches its new row; anything else reads afresh
+            workflow = self.engine.services.workflows.workflows.get(cached.workflow_id)
+            if workflow is not None and workflow.has_step(step_id) and step_id != cached.step_id:
+                try:
+                    moved = await self.engine.enter_step(
+                        cached,
+                        workflow,
+                        workflow.step(step_id),
+                        path=path,
+                        trigger=trigger,
+                        out=out,
+                        cached=True,
+                    )
+                    return {"moved": moved, "step_id": step_id if moved else cached.step_id}
+                except StaleRow:
+                    pass  # nothing was written: decide it from the committed row
         task = await self.engine.load_task(self.task_id)
         workflow = self.engine.services.workflows.get(task.workflow_id)
         target = find_step(workflow, step_id)

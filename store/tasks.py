@@ -112,30 +112,40 @@ def move_task_step(
     step_id: str,
     now: float,
     admitted: bool = True,
+    version: tuple[str, bool, int] | None = None,
 ) -> bool:
-    """Compare-and-set the task's step: only if it is still at `expected_step_id`. True when it moved.
+    """Compare-and-set the task's step: only if it is still at `expected_step_id` (and, given `version`,
+    still has that workflow id, admitted flag and admission count: a cached row verified). True when it
+    moved.
 
     Admitted, the task occupies `step_id` (queue fields cleared) and its admission counter goes up by one
     (a step entry); not admitted, it waits there queued for it (a queued placement at a step at its WIP
     limit: not an entry).
     """
     queued_for, queued_at = (None, None) if admitted else (step_id, now)
-    cur = conn.execute(
+    sql = (
         "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
-        " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?",
-        (
-            workflow_id,
-            step_id,
-            int(admitted),
-            queued_for,
-            queued_at,
-            now,
-            int(admitted),
-            task_id,
-            expected_step_id,
-        ),
+        " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?"
     )
-    return cur.rowcount == 1
+    params: tuple[Any, ...] = (
+        workflow_id,
+        step_id,
+        int(admitted),
+        queued_for,
+        queued_at,
+        now,
+        int(admitted),
+        task_id,
+        expected_step_id,
+    )
+    if version is not None:
+        sql += VERSION_CHECK
+        params += (version[0], int(version[1]), version[2])
+    return conn.execute(sql, params).rowcount == 1
+
+
+VERSION_CHECK = " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
+"""What a cached row's compare-and-set adds: the row's workflow, admitted flag and admission count."""
 
 
 def update_task_fields(conn: sqlite3.Connection, task_id: str, fields: dict[str, Any], now: float) -> None:

@@ -156,7 +156,8 @@ async def test_issue15_a_deadlock_is_storage_busy_and_retryable(pg_url: str) -> 
             locked_a = threading.Event()
 
             def lock_a_then_b(conn: sqlite3.Connection) -> None:
-                conn.execute("UPDATE tasks SET title = 's' WHERE id = 'A'")
+                # the rowcount is waited for: pipelined, the UPDATE might not have reached the server yet
+                assert conn.execute("UPDATE tasks SET title = 's' WHERE id = 'A'").rowcount == 1
                 locked_a.set()
                 conn.execute("UPDATE tasks SET title = 's' WHERE id = 'B'")
 

@@ -225,7 +225,9 @@ def _admit(
     ).fetchone()
     key = EntryKey(task.id, step.id, seq)
     entered = attrs.evolve(task, workflow_id=workflow_id, step_id=step.id)
+    prefix = f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:"
     requested: list[tuple[int, str, ActionDecl, str]] = []  # (position, agent, action, key) in order
+    rows: list[list[str | None]] = []  # the runs insert's [agent, reason, payload, key], in the same order
     deleted: int | None = None
     for position, action in order:
         if action.type == "clear_decisions":
@@ -237,10 +239,14 @@ def _admit(
         seats = dedupe_seats(step_participants(conn, entered, step.id, getattr(action.config, "role", "")))
         if any(not seat.agent_profile_id for seat in seats):
             raise Anomaly("a seat without an agent")
-        requested.extend(
-            (position, s.agent_profile_id, action, run_key(key, position, s.agent_profile_id, action))
-            for s in seats
-        )
+        # per action, not per seat: what `run_key` and the executor compute for every run of it
+        why, suffix = reason(action), digest(action)
+        payload = payload_json(getattr(action.config, "payload", None))
+        for seat in seats:
+            agent = seat.agent_profile_id
+            run = f"{prefix}{position}:{agent}:{suffix}"
+            requested.append((position, agent, action, run))
+            rows.append([agent, why, payload, run])
     conn.execute(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
         " updated_at) SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
@@ -259,12 +265,7 @@ def _admit(
                 task.id,
                 step.id,
                 now,
-                json.dumps(
-                    [
-                        [agent, reason(action), payload_json(getattr(action.config, "payload", None)), k]
-                        for _, agent, action, k in requested
-                    ]
-                ),
+                json.dumps(rows),
             ),
         ).fetchall()
         if len(returned) != len(requested):

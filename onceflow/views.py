@@ -136,7 +136,10 @@ def _open_postgres(url: str) -> Iterator[sqlite3.Connection]:
                 raise ViewError(f"{name} is not an onceflow database: no onceflow_meta table", "not_onceflow")
             version = conn.scalar("SELECT version FROM onceflow_meta")
         except sqlite3.Error as exc:
-            raise ViewError(f"cannot read {name}: {_scrubbed(str(exc), url)}", "unreachable") from None
+            text = _scrubbed(str(exc), url)
+            if "permission denied" in text:  # the user may connect but not read onceflow's tables
+                raise ViewError(f"{name} refused the credentials: {text}", "credentials") from None
+            raise ViewError(f"cannot read {name}: {text}", "unreachable") from None
         if version is None:
             raise ViewError(f"{name} is not an onceflow database: onceflow_meta is empty", "not_onceflow")
         _check_version(name, int(version))

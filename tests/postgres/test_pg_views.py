@@ -229,10 +229,12 @@ async def test_issue15_view_errors_are_one_line_exit_2_never_the_password(
         with pytest.raises(ViewError) as caught, open_read_only(url):
             pass
         assert caught.value.kind == kind, (url, str(caught.value))
-    # The right password reads the database (so "credentials" above was the password, nothing else).
+    # The right password without the right to read the tables: refused too, one line.
+    viewer = credentialed("s3cr%20et").rsplit("/", 1)[0] + "/" + pg_url.rsplit("/", 1)[1]
+    assert "refused the credentials" in _one_error_line(capsys, ["tasks", "--db", viewer])
+    # Granted, it reads the database (so "credentials" above was the password, nothing else).
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO viewer")
-    viewer = credentialed("s3cr%20et").rsplit("/", 1)[0] + "/" + pg_url.rsplit("/", 1)[1]
     assert main(["tasks", "--db", viewer, "--json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
 

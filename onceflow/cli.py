@@ -10,14 +10,16 @@
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
-  onceflow tasks|runs|entries|decisions|outcomes --db FILE [--task ID] [--json]
+  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]
                                                               read-only views (onceflow.views)
   onceflow --version
 
 Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 when the
 command cannot run: a usage error, or a file it names cannot be used (missing, a directory, not UTF-8, not
-a database, a database another runtime owns, a --db whose folder does not exist: no folder is created).
-Such a file gets one `error:` line on stderr naming it, never a traceback. SIGINT or SIGTERM during `run` or
+a database, a database another runtime owns, a --db whose folder does not exist: no folder is created), or
+a `postgresql://` --db that cannot be used (a bad URL, a server that does not answer, credentials refused,
+no such database, no onceflow schema). Such a file or URL gets one `error:` line on stderr naming it
+(password redacted), never a traceback. SIGINT or SIGTERM during `run` or
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless

@@ -1,9 +1,12 @@
 """Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes (issue 13 item 4).
 
-`onceflow tasks|runs|entries|decisions|outcomes --db FILE [--task ID] [--json]` reads the SQLite file
-while a runtime may own it: the connection is opened `mode=ro` through a URI, so it is a WAL reader that
-never writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
-committed state. Rows are read with the store's own query functions (`store/`), so a view shows what the
+`onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]` reads the database
+while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that never
+writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
+committed state. A `postgresql://` URL is opened with store/postgres.py's `connect` in a read-only session
+(`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
+the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write
+(issue 15). Rows are read with the store's own query functions (`store/`), so a view shows what the
 protocol's queries return. Output is an aligned table for people (control characters escaped, times as
 UTC) or, with `--json`, one JSON object per line for scripts.
 """
@@ -18,59 +21,141 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
-from urllib.parse import quote
+from typing import Any, TextIO, cast
+from urllib.parse import quote, unquote, urlsplit
 
 import attrs
 
 from onceflow.store import outcomes, participants, runs, step_entries, tasks
 from onceflow.store.records import TaskRecord
 from onceflow.store.schema import SCHEMA_VERSION
+from onceflow.store.urls import database_arg, is_postgres_url, redacted
 
 VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
 _PAGE = 1000
+CANNOT_RUN = 2
+"""Exit status when the database cannot be read: `onceflow.cli.CANNOT_RUN` (cli imports this module)."""
+_CONNECT_TIMEOUT = 5.0  # seconds a view waits for a PostgreSQL server before reporting it unreachable
+_LOCK_TIMEOUT = 2.0  # seconds a view's read waits behind a schema change's lock before giving up
 
 Row = dict[str, Any]
 
 
 class ViewError(Exception):
-    """The database cannot be read: missing, not SQLite, or at a schema version this code does not know."""
+    """The database cannot be read. `kind` says why: `missing` (no such file or database), `not_onceflow`
+    (not a database, or without onceflow's schema), `schema_version` (another version), `bad_url`,
+    `unreachable` (no server answers), `credentials` (the server refused the user or password), `read`
+    (a query failed). The message is one line and never carries a password (issue 15)."""
+
+    def __init__(self, message: str, kind: str = "read") -> None:
+        super().__init__(" ".join(message.split()))
+        self.kind = kind
 
 
 @contextlib.contextmanager
-def open_read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to the database at `path` (`mode=ro` URI: never writes, never locks it for
-    ownership, never migrates), checked to be at this code's schema version.
+def open_read_only(target: Path | str) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the database `target` names, checked to be at this code's schema version:
+    a SQLite file (`mode=ro` URI: never writes, never locks it for ownership, never migrates), or a
+    `postgresql://` URL (a read-only session inside one read-only snapshot transaction, see the module
+    docstring; the connection is store/postgres.py's, so it answers like sqlite3).
 
     Raises:
-        ViewError: the file does not exist, is not an onceflow database, or its schema version differs from
-            this onceflow's (older: open it once with this version's runtime to migrate; newer: upgrade).
+        ViewError: the file or database does not exist, is not an onceflow database, or its schema version
+            differs from this onceflow's (older: open it once with this version's runtime to migrate;
+            newer: upgrade); for a URL also `bad_url`, `unreachable` and `credentials` (see `ViewError`).
     """
+    if is_postgres_url(target):
+        with _open_postgres(str(target)) as pg:
+            yield pg
+        return
+    path = Path(target)
     if not path.is_file():
-        raise ViewError(f"no database at {path}")
+        raise ViewError(f"no database at {path}", "missing")
     try:
         conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
     except sqlite3.Error as exc:
-        raise ViewError(f"cannot open {path} read-only: {exc}") from None
+        raise ViewError(f"cannot open {path} read-only: {exc}", "not_onceflow") from None
     try:
         try:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.DatabaseError as exc:
-            raise ViewError(f"{path} is not an onceflow database: {exc}") from None
-        if version < SCHEMA_VERSION:
-            raise ViewError(
-                f"{path} has schema version {version}, older than this onceflow's {SCHEMA_VERSION}: open it"
-                " once with this version's runtime to migrate it (views never migrate)"
-            )
-        if version > SCHEMA_VERSION:
-            raise ViewError(
-                f"{path} has schema version {version}, newer than this onceflow's {SCHEMA_VERSION}: use the"
-                " onceflow that wrote it"
-            )
+            raise ViewError(f"{path} is not an onceflow database: {exc}", "not_onceflow") from None
+        _check_version(str(path), version)
         yield conn
     finally:
         conn.close()
+
+
+def _check_version(name: str, version: int) -> None:
+    if version < SCHEMA_VERSION:
+        raise ViewError(
+            f"{name} has schema version {version}, older than this onceflow's {SCHEMA_VERSION}: open it"
+            " once with this version's runtime to migrate it (views never migrate)",
+            "schema_version",
+        )
+    if version > SCHEMA_VERSION:
+        raise ViewError(
+            f"{name} has schema version {version}, newer than this onceflow's {SCHEMA_VERSION}: use the"
+            " onceflow that wrote it",
+            "schema_version",
+        )
+
+
+# libpq's words for a server that refused who we are (it reports no SQLSTATE before a session exists).
+_REFUSED = ("authentication failed", "no password supplied", "role", "pg_hba.conf", "permission denied")
+
+
+@contextlib.contextmanager
+def _open_postgres(url: str) -> Iterator[sqlite3.Connection]:
+    """`open_read_only` for a PostgreSQL URL (psycopg is imported only here: SQLite views never load it)."""
+    import psycopg
+
+    from onceflow.store import postgres
+
+    name = redacted(url)
+    try:
+        conn = postgres.connect(url, connect_timeout=_CONNECT_TIMEOUT, lock_timeout=_LOCK_TIMEOUT)
+    except sqlite3.Error as exc:
+        cause = exc.__cause__
+        text = _scrubbed(str(cause if cause is not None else exc), url)
+        unparsed = "invalid" in text and "connection to server" not in text and "host name" not in text
+        if not isinstance(cause, psycopg.OperationalError) or unparsed:  # libpq could not parse the URL
+            raise ViewError(f"{name} is not a valid PostgreSQL URL: {text}", "bad_url") from None
+        if "database" in text and "does not exist" in text:
+            raise ViewError(f"no database at {name}: {text}", "missing") from None
+        if any(word in text for word in _REFUSED):
+            raise ViewError(f"{name} refused the credentials: {text}", "credentials") from None
+        raise ViewError(f"cannot reach {name}: {text}", "unreachable") from None
+    try:
+        try:
+            # Read-only for the whole session, not only the transaction below: nothing a view runs can write.
+            conn.execute("SET default_transaction_read_only = on")
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if conn.scalar("SELECT to_regclass('onceflow_meta')") is None:
+                raise ViewError(f"{name} is not an onceflow database: no onceflow_meta table", "not_onceflow")
+            version = conn.scalar("SELECT version FROM onceflow_meta")
+        except sqlite3.Error as exc:
+            text = _scrubbed(str(exc), url)
+            if "permission denied" in text:  # the user may connect but not read onceflow's tables
+                raise ViewError(f"{name} refused the credentials: {text}", "credentials") from None
+            raise ViewError(f"cannot read {name}: {text}", "unreachable") from None
+        if version is None:
+            raise ViewError(f"{name} is not an onceflow database: onceflow_meta is empty", "not_onceflow")
+        _check_version(name, int(version))
+        yield cast(sqlite3.Connection, conn)  # the sqlite3 API the store's query functions use
+    finally:
+        conn.close()
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """`text` (a driver's message) without the password of `url`, as given or percent-decoded."""
+    with contextlib.suppress(ValueError):
+        password = urlsplit(url).password
+        if password:
+            for form in {password, unquote(password)}:
+                text = text.replace(form, "***")
+    return text
 
 
 def rows(conn: sqlite3.Connection, view: str, task_id: str | None = None) -> list[Row]:
@@ -87,7 +172,7 @@ def rows(conn: sqlite3.Connection, view: str, task_id: str | None = None) -> lis
     try:
         return _QUERIES[view](conn, task_id)
     except sqlite3.Error as exc:
-        raise ViewError(f"reading the {view} view failed: {exc}") from None
+        raise ViewError(f"reading the {view} view failed: {exc}", "read") from None
 
 
 def _task_pages(conn: sqlite3.Connection) -> Iterator[list[TaskRecord]]:
@@ -194,15 +279,16 @@ def render_table(view: str, data: list[Row]) -> str:
     )
 
 
-def show(path: Path, view: str, task_id: str | None, as_json: bool, out: TextIO) -> int:
-    """Print one view of the database at `path` to `out`; return the exit status: 0, or 1 after printing
-    `error: ...` to stderr when the database cannot be read (`open_read_only`, `rows`)."""
+def show(target: Path | str, view: str, task_id: str | None, as_json: bool, out: TextIO) -> int:
+    """Print one view of the database `target` names (file or `postgresql://` URL) to `out`; return the
+    exit status: 0, or `CANNOT_RUN` (2) after printing one `error: ...` line to stderr when the database
+    cannot be read (`open_read_only`, `rows`; the password never shown). Source: issue 13 item 4, issue 15."""
     try:
-        with open_read_only(path) as conn:
+        with open_read_only(target) as conn:
             data = rows(conn, view, task_id)
     except ViewError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        print(f"error: {escape(str(exc))}", file=sys.stderr)
+        return CANNOT_RUN
     if as_json:
         for row in data:
             print(json.dumps(row, separators=(",", ":")), file=out)
@@ -215,7 +301,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     """Add one subcommand per view to the `onceflow` parser; each sets `handler` (args -> exit status)."""
     for view in VIEWS:
         parser = sub.add_parser(view, help=f"show the {view} of a database (read-only; safe while it runs)")
-        parser.add_argument("--db", type=Path, required=True, help="the SQLite file")
+        parser.add_argument("--db", type=database_arg, required=True, help="SQLite file or postgresql:// URL")
         if view in TASK_SCOPED:
             parser.add_argument("--task", help="only this task")
         parser.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -64,7 +64,7 @@ def test_issue13_views_refuse_another_schema_version_and_never_migrate(
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as conn:
         conn.execute(f"PRAGMA user_version = {version}")
-    assert main(["tasks", "--db", str(db)]) == 1
+    assert main(["tasks", "--db", str(db)]) == 2  # exit 2 since issue 15 (was 1): the CLI's "cannot run"
     err = capsys.readouterr().err
     assert f"schema version {version}, {word} than this onceflow's {schema.SCHEMA_VERSION}" in err
     with sqlite3.connect(db) as conn:
@@ -73,7 +73,7 @@ def test_issue13_views_refuse_another_schema_version_and_never_migrate(
 
 
 def test_issue13_views_name_a_missing_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["outcomes", "--db", str(tmp_path / "absent.db")]) == 1
+    assert main(["outcomes", "--db", str(tmp_path / "absent.db")]) == 2
     assert "no database at" in capsys.readouterr().err
     assert not (tmp_path / "absent.db").exists()
 

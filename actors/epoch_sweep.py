@@ -8,7 +8,9 @@ epoch, or holding no claim of a live epoch at all and older than `grace` (twice 
 entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through the recovery path,
 one entry at a time under that entry's task lock (so never concurrently with a command of the task in
 another runtime). The markers' compare-and-set with epochs decides which runtime runs each engine action
-when several sweep at once, or when a live runtime's own dispatch of an entry older than `grace` is raced.
+when several sweep at once, or when a live runtime's own dispatch of an entry older than `grace` is raced
+(a dispatch waiting on a host action that long, with no engine action claimed: the sweep then runs the
+entry's remaining engine actions, each once, possibly before that host action completes).
 Then it runs the start-up promotion (`promote`), so a WIP slot a dead runtime freed without promoting (or
 whose promotion failed `storage_busy`) is filled while tasks wait.
 """

@@ -4,13 +4,13 @@ On SQLite the start-up recovery scan is enough: the runtime owning the file is t
 dead one left is finished when the file is next opened. On PostgreSQL the runtime that left an entry open
 (SIGKILLed, partitioned past `postgres.PARTITION_BOUND`) may never come back while others keep serving, so
 every live runtime looks every `interval` seconds for open entries holding an in_progress marker of a dead
-epoch, or holding no claim of a live epoch at all and older than `grace` (twice `interval`): a dead runtime's
-entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through the recovery path,
-one entry at a time under that entry's task lock (so never concurrently with a command of the task in
-another runtime). The markers' compare-and-set with epochs decides which runtime runs each engine action
-when several sweep at once, or when a live runtime's own dispatch of an entry older than `grace` is raced
-(a dispatch waiting on a host action that long, with no engine action claimed: the sweep then runs the
-entry's remaining engine actions, each once, possibly before that host action completes).
+epoch, or holding no claim of a live epoch at all and older than `grace` (`GRACE_INTERVALS` sweeps): a
+dead runtime's entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through
+the recovery path, one entry at a time under that entry's task lock (so never concurrently with a command
+of the task in another runtime). The markers' compare-and-set with epochs decides which runtime runs each
+engine action when several sweep at once, or when a live runtime's own dispatch of an entry older than
+`grace` is raced (a dispatch waiting on a host action that long, with no engine action claimed: the sweep
+then runs the entry's remaining engine actions, each once, possibly before that host action completes).
 Then it runs the start-up promotion (`promote`), so a WIP slot a dead runtime freed without promoting (or
 whose promotion failed `storage_busy`) is filled while tasks wait.
 """
@@ -32,6 +32,12 @@ log = get_logger("onceflow.epoch_sweep")
 
 SWEEP_INTERVAL = 5.0
 """Seconds between two sweeps of a live PostgreSQL runtime."""
+
+GRACE_INTERVALS = 12
+"""How many sweep intervals a claimless open entry must be old before a sweep takes it (60 s at the default
+interval). Session actions hold no marker, so a live runtime whose dispatch waits this long on a host
+action before its first engine action looks like a dead one; the grace makes that rare (and then each
+engine action still runs once), and a dead runtime's entry waits at most this long plus one sweep."""
 
 SWEEP_LIMIT = 100
 """The most entries one sweep finishes (the next sweep takes the rest)."""
@@ -103,10 +109,11 @@ async def sweep_forever(
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run `sweep_once` every `interval` seconds, with a grace of twice `interval` for claimless entries (a
-    live runtime's own fresh dispatch is rarely raced); `start` it to get the cancel scope that stops it."""
+    """Run `sweep_once` every `interval` seconds, with a grace of `GRACE_INTERVALS` intervals for claimless
+    entries (a live runtime's own dispatch is rarely raced); `start` it to get the cancel scope that stops
+    it."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:
             await trio.sleep(interval)
-            await sweep_once(services, hub, 2 * interval, promote)
+            await sweep_once(services, hub, GRACE_INTERVALS * interval, promote)

@@ -451,7 +451,7 @@ async def open_runtime(
     runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
     On PostgreSQL (issue 15) several runtimes may serve one database: each command's transactions hold its
     task's lock, and every `epoch_sweep_interval` seconds the runtime finishes the open entries whose
-    epoch is dead or that hold no live claim after twice that, and runs the start-up promotion
+    epoch is dead or that hold no live claim after `GRACE_INTERVALS` of them, and runs the start-up promotion
     (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
     `task_row_cache` is how many task rows a move may start from without reading them (actors/task_rows.py:
     the admission's compare-and-set verifies the row, a mismatch falls back to a fresh read; issue 14);

@@ -1,7 +1,7 @@
 """The PostgreSQL sweep's liveness gaps (issue 15, "Live runtimes periodically scan for, and finish, entries
 whose epoch is dead — not only at start-up"): an entry a dead runtime committed without any claim is
-finished by a live runtime once older than the grace period (twice `epoch_sweep_interval`), and a WIP slot
-a dead runtime freed without promoting is filled by a live runtime's sweep. Crash states are written by
+finished by a live runtime once older than the grace period (`GRACE_INTERVALS` sweep intervals), and a WIP
+slot a dead runtime freed without promoting is filled by a live runtime's sweep. Crash states are written by
 SQL through a second store (a runtime's writer) that then closes, as a SIGKILLed runtime leaves them.
 """
 
@@ -32,6 +32,7 @@ from entry_support import (
 )
 
 from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.actors.epoch_sweep import GRACE_INTERVALS
 from onceflow.actors.host import RecordingHost, SessionActionRequest
 from onceflow.actors.supervisor import open_runtime
 from onceflow.protocol.workflow import ActionDecl
@@ -135,22 +136,23 @@ async def test_issue15_sweep_finishes_a_dead_runtimes_claimless_entry_exactly_on
 
 
 async def test_issue15_sweep_leaves_a_fresh_claimless_entry_to_its_runtime(pg_url: str) -> None:
-    """A claimless entry younger than the grace period (twice the interval) is not taken by the sweep, so
-    a live runtime's own dispatch of its fresh entry is not raced; once older, it is finished."""
+    """A claimless entry younger than the grace period (GRACE_INTERVALS intervals) is not taken by the
+    sweep, so a live runtime's own dispatch of its fresh entry is not raced; once older, it is finished."""
     kinds = await _setup(pg_url)
-    interval = 0.5
+    interval = 0.1
+    grace = GRACE_INTERVALS * interval
     async with open_runtime(
         pg_url, epoch_sweep_interval=interval, executors=executors_with(clear_decisions=counting_clear())
     ):
         created = time.time()
         await _dead_runtime_admits(pg_url, kinds, created_at=created)
-        await trio.sleep(max(0.0, created + 1.6 * interval - time.time()))  # at least one sweep ran
+        await trio.sleep(max(0.0, created + 0.8 * grace - time.time()))  # several sweeps ran
         assert entry_state(pg_url, KEY) == (False, [])
         assert clears(pg_url) == []
         with trio.fail_after(10):  # past the grace period the sweep finishes it
             while not entry_state(pg_url, KEY)[0]:
                 await trio.sleep(0.02)
-        assert time.time() - created >= 2 * interval
+        assert time.time() - created >= grace
     assert clears(pg_url) == ["T1"]
 
 
@@ -211,7 +213,7 @@ RACERS = 16
 
 
 async def test_issue15_sweep_racing_a_live_runtimes_own_dispatch_runs_each_action_once(pg_url: str) -> None:
-    """Two live runtimes sweep every 0.05 s (grace 0.1 s) while one of them dispatches its own entries,
+    """Two live runtimes sweep every 0.02 s (grace 0.24 s) while one of them dispatches its own entries,
     each waiting on a slow host action before its engine actions, so sweeps take claimless entries that
     are being dispatched: each entry's clear still commits once and each reviewer's run is queued once."""
     create_clear_log(pg_url)
@@ -223,10 +225,10 @@ async def test_issue15_sweep_racing_a_live_runtimes_own_dispatch_runs_each_actio
     with capture_logs() as logs:
         async with contextlib.AsyncExitStack() as stack:
             own = await stack.enter_async_context(
-                open_runtime(pg_url, host=SlowResetHost(), epoch_sweep_interval=0.05, executors=executors)
+                open_runtime(pg_url, host=SlowResetHost(), epoch_sweep_interval=0.02, executors=executors)
             )
             await stack.enter_async_context(
-                open_runtime(pg_url, epoch_sweep_interval=0.05, executors=executors)
+                open_runtime(pg_url, epoch_sweep_interval=0.02, executors=executors)
             )
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:

@@ -4,12 +4,20 @@ On SQLite the start-up recovery scan is enough: the runtime owning the file is t
 dead one left is finished when the file is next opened. On PostgreSQL the runtime that left an entry open
 (SIGKILLed, partitioned past `postgres.PARTITION_BOUND`) may never come back while others keep serving, so
 every live runtime looks every `interval` seconds for open entries holding an in_progress marker of a dead
-epoch (`epochs.dead_epoch_entries`) and finishes them through the recovery path, one entry at a time under
-that entry's task lock (so never concurrently with a command of the task in another runtime). The markers'
-compare-and-set decides which runtime wins when several sweep at once.
+epoch, or holding no claim of a live epoch at all and older than `grace` (`GRACE_INTERVALS` sweeps): a
+dead runtime's entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through
+the recovery path, one entry at a time under that entry's task lock (so never concurrently with a command
+of the task in another runtime). The markers' compare-and-set with epochs decides which runtime runs each
+engine action when several sweep at once, or when a live runtime's own dispatch of an entry older than
+`grace` is raced (a dispatch waiting on a host action that long, with no engine action claimed: the sweep
+then runs the entry's remaining engine actions, each once, possibly before that host action completes).
+Then it runs the start-up promotion (`promote`), so a WIP slot a dead runtime freed without promoting (or
+whose promotion failed `storage_busy`) is filled while tasks wait.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -25,19 +33,46 @@ log = get_logger("onceflow.epoch_sweep")
 SWEEP_INTERVAL = 5.0
 """Seconds between two sweeps of a live PostgreSQL runtime."""
 
+GRACE_INTERVALS = 12
+"""How many sweep intervals a claimless open entry must be old before a sweep takes it (60 s at the default
+interval). Session actions hold no marker, so a live runtime whose dispatch waits this long on a host
+action before its first engine action looks like a dead one; the grace makes that rare (and then each
+engine action still runs once), and a dead runtime's entry waits at most this long plus one sweep."""
 
-async def sweep_once(services: Services, hub: EventHub) -> int:
-    """Finish the open entries of dead epochs once; returns how many were re-dispatched. Never raises."""
+SWEEP_LIMIT = 100
+"""The most entries one sweep finishes (the next sweep takes the rest)."""
+
+
+async def sweep_once(
+    services: Services,
+    hub: EventHub,
+    grace: float,
+    promote: Callable[[], Awaitable[int]] | None = None,
+) -> int:
+    """Finish, once, the open entries of dead epochs and the claimless ones created more than `grace`
+    seconds ago (at most `SWEEP_LIMIT`), then run `promote` (the start-up promotion); returns how many
+    entries were re-dispatched. Never raises: a failure is logged at WARNING (issue 15)."""
     store = services.store
+    before = services.now() - grace
     try:
         # The epoch is read in the writer: a reconnect there may have replaced it.
-        found = await store.transact(lambda conn: epochs.dead_epoch_entries(conn, store.epoch))
+        found = await store.transact(
+            lambda conn: epochs.dead_epoch_entries(conn, store.epoch, before, SWEEP_LIMIT)
+        )
     except Exception as exc:
         log.warning("epoch_sweep_query_failed", cause=repr(exc))
-        return 0
+        found = []
     redispatched = await _each_under_its_task_lock(services, hub, found)
     if found:
         log.info("epoch_sweep_finished", entries=len(found), redispatched=redispatched)
+    if promote is not None:
+        try:
+            promoted = await promote()
+        except Exception as exc:  # storage_busy and the like: the next sweep tries again
+            log.warning("epoch_sweep_promotion_failed", cause=repr(exc))
+        else:
+            if promoted:
+                log.info("epoch_sweep_promoted", tasks=promoted)
     return redispatched
 
 
@@ -70,12 +105,15 @@ async def sweep_forever(
     services: Services,
     hub: EventHub,
     interval: float = SWEEP_INTERVAL,
+    promote: Callable[[], Awaitable[int]] | None = None,
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run `sweep_once` every `interval` seconds; `start` it to get the cancel scope that stops it."""
+    """Run `sweep_once` every `interval` seconds, with a grace of `GRACE_INTERVALS` intervals for claimless
+    entries (a live runtime's own dispatch is rarely raced); `start` it to get the cancel scope that stops
+    it."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:
             await trio.sleep(interval)
-            await sweep_once(services, hub)
+            await sweep_once(services, hub, GRACE_INTERVALS * interval, promote)

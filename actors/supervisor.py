@@ -451,7 +451,8 @@ async def open_runtime(
     runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
     On PostgreSQL (issue 15) several runtimes may serve one database: each command's transactions hold its
     task's lock, and every `epoch_sweep_interval` seconds the runtime finishes the open entries whose
-    epoch is dead (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
+    epoch is dead or that hold no live claim after `GRACE_INTERVALS` of them, and runs the start-up promotion
+    (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
     `task_row_cache` is how many task rows a move may start from without reading them (actors/task_rows.py:
     the admission's compare-and-set verifies the row, a mismatch falls back to a fresh read; issue 14);
     0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows too. A negative
@@ -506,7 +507,11 @@ async def open_runtime(
                         await runtime.promote_all()
                         if store.postgres:  # others may die while we run: finish what their epochs left
                             sweep = await task_nursery.start(
-                                sweep_forever, runtime.services, hub, epoch_sweep_interval
+                                sweep_forever,
+                                runtime.services,
+                                hub,
+                                epoch_sweep_interval,
+                                runtime.promote_all,
                             )
                         yield runtime
                     finally:

@@ -25,9 +25,10 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from onceflow.store.records import StepEntry
+
 if TYPE_CHECKING:  # psycopg is imported only by a runtime on PostgreSQL
     from onceflow.store.postgres import PgConnection
-    from onceflow.store.records import StepEntry
 
 TASK_NAMESPACE = 0x6F66  # 'of': the first key of every task lock (pg_advisory_xact_lock(int, int))
 
@@ -117,31 +118,40 @@ def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
     return held
 
 
-def dead_epoch_entries(conn: Any, own_epoch: str) -> list[tuple[StepEntry, int]]:
-    """The open entries holding an in_progress marker of an epoch other than `own_epoch` that is dead
-    (`is_live` False), each with the greatest entry_seq of its pair, as `step_entries.open_entries` gives
-    them (undecodable rows are left to the start-up scan, which reports them). Empty when no other epoch
-    has a claim, without reading any entry."""
-    from onceflow.store import step_entries  # step_entries asks this module about liveness
+def dead_epoch_entries(
+    conn: Any, own_epoch: str, created_before: float, limit: int
+) -> list[tuple[StepEntry, int]]:
+    """The open entries a live runtime should finish, PostgreSQL only (issue 15, "Live runtimes periodically
+    scan for, and finish, entries whose epoch is dead"): those holding no in_progress marker of a live epoch
+    (ours, or one whose lock `is_live` finds held) and either holding one of a dead epoch, or created before
+    `created_before` (Unix seconds): a dead runtime's entry it committed but never claimed (a promotion's E3
+    entry, a dispatch that had not begun). Each comes with the greatest entry_seq of its pair, in
+    (task_id, step_id, entry_seq) order, at most `limit` of them.
 
+    One statement asks which epochs holding a claim are dead (the partial index on in_progress markers),
+    one reads the entries (the partial index of open entries, each marker probe by primary key).
+    """
     held = conn.execute(
         "SELECT DISTINCT epoch FROM step_entry_markers"
         " WHERE state = 'in_progress' AND epoch IS NOT NULL AND epoch <> ?",
         (own_epoch,),
     ).fetchall()
     dead = [epoch for (epoch,) in held if not is_live(conn, epoch)]
-    if not dead:
-        return []
-    keys: set[tuple[str, str, int]] = set()
-    for epoch in dead:
-        rows = conn.execute(
-            "SELECT task_id, step_id, entry_seq FROM step_entry_markers"
-            " WHERE state = 'in_progress' AND epoch = ?",
-            (epoch,),
-        )
-        keys.update((task_id, step_id, int(seq)) for task_id, step_id, seq in rows)
+    of_entry = "m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
+    rows = conn.execute(
+        "SELECT e.task_id, e.step_id, e.entry_seq, e.workflow_id, e.declaration_digest, e.entry_path,"
+        " (SELECT MAX(later.entry_seq) FROM step_entries AS later"
+        "  WHERE later.task_id = e.task_id AND later.step_id = e.step_id)"
+        " FROM step_entries AS e WHERE e.terminal = 0"
+        # an epoch not known dead (ours, a live one, one claiming since the first statement) is live
+        f" AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {of_entry}"
+        "  AND m.state = 'in_progress' AND NOT COALESCE(m.epoch = ANY(CAST(? AS text[])), FALSE))"
+        " AND (e.created_at < ? OR EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE"
+        f"  {of_entry} AND m.state = 'in_progress' AND m.epoch = ANY(CAST(? AS text[]))))"
+        " ORDER BY e.task_id, e.step_id, e.entry_seq LIMIT ?",
+        (dead, created_before, dead, limit),
+    ).fetchall()
     return [
-        row
-        for row in step_entries.open_entries(conn)
-        if isinstance(row, tuple) and (row[0].task_id, row[0].step_id, row[0].entry_seq) in keys
+        (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False), int(latest))
+        for task_id, step_id, seq, workflow_id, digest, path, latest in rows
     ]

@@ -1,0 +1,250 @@
+"""The PostgreSQL sweep's liveness gaps (issue 15, "Live runtimes periodically scan for, and finish, entries
+whose epoch is dead — not only at start-up"): an entry a dead runtime committed without any claim is
+finished by a live runtime once older than the grace period (`GRACE_INTERVALS` sweep intervals), and a WIP
+slot a dead runtime freed without promoting is filled by a live runtime's sweep. Crash states are written by
+SQL through a second store (a runtime's writer) that then closes, as a SIGKILLed runtime leaves them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import trio
+from helpers import ok, register
+from structlog.testing import capture_logs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
+
+from entry_support import (
+    CLEAR_AND_FAN_OUT,
+    REVIEWERS,
+    admit,
+    entries_yaml,
+    executors_with,
+    kinds_of,
+    new_task,
+    setup_entries,
+)
+
+from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.actors.epoch_sweep import GRACE_INTERVALS
+from onceflow.actors.host import RecordingHost, SessionActionRequest
+from onceflow.actors.supervisor import open_runtime
+from onceflow.protocol.workflow import ActionDecl
+from onceflow.store import tasks
+from onceflow.store.step_entries import EntryKey
+from onceflow.store.writer import open_store
+
+KEY = EntryKey("T1", "review", 1)
+
+
+def counting_clear() -> Executor:
+    """clear_decisions, also logging each committed execution in `clear_log` (same transaction)."""
+    real = DEFAULT_EXECUTORS["clear_decisions"]
+
+    def executor(conn: object, ctx: ActionContext, action: ActionDecl) -> Effect:
+        conn.execute(  # type: ignore[attr-defined]
+            "INSERT INTO clear_log (task_id, step_id) VALUES (?, ?)", (ctx.task.id, ctx.step_id)
+        )
+        return real(conn, ctx, action)  # type: ignore[arg-type]
+
+    return executor
+
+
+def create_clear_log(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE clear_log (task_id TEXT NOT NULL, step_id TEXT NOT NULL)")
+
+
+def clears(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [t for (t,) in conn.execute("SELECT task_id FROM clear_log ORDER BY task_id").fetchall()]
+
+
+def runs_of(url: str, task_id: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT idempotency_key FROM runs WHERE task_id = %s", (task_id,)).fetchall()
+    return [key for (key,) in rows]
+
+
+def entry_state(url: str, key: EntryKey) -> tuple[bool, list[tuple[int, str, str]]]:
+    """(terminal, [(position, kind, state)]) of one entry."""
+    with psycopg.connect(url) as conn:
+        (terminal,) = conn.execute(
+            "SELECT terminal FROM step_entries WHERE task_id = %s AND step_id = %s AND entry_seq = %s",
+            (key.task_id, key.step_id, key.entry_seq),
+        ).fetchone() or (None,)
+        marks = conn.execute(
+            "SELECT position, kind, state FROM step_entry_markers"
+            " WHERE task_id = %s AND step_id = %s AND entry_seq = %s ORDER BY position",
+            (key.task_id, key.step_id, key.entry_seq),
+        ).fetchall()
+    return bool(terminal), [tuple(m) for m in marks]  # type: ignore[misc]
+
+
+async def _setup(url: str) -> list[str]:
+    create_clear_log(url)
+    async with open_runtime(url) as first:
+        await setup_entries(first, CLEAR_AND_FAN_OUT)
+        await new_task(first, "T1")
+    return kinds_of(entries_yaml(CLEAR_AND_FAN_OUT), "review")
+
+
+async def _dead_runtime_admits(url: str, kinds: list[str], created_at: float | None = None) -> None:
+    """A peer runtime commits T1's move into review (the entry, no marker) and dies before dispatching."""
+    async with open_store(url) as peer:
+        key = await peer.transact(lambda conn: admit(conn, "T1", "review", kinds))
+        if created_at is not None:
+            await peer.transact(
+                lambda conn: conn.execute(
+                    "UPDATE step_entries SET created_at = ? WHERE task_id = ? AND step_id = ?",
+                    (created_at, key.task_id, key.step_id),
+                )
+            )
+
+
+async def test_issue15_sweep_finishes_a_dead_runtimes_claimless_entry_exactly_once(pg_url: str) -> None:
+    """An open entry without any marker, left by a runtime that died, is finished by a live runtime
+    without any restart within ~2 sweep intervals (it is older than the grace period): one clear, each
+    reviewer's run queued once, the entry terminal; later sweeps leave it alone."""
+    kinds = await _setup(pg_url)
+    interval = 0.2
+    async with open_runtime(
+        pg_url, epoch_sweep_interval=interval, executors=executors_with(clear_decisions=counting_clear())
+    ):
+        await _dead_runtime_admits(pg_url, kinds)  # created at START: long past the grace period
+        assert entry_state(pg_url, KEY) == (False, [])
+        started = time.monotonic()
+        with trio.fail_after(10):
+            while not entry_state(pg_url, KEY)[0]:
+                await trio.sleep(0.02)
+        took = time.monotonic() - started
+        await trio.sleep(5 * interval)  # several more sweeps
+    assert took < 2 * interval + 1.0, took
+    assert entry_state(pg_url, KEY)[1] == [
+        (0, "clear_decisions", "done"),
+        (1, "queue_run_for_each_participant", "done"),
+    ]
+    assert clears(pg_url) == ["T1"]
+    keys = runs_of(pg_url, "T1")
+    assert len(keys) == len(REVIEWERS) == len(set(keys))
+
+
+async def test_issue15_sweep_leaves_a_fresh_claimless_entry_to_its_runtime(pg_url: str) -> None:
+    """A claimless entry younger than the grace period (GRACE_INTERVALS intervals) is not taken by the
+    sweep, so a live runtime's own dispatch of its fresh entry is not raced; once older, it is finished."""
+    kinds = await _setup(pg_url)
+    interval = 0.1
+    grace = GRACE_INTERVALS * interval
+    async with open_runtime(
+        pg_url, epoch_sweep_interval=interval, executors=executors_with(clear_decisions=counting_clear())
+    ):
+        created = time.time()
+        await _dead_runtime_admits(pg_url, kinds, created_at=created)
+        await trio.sleep(max(0.0, created + 0.8 * grace - time.time()))  # several sweeps ran
+        assert entry_state(pg_url, KEY) == (False, [])
+        assert clears(pg_url) == []
+        with trio.fail_after(10):  # past the grace period the sweep finishes it
+            while not entry_state(pg_url, KEY)[0]:
+                await trio.sleep(0.02)
+        assert time.time() - created >= grace
+    assert clears(pg_url) == ["T1"]
+
+
+WIP_FLOW = """
+id: slots
+name: Slots
+steps:
+  - {id: backlog, name: Backlog, position: 0, is_start_step: true}
+  - {id: narrow, name: Narrow, position: 1, wip_limit: 1}
+"""
+
+
+def queued(url: str, task_id: str) -> bool:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT wip_admitted FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    assert row is not None
+    return not row[0]
+
+
+async def test_issue15_sweep_promotes_into_a_slot_a_dead_runtime_freed(pg_url: str) -> None:
+    """A dead runtime committed the move that freed the only slot of a WIP-limited step and died before
+    promoting: a live runtime's sweep admits the queued task within ~2 intervals, without any restart."""
+    interval = 0.2
+    async with open_runtime(pg_url, epoch_sweep_interval=interval) as live:
+        await register(live, WIP_FLOW, "slots.yml")
+        for task in ("A", "B"):
+            await ok(live, {"type": "create_task", "task_id": task, "workflow_id": "slots"})
+            await ok(live, {"type": "move_task", "task_id": task, "step_id": "narrow"})
+        assert not queued(pg_url, "A") and queued(pg_url, "B")
+        async with open_store(pg_url) as peer:  # the peer's move of A out commits; it dies before promoting
+            await peer.transact(
+                lambda conn: tasks.move_task_step(
+                    conn,
+                    task_id="A",
+                    expected_step_id="narrow",
+                    workflow_id="slots",
+                    step_id="backlog",
+                    now=time.time(),
+                )
+            )
+        started = time.monotonic()
+        with trio.fail_after(10):
+            while queued(pg_url, "B"):
+                await trio.sleep(0.02)
+        assert time.monotonic() - started < 2 * interval + 1.0
+
+
+class SlowResetHost(RecordingHost):
+    """A host whose session actions take a random 0-0.3 s: the entry stays claimless meanwhile."""
+
+    async def perform_session_action(self, request: SessionActionRequest) -> None:
+        await trio.sleep(random.uniform(0.0, 0.3))
+        await super().perform_session_action(request)
+
+
+RESET_FIRST = "- type: reset_agent_context\n" + CLEAR_AND_FAN_OUT
+RACERS = 16
+
+
+async def test_issue15_sweep_racing_a_live_runtimes_own_dispatch_runs_each_action_once(pg_url: str) -> None:
+    """Two live runtimes sweep every 0.02 s (grace 0.24 s) while one of them dispatches its own entries,
+    each waiting on a slow host action before its engine actions, so sweeps take claimless entries that
+    are being dispatched: each entry's clear still commits once and each reviewer's run is queued once."""
+    create_clear_log(pg_url)
+    async with open_runtime(pg_url) as first:
+        await setup_entries(first, RESET_FIRST)
+        for n in range(RACERS):
+            await new_task(first, f"T{n}")
+    executors = executors_with(clear_decisions=counting_clear())
+    with capture_logs() as logs:
+        async with contextlib.AsyncExitStack() as stack:
+            own = await stack.enter_async_context(
+                open_runtime(pg_url, host=SlowResetHost(), epoch_sweep_interval=0.02, executors=executors)
+            )
+            await stack.enter_async_context(
+                open_runtime(pg_url, epoch_sweep_interval=0.02, executors=executors)
+            )
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for n in range(RACERS):
+                        nursery.start_soon(
+                            ok, own, {"type": "move_task", "task_id": f"T{n}", "step_id": "review"}
+                        )
+                while not all(entry_state(pg_url, EntryKey(f"T{n}", "review", 1))[0] for n in range(RACERS)):
+                    await trio.sleep(0.02)
+    swept = sum(e.get("entries", 0) for e in logs if e["event"] == "epoch_sweep_finished")
+    assert swept > 0, "no sweep took an entry: the race was not exercised"
+    assert clears(pg_url) == sorted(f"T{n}" for n in range(RACERS))
+    for n in range(RACERS):
+        keys = runs_of(pg_url, f"T{n}")
+        assert len(keys) == len(REVIEWERS) == len(set(keys)), (n, keys)
+        assert entry_state(pg_url, EntryKey(f"T{n}", "review", 1))[1] == [
+            (1, "clear_decisions", "done"),
+            (2, "queue_run_for_each_participant", "done"),
+        ]

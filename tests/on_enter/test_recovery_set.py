@@ -194,12 +194,15 @@ def per_entry_only() -> Iterator[None]:
         recovery.plan_common = original
 
 
-async def restart(db: Path, *, listening: bool) -> tuple[list[Event], list[dict[str, Any]]]:
-    """Open a runtime on `db` (its recovery scan runs inside); the events a subscriber present during the
-    scan received (none when not `listening`) and the logs of the scan."""
+async def restart(
+    db: Path | str, *, listening: bool, scan_name: str = "recover_open_entries"
+) -> tuple[list[Event], list[dict[str, Any]]]:
+    """Open a runtime on `db` (a SQLite file, or a PostgreSQL URL with `scan_name="recover_at_start"`: the
+    supervisor's start-up scan observed); the events a subscriber present during the scan received (none
+    when not `listening`) and the logs of the scan."""
     events: list[Event] = []
     logs: list[dict[str, Any]] = []
-    scan = supervisor.recover_open_entries
+    scan = getattr(supervisor, scan_name)
 
     async def observed(services: Services, hub: EventHub) -> int:
         stream = hub.subscribe() if listening else None
@@ -213,12 +216,12 @@ async def restart(db: Path, *, listening: bool) -> tuple[list[Event], list[dict[
                 break
         return done
 
-    supervisor.recover_open_entries = observed  # type: ignore[assignment]
+    setattr(supervisor, scan_name, observed)
     try:
         async with open_runtime(db, clock=FakeClock()):
             pass
     finally:
-        supervisor.recover_open_entries = scan
+        setattr(supervisor, scan_name, scan)
     return events, logs
 
 

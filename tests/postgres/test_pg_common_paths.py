@@ -34,8 +34,6 @@ from entry_support import REVIEWERS, new_task, setup_entries
 import onceflow.actors.engine as engine
 import onceflow.actors.recovery as recovery
 import onceflow.actors.supervisor as supervisor
-from onceflow.actors.outbox import EventHub
-from onceflow.actors.services import Services
 from onceflow.actors.supervisor import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store.writer import open_store
@@ -224,31 +222,8 @@ def prepared(postgres_server: PostgresServer) -> str:
 
 
 async def restart(url: str, *, listening: bool) -> tuple[list[Event], list[dict[str, Any]]]:
-    """Open a runtime on `url` (PostgreSQL's start-up scan runs inside); the events a subscriber present
-    during the scan received (none when not `listening`) and the logs of the scan."""
-    events: list[Event] = []
-    logs: list[dict[str, Any]] = []
-    scan = supervisor.recover_at_start
-
-    async def observed(services: Services, hub: EventHub) -> int:
-        stream = hub.subscribe() if listening else None
-        with capture_logs() as captured:
-            done = await scan(services, hub)
-        logs.extend(captured)
-        while stream is not None:
-            try:
-                events.append(stream.receive_nowait())
-            except trio.WouldBlock:
-                break
-        return done
-
-    supervisor.recover_at_start = observed  # type: ignore[assignment]
-    try:
-        async with open_runtime(url, clock=FakeClock()):
-            pass
-    finally:
-        supervisor.recover_at_start = scan
-    return events, logs
+    """`test_recovery_set.restart` observing PostgreSQL's start-up scan (`recover_at_start`)."""
+    return await recovery_set.restart(url, listening=listening, scan_name="recover_at_start")
 
 
 def crashed(server: PostgresServer, prepared: str, scenario: dict[str, Any]) -> str:

@@ -330,3 +330,20 @@ def loud(events: Iterable[Event]) -> list[Any]:
 def logged(logs: list[dict[str, Any]], level: str, event: str | None = None) -> list[dict[str, Any]]:
     """Captured structlog records at `level` (and with `event`, when given)."""
     return [r for r in logs if r["log_level"] == level and (event is None or r["event"] == event)]
+
+
+SNAPSHOT_TABLES = ("tasks", "step_entries", "step_entry_markers", "runs", "decisions", "coalesced_keys")
+"""The tables an entry's admission, dispatch or recovery writes."""
+
+
+def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of `SNAPSHOT_TABLES` in the SQLite file `db`, ordered: what two paths' databases are
+    compared by."""
+    conn = sqlite3.connect(db)
+    try:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
+            for table in SNAPSHOT_TABLES
+        }
+    finally:
+        conn.close()

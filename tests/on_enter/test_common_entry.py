@@ -22,6 +22,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from entry_support import snapshot
 from helpers import START, FakeClock, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -119,24 +120,6 @@ def per_action_only() -> Iterator[None]:
         yield
     finally:
         engine.common_order = original
-
-
-def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    conn = sqlite3.connect(db)
-    try:
-        return {
-            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
-            for table in (
-                "tasks",
-                "step_entries",
-                "step_entry_markers",
-                "runs",
-                "decisions",
-                "coalesced_keys",
-            )
-        }
-    finally:
-        conn.close()
 
 
 async def play(

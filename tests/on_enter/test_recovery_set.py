@@ -30,6 +30,7 @@ from entry_support import (
     mark,
     new_task,
     setup_entries,
+    snapshot,
 )
 from helpers import START, FakeClock
 from hypothesis import HealthCheck, given, settings
@@ -163,24 +164,6 @@ def attrs_evolve_key(request: runs.RunRequest, key: str) -> runs.RunRequest:
     return runs.RunRequest(
         request.agent_profile_id, request.task_id, request.step_id, request.reason, None, key, True
     )
-
-
-def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    conn = sqlite3.connect(db)
-    try:
-        return {
-            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
-            for table in (
-                "tasks",
-                "step_entries",
-                "step_entry_markers",
-                "runs",
-                "decisions",
-                "coalesced_keys",
-            )
-        }
-    finally:
-        conn.close()
 
 
 @contextmanager

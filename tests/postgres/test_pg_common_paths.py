@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
 import test_common_entry as common
 import test_recovery_set as recovery_set
-from entry_support import REVIEWERS, new_task, setup_entries
+from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
 
 import onceflow.actors.engine as engine
 import onceflow.actors.recovery as recovery
@@ -38,7 +38,6 @@ from onceflow.actors.supervisor import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store.writer import open_store
 
-TABLES = ("tasks", "step_entries", "step_entry_markers", "runs", "decisions", "coalesced_keys")
 _names = itertools.count(1)
 
 
@@ -49,7 +48,7 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
     ranks = run_ranks(url)
     state: dict[str, list[tuple[Any, ...]]] = {}
     with psycopg.connect(url) as conn:
-        for table in TABLES:
+        for table in SNAPSHOT_TABLES:
             cur = conn.execute(f"SELECT * FROM {table}")
             names = [column.name for column in cur.description or ()]
             rows = []

@@ -21,11 +21,11 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import secrets
-import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.store.records import StepEntry
+from onceflow.store.urls import on_postgres
 
 if TYPE_CHECKING:  # psycopg is imported only by a runtime on PostgreSQL
     from onceflow.store.postgres import PgConnection
@@ -83,7 +83,7 @@ def is_live(conn: Any, epoch: str) -> bool:
     """Whether the runtime that wrote `epoch` into a marker may still be running, asked inside the
     reclaiming transaction on `conn`: never on SQLite (the file's owner is the only runtime; the caller
     has already compared with its own epoch); on PostgreSQL iff `epoch`'s lock cannot be taken now."""
-    if isinstance(conn, sqlite3.Connection):
+    if not on_postgres(conn):
         return False
     return not conn.scalar("SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
 

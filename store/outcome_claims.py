@@ -18,10 +18,10 @@ claim is granted and nothing is locked.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from typing import Any
 
 from onceflow.store import outcomes
+from onceflow.store.urls import on_postgres
 
 _DOMAIN = b"onceflow-outcome:"  # a key space apart from the epochs' (same bigint locks, other hash input)
 
@@ -48,7 +48,7 @@ def _signed(key: int) -> int:
 
 def held(conn: Any, outcome_id: str) -> bool:
     """Whether this connection's session holds the outcome's claim (always on SQLite)."""
-    if isinstance(conn, sqlite3.Connection):
+    if not on_postgres(conn):
         return True
     return bool(
         conn.scalar(
@@ -75,14 +75,14 @@ def claim(conn: Any, outcome_id: str) -> bool:
 
 def release(conn: Any, outcome_id: str) -> None:
     """Give the claim up (the outcome is acknowledged); nothing when not held, nothing on SQLite."""
-    if not isinstance(conn, sqlite3.Connection) and held(conn, outcome_id):
+    if on_postgres(conn) and held(conn, outcome_id):
         conn.execute("SELECT pg_advisory_unlock(?)", (claim_key(outcome_id),))
 
 
 def unclaimed_unfinished(conn: Any) -> list[str]:
     """The unacknowledged outcomes, oldest first, whose claim no session holds (on SQLite: all of them)."""
     ids = outcomes.unfinished(conn)
-    if isinstance(conn, sqlite3.Connection) or not ids:
+    if not on_postgres(conn) or not ids:
         return ids
     taken = _held_keys(conn)
     return [outcome_id for outcome_id in ids if claim_key(outcome_id) not in taken]

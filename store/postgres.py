@@ -187,7 +187,7 @@ class PgConnection:
     counts the waits for the server's answer (issue 15, group commit)."""
 
     dialect: ClassVar[str] = "postgresql"
-    """What store code that must tell the backends apart reads (`getattr(conn, "dialect", "sqlite")`)."""
+    """What store code that must tell the backends apart reads (`urls.on_postgres`)."""
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw

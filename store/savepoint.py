@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from onceflow.store import faults
+from onceflow.store.urls import on_postgres
 
 
 @contextmanager
@@ -48,7 +49,7 @@ def undone_alone(conn: sqlite3.Connection, name: str) -> Iterator[None]:
     Raises:
         whatever the block raised (on PostgreSQL after rolling back to the savepoint).
     """
-    if getattr(conn, "dialect", "sqlite") != "postgresql":
+    if not on_postgres(conn):
         yield
         return
     with savepoint(conn, name):

@@ -1,4 +1,5 @@
-"""What names a database: a SQLite file path, or a `postgresql://` URL (issue 15).
+"""What names a database: a SQLite file path, or a `postgresql://` URL; and which one a connection is
+(issue 15).
 
 Kept apart from store/postgres.py so that telling the two apart never imports psycopg: a SQLite runtime
 never loads it.
@@ -13,6 +14,12 @@ from pathlib import Path
 def is_postgres_url(target: object) -> bool:
     """Whether `target` names a PostgreSQL database (`postgresql://…` or `postgres://…`), not a file."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def on_postgres(conn: object) -> bool:
+    """Whether an open store connection is PostgreSQL's (`PgConnection.dialect`), not SQLite's: a wrapped
+    sqlite3 connection stays SQLite."""
+    return getattr(conn, "dialect", "sqlite") == "postgresql"
 
 
 def redacted(url: str) -> str:

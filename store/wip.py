@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from onceflow.store.urls import on_postgres
+
 # Candidate order: position, priority critical > high > medium > low, queued_at, created_at, id.
 _ORDER = (
     " ORDER BY position, CASE priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'medium' THEN 2"
@@ -46,7 +48,7 @@ def serialize_admissions(conn: sqlite3.Connection, workflow_id: str, step_id: st
         sqlite3.OperationalError: the wait exceeded the lock timeout, or PostgreSQL broke a deadlock with
             it (both SQLITE_BUSY: the store answers `storage_busy`, retryable).
     """
-    if not isinstance(conn, sqlite3.Connection):
+    if on_postgres(conn):
         conn.execute(
             "SELECT pg_advisory_xact_lock(?, hashtext(?))", (WIP_NAMESPACE, f"{workflow_id}\t{step_id}")
         )

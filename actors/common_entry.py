@@ -198,17 +198,16 @@ def _admit(
 ) -> Admitted:
     if step.wip_limit > 0 and not wip.has_room(conn, workflow_id, step.id, step.wip_limit, excluding=task.id):
         raise Anomaly("a queued placement")
-    sql = (
-        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = NULL,"
-        " queued_at = NULL, updated_at = ?, admissions = admissions + 1"
-        " WHERE id = ? AND workflow_step_id = ?"
+    moved = tasks.move_task_step(
+        conn,
+        task_id=task.id,
+        expected_step_id=task.step_id,
+        workflow_id=workflow_id,
+        step_id=step.id,
+        now=now,
+        version=version,
     )
-    params: tuple[object, ...] = (workflow_id, step.id, now, task.id, task.step_id)
-    if version is not None:
-        sql += tasks.VERSION_CHECK
-        params += (version[0], int(version[1]), version[2])
-    moved = conn.execute(sql, params).rowcount
-    if moved != 1:
+    if not moved:
         raise Anomaly("the task moved")
     (seq,) = conn.execute(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"

@@ -139,12 +139,12 @@ def move_task_step(
         expected_step_id,
     )
     if version is not None:
-        sql += VERSION_CHECK
+        sql += _VERSION_CHECK
         params += (version[0], int(version[1]), version[2])
     return conn.execute(sql, params).rowcount == 1
 
 
-VERSION_CHECK = " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
+_VERSION_CHECK = " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
 """What a cached row's compare-and-set adds: the row's workflow, admitted flag and admission count."""
 
 

@@ -13,7 +13,7 @@ the old one. Engines whose advisory locks are stubs that always succeed (Cockroa
 epoch look dead: `verify_real_locks` refuses them at connect.
 
 Commands for one task are serialized across runtimes by a transaction-scoped advisory lock keyed by the
-task id (`lock_task`), in a key space apart from the epochs' (two-int keys vs one bigint).
+task id (`lock_tasks`), in a key space apart from the epochs' (two-int keys vs one bigint).
 """
 
 from __future__ import annotations
@@ -88,20 +88,10 @@ def is_live(conn: Any, epoch: str) -> bool:
     return not conn.scalar("SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
 
 
-def lock_task(conn: PgConnection, task_id: str, *, wait: bool) -> bool:
-    """Take `task_id`'s transaction-scoped lock; True once held. `wait=False` gives up at once (False) when
-    another runtime's transaction holds it, which the writer uses for every request but a transaction's
-    first, so that two runtimes' batches can never wait on each other in a cycle."""
-    if wait:
-        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id))
-        return True
-    return bool(conn.scalar("SELECT pg_try_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_id)))
-
-
 def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
     """Take the transaction-scoped locks of `task_ids` (distinct) in one round trip: the first is waited
-    for, the others only tried (`lock_task`'s rule, so two runtimes' batches never wait in a cycle); whether
-    each is held. Raises what the wait raises (lock_timeout: busy)."""
+    for, the others only tried, so two runtimes' batches never wait on each other in a cycle; whether each
+    is held. Raises what the wait raises (lock_timeout: busy)."""
     if not task_ids:
         return {}
     first = conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (TASK_NAMESPACE, task_ids[0]))

@@ -398,7 +398,7 @@ async def test_issue15_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg
         async with open_store(pg_url, busy_timeout=0.3) as store:
             await store.transact(_seed_task)
             other.execute("BEGIN")
-            assert epochs.lock_task(other, "T", wait=True)
+            assert epochs.lock_tasks(other, ["T"]) == {"T": True}
             epochs.CURRENT_TASK.set("T")
             with pytest.raises(StorageError) as caught:
                 await store.transact(lambda conn: None)

@@ -349,8 +349,6 @@ class Engine:
         rows = self.services.task_rows
         try:
             outcome, key, first = await self.services.store.transact(admit)
-            if isinstance(first, Admitted):
-                first = common_result(task.id, target, common or (), first.done)
         except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
             rows.forget(task.id)
             log.error(
@@ -362,6 +360,8 @@ class Engine:
                 f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
                 field="step_id",
             ) from exc
+        if isinstance(first, Admitted):  # committed: its effects and events, built in this thread
+            first = common_result(task.id, target, common or (), first.done)
         if outcome == "admitted":
             rows.put(attrs.evolve(entered, wip_admitted=True, queued_for_step_id=None, updated_at=now))
         else:

@@ -3,13 +3,13 @@
 Most entries declare nothing but `clear_decisions` and `queue_run_for_each_participant` (served by the
 built-in executors). For those the admitting request runs in one savepoint (the writer's per-request one,
 `request_savepoint`): the step compare-and-set, the entry insert (already terminal: the savepoint either
-finishes the entry or leaves no trace), the participant read, the clear, one multi-row marker insert and
-one multi-row runs insert with `ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is
-at its WIP limit, a seat without
-an agent, an idempotency key already taken or merged by coalescing, any database error that does not end
-the transaction) rolls back to that savepoint and the caller takes the per-action path, which decides it
-exactly as before; an error that ends the transaction is re-raised (issue 11 item 4). The effects and
-events are those the executors build (`common_result`).
+finishes the entry or leaves no trace), the clear, one multi-row marker insert and one multi-row runs insert
+that reads the participants itself (`_RUNS`: five statements). Any anomaly (the task moved, the step is at
+its WIP limit, a seat without an agent, an idempotency key already taken or merged by coalescing, any
+database error that does not end the transaction) rolls back to that savepoint and the caller takes the
+per-action path, which decides it exactly as before; an error that ends the transaction is re-raised
+(issue 11 item 4). The writer returns plain data (`Admitted`); the caller builds the effects and events the
+executors build (`common_result`) after the commit, in the Trio thread.
 Source: issue 14 item "A writer fast path for the common entry"; on-enter-action-dispatch.md AC-B5, AC-B6,
 AC-B7, AC-C1, AC-A3, AC-A5.
 """
@@ -261,7 +261,9 @@ task's own row wins a collision, else the first in (position, id) order: `dedupe
 dispatch then (position, id) order, so the run ids are the per-action path's. The key is ?5 (the entry's
 key prefix) + "position:" + agent + ":config digest", byte for byte `run_key`. A seat without an agent
 (AC-E2) or a key merged by coalescing (issue 12 item 3) writes a NULL agent and a key already taken
-(AC-H6) violates its UNIQUE: either fails the statement, and the per-action path decides the entry."""
+(AC-H6) violates its UNIQUE: either fails the statement (an IntegrityError, logged as
+`common_entry_declined` at info), and the per-action path decides the entry. No `ON CONFLICT DO NOTHING`:
+a row skipped silently could not be told from a seat that is not there."""
 
 
 def _admit(

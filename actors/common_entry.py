@@ -3,13 +3,13 @@
 Most entries declare nothing but `clear_decisions` and `queue_run_for_each_participant` (served by the
 built-in executors). For those the admitting request runs in one savepoint (the writer's per-request one,
 `request_savepoint`): the step compare-and-set, the entry insert (already terminal: the savepoint either
-finishes the entry or leaves no trace), the participant read, the clear, one multi-row marker insert and
-one multi-row runs insert with `ON CONFLICT DO NOTHING RETURNING`. Any anomaly (the task moved, the step is
-at its WIP limit, a seat without
-an agent, an idempotency key already taken or merged by coalescing, any database error that does not end
-the transaction) rolls back to that savepoint and the caller takes the per-action path, which decides it
-exactly as before; an error that ends the transaction is re-raised (issue 11 item 4). The effects and
-events are those the executors build (`common_result`).
+finishes the entry or leaves no trace), the clear, one multi-row marker insert and one multi-row runs insert
+that reads the participants itself (`_RUNS`: five statements). Any anomaly (the task moved, the step is at
+its WIP limit, a seat without an agent, an idempotency key already taken or merged by coalescing, any
+database error that does not end the transaction) rolls back to that savepoint and the caller takes the
+per-action path, which decides it exactly as before; an error that ends the transaction is re-raised
+(issue 11 item 4). The writer returns plain data (`Admitted`); the caller builds the effects and events the
+executors build (`common_result`) after the commit, in the Trio thread.
 Source: issue 14 item "A writer fast path for the common entry"; on-enter-action-dispatch.md AC-B5, AC-B6,
 AC-B7, AC-C1, AC-A3, AC-A5.
 """
@@ -19,17 +19,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
-from onceflow.actors.actions import (
-    DEFAULT_EXECUTORS,
-    DiagnosticNote,
-    Effect,
-    config_digest,
-    dedupe_seats,
-    step_participants,
-)
+from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest
 from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
@@ -155,6 +149,59 @@ class Admitted:
     done: Done
 
 
+@attrs.frozen
+class Plan:
+    """What a common entry's statements take from its step and dispatch order alone, built once per
+    (step, order) and reused by every entry (issue 14: no per-entry JSON, digest or reason in the writer).
+
+    `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `markers`: the
+    marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, key head
+    ("position:"), key tail (":config digest"), reason, payload JSON] per fan-out in dispatch order (''
+    when there is none); `positions`: per key head, its position."""
+
+    step: Step
+    order: tuple[tuple[int, ActionDecl], ...]
+    declaration: str
+    clears: bool
+    markers: str
+    fan_outs: str
+    positions: dict[str, int]
+
+
+_PLANS: dict[tuple[int, EntryPath], Plan] = {}
+
+
+def _payload(action: ActionDecl) -> dict[str, Any] | None:
+    payload: dict[str, Any] | None = getattr(action.config, "payload", None)
+    return payload
+
+
+def plan_for(step: Step, order: tuple[tuple[int, ActionDecl], ...], path: EntryPath) -> Plan:
+    """The `Plan` of `step` entered on `path` in `order`, memoized by the step's identity (steps are
+    frozen; the memo holds the step, so its id is not reused while cached) and verified against `order`."""
+    plan = _PLANS.get((id(step), path))
+    if plan is not None and plan.step is step and plan.order == order:
+        return plan
+    fan_outs = [
+        (p, [getattr(a.config, "role", ""), f"{p}:", f":{digest(a)}", reason(a), payload_json(_payload(a))])
+        for p, a in order
+        if a.type == "queue_run_for_each_participant"
+    ]
+    plan = Plan(
+        step,
+        order,
+        declaration_digest([a.type for a in step.events.on_enter]),
+        any(a.type == "clear_decisions" for _, a in order),
+        json.dumps([[p, a.type] for p, a in order]),
+        json.dumps([row for _, row in fan_outs]) if fan_outs else "",
+        {f"{p}:": p for p, _ in fan_outs},
+    )
+    if len(_PLANS) >= 1024:
+        _PLANS.clear()
+    _PLANS[(id(step), path)] = plan
+    return plan
+
+
 def admit_common(
     conn: sqlite3.Connection,
     *,
@@ -170,14 +217,16 @@ def admit_common(
     anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
     savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
     cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
-    (`tasks.move_task_step`).
+    (`tasks.move_task_step`). The caller builds the effects and events (`common_result`) outside the writer.
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
     try:
         with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
-            return _admit(conn, task, workflow_id, step, order, path, now, version)
+            return _admit(
+                conn, task, workflow_id, step, plan_for(step, tuple(order), path), path, now, version
+            )
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
@@ -186,12 +235,43 @@ def admit_common(
         return None
 
 
+_RUNS = (
+    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
+    " exclude_from_coalescing, requested_at)"
+    " WITH a (n, role, head, tail, reason, payload) AS MATERIALIZED"
+    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?6)),"
+    " s (n, agent, reason, payload, k, position, id) AS"
+    " (SELECT a.n, p.agent_profile_id, a.reason, a.payload, ?5 || a.head || p.agent_profile_id || a.tail,"
+    " p.position, p.id FROM a CROSS JOIN participants AS p ON p.workflow_id = ?4 AND p.step_id = ?2"
+    " AND p.role = a.role AND (p.task_id IS NULL OR p.task_id = ?1)"
+    " WHERE p.agent_profile_id = '' OR NOT EXISTS (SELECT 1 FROM participants AS q"
+    " WHERE q.workflow_id = ?4 AND q.step_id = ?2 AND q.role = p.role"
+    " AND q.agent_profile_id = p.agent_profile_id AND (q.task_id IS NULL OR q.task_id = ?1)"
+    " AND (CASE WHEN q.task_id IS NULL THEN 1 ELSE 0 END, q.position, q.id)"
+    " < (CASE WHEN p.task_id IS NULL THEN 1 ELSE 0 END, p.position, p.id)))"
+    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
+    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, s.k, 1, ?3"
+    " FROM s ORDER BY s.n, s.position, s.id"
+    " RETURNING id, agent_profile_id, idempotency_key"
+)
+"""Every fan-out's runs in one statement, built by the database from the participant rows (read in this
+statement alone: a concurrent add/remove never splits a fan-out, AC-F2) and the plan's `fan_outs` (?6):
+per fan-out the rows of its role at step ?2 of workflow ?4, template or task ?1's own, one per agent (the
+task's own row wins a collision, else the first in (position, id) order: `dedupe_seats`, AC-A5), in
+dispatch then (position, id) order, so the run ids are the per-action path's. The key is ?5 (the entry's
+key prefix) + "position:" + agent + ":config digest", byte for byte `run_key`. A seat without an agent
+(AC-E2) or a key merged by coalescing (issue 12 item 3) writes a NULL agent and a key already taken
+(AC-H6) violates its UNIQUE: either fails the statement (an IntegrityError, logged as
+`common_entry_declined` at info), and the per-action path decides the entry. No `ON CONFLICT DO NOTHING`:
+a row skipped silently could not be told from a seat that is not there."""
+
+
 def _admit(
     conn: sqlite3.Connection,
     task: TaskRecord,
     workflow_id: str,
     step: Step,
-    order: Sequence[tuple[int, ActionDecl]],
+    plan: Plan,
     path: EntryPath,
     now: float,
     version: tuple[str, bool, int] | None,
@@ -213,69 +293,32 @@ def _admit(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
         " terminal, created_at) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3, ?4, ?5, 1, ?6"
         " FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
-        (
-            task.id,
-            step.id,
-            workflow_id,
-            declaration_digest([a.type for a in step.events.on_enter]),
-            path,
-            now,
-        ),
+        (task.id, step.id, workflow_id, plan.declaration, path, now),
     ).fetchone()
-    key = EntryKey(task.id, step.id, seq)
-    entered = attrs.evolve(task, workflow_id=workflow_id, step_id=step.id)
-    prefix = f"on_enter:{key.task_id}:{key.step_id}:{key.entry_seq}:"
-    requested: list[tuple[int, str, ActionDecl, str]] = []  # (position, agent, action, key) in order
-    rows: list[list[str | None]] = []  # the runs insert's [agent, reason, payload, key], in the same order
-    deleted: int | None = None
-    for position, action in order:
-        if action.type == "clear_decisions":
-            if deleted is None:  # a second clear in the same entry finds nothing left
-                deleted = conn.execute(
-                    "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task.id, step.id)
-                ).rowcount
-            continue
-        seats = dedupe_seats(step_participants(conn, entered, step.id, getattr(action.config, "role", "")))
-        if any(not seat.agent_profile_id for seat in seats):
-            raise Anomaly("a seat without an agent")
-        # per action, not per seat: what `run_key` and the executor compute for every run of it
-        why, suffix = reason(action), digest(action)
-        payload = payload_json(getattr(action.config, "payload", None))
-        for seat in seats:
-            agent = seat.agent_profile_id
-            run = f"{prefix}{position}:{agent}:{suffix}"
-            requested.append((position, agent, action, run))
-            rows.append([agent, why, payload, run])
+    deleted = 0
+    if plan.clears:
+        deleted = conn.execute(
+            "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task.id, step.id)
+        ).rowcount
     conn.execute(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
         " updated_at) SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
         " FROM json_each(?5)",
-        (task.id, step.id, seq, now, json.dumps([[p, a.type] for p, a in order])),
+        (task.id, step.id, seq, now, plan.markers),
     )
-    ids: dict[str, int] = {}
-    if requested:
-        returned = conn.execute(
-            "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-            " exclude_from_coalescing, requested_at) SELECT value ->> 0, ?1, ?2, value ->> 1, value ->> 2,"
-            " value ->> 3, 1, ?3 FROM json_each(?4) AS j WHERE NOT EXISTS (SELECT 1 FROM coalesced_keys AS k"
-            " WHERE k.idempotency_key = j.value ->> 3) ON CONFLICT (idempotency_key) DO NOTHING"
-            " RETURNING idempotency_key, id",
-            (
-                task.id,
-                step.id,
-                now,
-                json.dumps(rows),
-            ),
-        ).fetchall()
-        if len(returned) != len(requested):
-            raise Anomaly("an idempotency key is already taken")
-        ids = dict(returned)
+    prefix = f"on_enter:{task.id}:{step.id}:{seq}:"
+    queued: dict[int, list[tuple[str, int, str]]] = {}
+    if plan.fan_outs:
+        returned = conn.execute(_RUNS, (task.id, step.id, now, workflow_id, prefix, plan.fan_outs)).fetchall()
+        returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
+        for run_id, agent, run in returned:
+            head = run[len(prefix) : run.index(":", len(prefix)) + 1]
+            queued.setdefault(plan.positions[head], []).append((agent, run_id, run))
     done: list[tuple[int, int | Queued]] = []
-    cleared = False
-    for position, action in order:
+    for position, action in plan.order:
         if action.type == "clear_decisions":
-            done.append((position, 0 if cleared else deleted or 0))
-            cleared = True
+            done.append((position, deleted))
+            deleted = 0  # a second clear in the same entry finds nothing left
         else:
-            done.append((position, tuple((a, ids[k], k) for p, a, _, k in requested if p == position)))
-    return Admitted(key, tuple(done))
+            done.append((position, tuple(queued.get(position, ()))))
+    return Admitted(EntryKey(task.id, step.id, seq), tuple(done))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
-from onceflow.actors.common_entry import admit_common, common_order, common_result
+from onceflow.actors.common_entry import Admitted, admit_common, common_order, common_result
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
@@ -299,7 +299,7 @@ class Engine:
         common = None if on_exit else common_order(self.services, target, path)
         version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
 
-        def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | None]:
+        def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | Admitted | None]:
             if common is not None:  # the whole entry in one savepoint, or nothing of it (issue 14)
                 fast = admit_common(
                     conn,
@@ -312,7 +312,7 @@ class Engine:
                     version=version,
                 )
                 if fast is not None:
-                    return "admitted", fast.key, common_result(task.id, target, common, fast.done)
+                    return "admitted", fast.key, fast  # its events are built below, off the writer thread
             admitted = wip.has_room(conn, workflow.id, target.id, target.wip_limit, excluding=task.id)
             moved = tasks.move_task_step(
                 conn,
@@ -360,6 +360,8 @@ class Engine:
                 f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
                 field="step_id",
             ) from exc
+        if isinstance(first, Admitted):  # committed: its effects and events, built in this thread
+            first = common_result(task.id, target, common or (), first.done)
         if outcome == "admitted":
             rows.put(attrs.evolve(entered, wip_admitted=True, queued_for_step_id=None, updated_at=now))
         else:

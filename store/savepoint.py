@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
 
 from onceflow.store import faults
 from onceflow.store.urls import on_postgres
@@ -60,22 +61,32 @@ REQUEST_SAVEPOINT = "request"
 """The savepoint `StoreActor` opens around every request (store/writer.py, `_commit`)."""
 
 
-@contextmanager
-def request_savepoint(conn: sqlite3.Connection) -> Iterator[None]:
+class request_savepoint:  # lower case: used like the function `savepoint`
     """Like `savepoint`, but rolling back to the writer's own per-request savepoint instead of opening one:
     two statements fewer (issue 14, the common entry's fast path). Only for a block that is the first write
     of its request: a rollback undoes everything the request wrote before it. The request's savepoint stays
-    open (ROLLBACK TO keeps it), so the request goes on writing after a rollback.
+    open (ROLLBACK TO keeps it), so the request goes on writing after a rollback. A class, not a generator
+    context manager: it runs once per common entry in the writer thread (issue 14, writer Python per entry).
 
     Raises:
         whatever the block raised; after an error that ended the transaction, without touching `conn`.
         sqlite3.OperationalError: the block returned but the transaction is gone.
     """
-    try:
-        yield
-    except BaseException as exc:
-        if not faults.ends_transaction(conn, exc):
-            conn.execute(f"ROLLBACK TO {REQUEST_SAVEPOINT}")
-        raise
-    if not conn.in_transaction:
-        raise sqlite3.OperationalError("the transaction ended inside the request's first block")
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            if not faults.ends_transaction(self.conn, exc):
+                self.conn.execute(f"ROLLBACK TO {REQUEST_SAVEPOINT}")
+            return  # the exception propagates
+        if not self.conn.in_transaction:
+            raise sqlite3.OperationalError("the transaction ended inside the request's first block")

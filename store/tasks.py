@@ -123,10 +123,6 @@ def move_task_step(
     limit: not an entry).
     """
     queued_for, queued_at = (None, None) if admitted else (step_id, now)
-    sql = (
-        "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
-        " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?"
-    )
     params: tuple[Any, ...] = (
         workflow_id,
         step_id,
@@ -138,14 +134,18 @@ def move_task_step(
         task_id,
         expected_step_id,
     )
-    if version is not None:
-        sql += _VERSION_CHECK
-        params += (version[0], int(version[1]), version[2])
-    return conn.execute(sql, params).rowcount == 1
+    if version is None:
+        return conn.execute(_MOVE, params).rowcount == 1
+    return conn.execute(_MOVE_VERSION, (*params, version[0], int(version[1]), version[2])).rowcount == 1
 
 
-_VERSION_CHECK = " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
-"""What a cached row's compare-and-set adds: the row's workflow, admitted flag and admission count."""
+_MOVE = (
+    "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
+    " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?"
+)
+_MOVE_VERSION = _MOVE + " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
+"""A cached row's compare-and-set: `_MOVE` verifying the row's workflow, admitted flag and admission count
+too (both spelled out once, not concatenated per call: issue 14, writer Python per entry)."""
 
 
 def update_task_fields(conn: sqlite3.Connection, task_id: str, fields: dict[str, Any], now: float) -> None:

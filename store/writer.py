@@ -319,8 +319,7 @@ class StoreActor:
                     self._lock_tasks(conn, batch)
                 for request in batch:
                     conn.execute("SAVEPOINT request")
-                    request.result = outcome.capture(self._run_request, conn, request.fn)
-                    error = request.result.error if isinstance(request.result, outcome.Error) else None
+                    error = self._run_request(conn, request)
                     if not conn.in_transaction or (
                         error is not None and faults.ends_transaction(conn, error)
                     ):
@@ -350,13 +349,20 @@ class StoreActor:
                 del batch[index:]
                 return
 
-    def _run_request(self, conn: Any, fn: Callable[[Any], T]) -> T:
-        """`fn(conn)`, then on PostgreSQL every statement it sent without reading the answer is settled,
-        so that an error among them is this request's (its savepoint is rolled back, the batch goes on)."""
-        result = fn(conn)
-        if self.postgres:
-            conn.settle()
-        return result
+    def _run_request(self, conn: Any, request: _Request[Any]) -> BaseException | None:
+        """Run `request.fn(conn)` and set its result; on PostgreSQL every statement it sent without reading
+        the answer is then settled, so that an error among them is this request's (its savepoint is rolled
+        back, the batch goes on). Returns what it raised, if anything (inlined `outcome.capture`: once per
+        request in the writer thread, issue 14)."""
+        try:
+            value = request.fn(conn)
+            if self.postgres:
+                conn.settle()
+        except BaseException as exc:
+            request.result = outcome.Error(exc)
+            return exc
+        request.result = outcome.Value(value)
+        return None
 
     def _fail(self, conn: Any, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""

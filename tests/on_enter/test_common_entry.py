@@ -29,12 +29,16 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import onceflow.actors.engine as engine
-from onceflow.actors.common_entry import run_key
+from onceflow.actors.actions import dedupe_seats, step_participants
+from onceflow.actors.common_entry import admit_common, reason, run_key
+from onceflow.actors.on_enter import dispatch_order
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.supervisor import open_runtime
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, load_workflow_text
-from onceflow.store import runs
+from onceflow.store import runs, tasks, workflows
+from onceflow.store.participants import add_participant
 from onceflow.store.step_entries import EntryKey
+from onceflow.store.writer import open_store
 
 TASKS = ("T0", "T1", "T2")
 ACTIONS = {
@@ -392,3 +396,108 @@ def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_actio
         (0, "clear_decisions", "done"),
         (1, "queue_run_for_each_participant", "failed"),
     ]
+
+
+SEAT = st.tuples(
+    st.sampled_from(["reviewer", "reviewer", "approver"]),
+    st.sampled_from(["rev-a", "rev-b", "rev-c", ""]),
+    st.integers(min_value=0, max_value=2),  # position
+    st.sampled_from([None, None, "T0", "T1"]),  # per-task (T1: another task's, never T0's seat)
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seats=st.lists(SEAT, max_size=7), payload=st.booleans())
+def test_issue14_ac_a5_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does(
+    tmp_path_factory: Any, seats: list[tuple[str, str, int, str | None]], payload: bool
+) -> None:
+    """The common path's runs are built by SQL from the participant rows (`_RUNS`); they must be exactly the
+    per-action path's: `dedupe_seats(step_participants(...))`'s agents in its order (the task's own row
+    winning a collision, positions and ids ordering the rest: AC-A5, AC-E2), keyed byte for byte as
+    `run_key`, run ids in that order; a seat without an agent leaves nothing written (AC-E2's failure is
+    the per-action path's). Rows of another step, workflow or task never count."""
+    trio.run(play_seats, tmp_path_factory.mktemp("seats") / "db", seats, payload)
+
+
+class Undo(Exception):
+    """Raised at the end of a seats example: its writer request rolls back, so the database keeps nothing of
+    it (tests/postgres/test_pg_common_paths.py replays the examples on one database)."""
+
+
+async def play_seats(db: Path | str, seats: list[tuple[str, str, int, str | None]], payload: bool) -> None:
+    """One seats example in one writer request on the store at `db` (a file or a PostgreSQL URL)."""
+    review = ["clear", "fan_out_payload" if payload else "fan_out", "fan_out_approver"]
+    text = workflow_yaml(review, 0)
+    step = load_workflow_text(text, "t.yml", allowed_actions=IMPORT_ALLOWED_ACTIONS).step("review")
+    async with open_store(db) as store:
+        with pytest.raises(Undo):
+            await store.transact(lambda conn: seats_example(conn, step, seats))
+
+
+def seats_example(conn: sqlite3.Connection, step: Any, seats: list[tuple[str, str, int, str | None]]) -> None:
+    """Seat `seats`, admit T0 by the common path, compare with the per-action path's seats; raises Undo."""
+    order = tuple(dispatch_order(step.events.on_enter, "E2"))
+    stored = workflows.StoredWorkflow("common", "t.yml", "", import_path=True)
+    workflows.save_workflow(conn, workflow_id="common", name="Common", stored=stored, now=START)
+    for task_id in ("T0", "T1"):
+        tasks.insert_task(
+            conn, task_id=task_id, workflow_id="common", step_id="work", title="", session_id=None,
+            primary_agent_id=None, ceo_agent_id=None, priority="medium", now=START,
+        )  # fmt: skip
+    noise = [("other", "review", None), ("common", "work", None), ("other", "review", "T0")]
+    for workflow_id, step_id, task_id in noise:
+        add_participant(conn, workflow_id=workflow_id, step_id=step_id, task_id=task_id, role="reviewer",
+                        agent_profile_id="rev-z", decision_required=True, position=0)  # fmt: skip
+    for role, agent, position, task_id in seats:
+        add_participant(conn, workflow_id="common", step_id="review", task_id=task_id, role=role,
+                        agent_profile_id=agent, decision_required=True, position=position)  # fmt: skip
+    task = tasks.get_task(conn, "T0")
+    entered = attrs.evolve(task, step_id="review")
+    expected = {
+        p: dedupe_seats(step_participants(conn, entered, "review", a.config.role))
+        for p, a in order
+        if a.type == "queue_run_for_each_participant"
+    }
+    # The admission must be the first write of its request (`request_savepoint`): a savepoint of that name
+    # after the setup, released (kept) before Undo rolls the whole request back.
+    conn.execute("SAVEPOINT request")
+    try:
+        admitted_as_expected(conn, task, step, order, expected)
+    finally:
+        conn.execute("RELEASE request")
+    raise Undo
+
+
+def admitted_as_expected(
+    conn: sqlite3.Connection, task: Any, step: Any, order: Any, expected: dict[int, list[Any]]
+) -> None:
+    """Admit `task` by the common path and compare what it queued with `expected` (per fan-out position)."""
+    admitted = admit_common(conn, task=task, workflow_id="common", step=step, order=order, path="E2", now=1.0)
+    if any(not seat.agent_profile_id for seated in expected.values() for seat in seated):
+        assert admitted is None
+        assert conn.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+        assert conn.execute("SELECT workflow_step_id FROM tasks WHERE id = 'T0'").fetchone() == ("work",)
+        return
+    assert admitted is not None
+    queued = {p: did for p, did in admitted.done if not isinstance(did, int)}
+    actions = dict(order)
+    assert {p: [(agent, key) for agent, _, key in did] for p, did in queued.items()} == {
+        p: [(s.agent_profile_id, run_key(admitted.key, p, s.agent_profile_id, actions[p])) for s in seated]
+        for p, seated in expected.items()
+    }
+    ids = [run_id for p, _ in order if p in queued for _, run_id, _ in queued[p]]
+    assert ids == sorted(ids)
+    written = conn.execute(
+        "SELECT id, agent_profile_id, idempotency_key, reason, payload FROM runs"
+    ).fetchall()
+    assert sorted(written) == sorted(
+        (
+            run_id,
+            agent,
+            key,
+            reason(actions[p]),
+            runs.payload_json(getattr(actions[p].config, "payload", None)),
+        )
+        for p, did in queued.items()
+        for agent, run_id, key in did
+    )

@@ -22,6 +22,7 @@ import pytest
 import trio
 from helpers import FakeClock, send
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pg_support import PostgresServer
 from structlog.testing import capture_logs
 
@@ -126,6 +127,27 @@ def test_issue15_issue14_an_anomaly_takes_the_per_action_path_on_postgres(
     }
     replies = same_outcome(postgres_server, scenario)
     assert expected in common.event_types(replies[-1])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seats=st.lists(common.SEAT, max_size=7), payload=st.booleans())
+def test_issue15_issue14_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does_on_postgres(
+    postgres_server: PostgresServer, seats: list[tuple[str, str, int, str | None]], payload: bool
+) -> None:
+    """The common path's SQL-built runs (participants read, deduplicated, keyed and ordered by the database)
+    are the per-action path's seats on PostgreSQL too (AC-A5, AC-E2): test_common_entry's examples, each in
+    one writer request rolled back at its end, on one database."""
+    trio.run(common.play_seats, seats_database(postgres_server), seats, payload)
+
+
+_seats_url: list[str] = []
+
+
+def seats_database(server: PostgresServer) -> str:
+    """One database for every seats example (each rolls its request back)."""
+    if not _seats_url:
+        _seats_url.append(fresh(server))
+    return _seats_url[0]
 
 
 def counting(name: str, module: Any) -> tuple[list[Any], Callable[[], None]]:

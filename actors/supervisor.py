@@ -2,8 +2,9 @@
 
 `open_runtime` opens the store (taking the database's OS lock), starts the ledger, loads the registered
 workflows, runs the recovery scan, and only then serves commands. Commands naming a task go to that task's
-actor (spawned on its first message); the rest are handled here. A task actor that raises is logged at
-ERROR with its task id and restarted on the same mailbox; the others keep running. Leaving the context
+actor: an idle task's command runs on its asker's own Trio task, and an actor task is spawned only for
+the commands queued behind a busy one (or to keep it warm); the rest are handled here. A task actor that
+raises is logged at ERROR with its task id and restarted on the same mailbox; the others keep running. Leaving the context
 closes every mailbox, lets the actors drain what is queued, then closes the store.
 """
 
@@ -30,7 +31,7 @@ from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_
 from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
-from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
+from onceflow.actors.mailbox import Envelope, Mailbox, ReplySlot, reply_to
 from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.outcome import OutcomeSupervisor
@@ -86,8 +87,10 @@ class Runtime:
         self.engine = Engine(services)
         self._nursery = nursery
         self._hub = hub
-        self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}
+        self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}  # the live actors (busy, or warm)
         self._closing = False
+        self._lending = 0  # commands running on their askers' own tasks (`_ask`)
+        self._lenders_done: trio.Event | None = None  # set once they are done, after shutdown began
 
     @property
     def epoch(self) -> str:
@@ -126,7 +129,7 @@ class Runtime:
             if task_id is None:
                 result = await self._handle_here(parsed, out)
             else:
-                result, out = await self._mailbox(task_id).ask(_TaskMessage(parsed))
+                result, out = await self._ask(task_id, _TaskMessage(parsed))
         except OnceflowError as exc:
             return Reply(command=name, ok=False, error=_error_info(exc), events=out.events)
         except ValidationError as exc:
@@ -141,19 +144,58 @@ class Runtime:
             return Reply(command=name, ok=False, error=info, events=out.events)
         return Reply(command=name, ok=True, result=result, events=out.events)
 
-    def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
-        """The task's mailbox, its actor spawned on first use — never once shutdown has begun, since a
-        mailbox opened then would never be closed and the supervisor would wait on it forever."""
+    async def _ask(self, task_id: str, message: _TaskMessage) -> Any:
+        """Have the task's actor handle `message`: queued behind the actor's current command when it is
+        busy (or warm, under a positive `actor_idle_timeout`), else run at once on the asker's own task.
+
+        The second case spawns nothing: the asker lends its task to the actor. The routing-table entry is
+        the actor's busy flag (later messages queue in its mailbox) and the command runs shielded, so a
+        cancelled asker still completes it, as a spawned actor would (its cancellation is delivered once the
+        command is done). Whatever queued meanwhile is handed to a spawned actor; an empty mailbox is evicted
+        at once (timeout 0) or kept warm by a spawned actor. Issue 14, item "No per-message actor churn".
+
+        Raises ShuttingDownError once shutdown has begun and the task has no actor; re-raises the command's
+        failure as `_Refused` or `_ActorFailure`, as `Mailbox.ask` does.
+        """
         mailbox = self._mailboxes.get(task_id)
-        if mailbox is None:
-            if self._closing:
-                raise ShuttingDownError("the runtime is shutting down")
-            mailbox = self._mailboxes[task_id] = Mailbox()
+        if mailbox is not None:
+            return await mailbox.ask(message)
+        if self._closing:  # a mailbox opened now would never be closed: shutdown would wait on it forever
+            raise ShuttingDownError("the runtime is shutting down")
+        mailbox = self._mailboxes[task_id] = Mailbox()
+        slot = ReplySlot()
+        self._lending += 1
+        token = epochs.CURRENT_TASK.set(task_id)  # its transactions hold the task's lock (issue 15)
+        try:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._serve(TaskActor(task_id, self.engine, TaskLocks()), Envelope(message, slot))
+                except _Restart as restart:
+                    log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+                finally:
+                    self._hand_over(task_id, mailbox)
+        finally:
+            epochs.CURRENT_TASK.reset(token)
+            self._lending -= 1
+            if not self._lending and self._lenders_done is not None:
+                self._lenders_done.set()
+        assert slot.result is not None
+        return slot.result.unwrap()
+
+    def _hand_over(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
+        """After a lent command: a spawned actor serves what queued (or waits warm); else evict at once.
+
+        No checkpoint separates the emptiness check from the eviction, so nothing can slip in between."""
+        if mailbox.empty and not self.actor_idle_timeout:
+            if self._mailboxes.get(task_id) is mailbox:
+                del self._mailboxes[task_id]
+            mailbox.close()
+        else:
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
-        return mailbox
 
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
-        """Run the task's actor; restart it after a crash, on the same mailbox; evict it once idle.
+        """Run the task's actor (spawned by `_hand_over`); restart it after a crash, on the same mailbox;
+        evict it once idle.
 
         An actor whose mailbox stays empty for `actor_idle_timeout` seconds is evicted: its mailbox leaves the
         routing table and it exits, holding nothing (no command runs, so no operation lock is held); the next
@@ -351,7 +393,7 @@ class Runtime:
         """Dispatch a committed promotion's entry; a refusal (a storage fault now refuses instead of crashing
         the actor) is logged, and the entry stays open for the next start's recovery scan."""
         try:
-            await self._mailbox(promotion.task_id).ask(_TaskMessage(promotion))
+            await self._ask(promotion.task_id, _TaskMessage(promotion))
         except _Refused as refused:
             log.warning(
                 "promotion_dispatch_refused",
@@ -374,6 +416,9 @@ class Runtime:
         self._closing = True
         for mailbox in self._mailboxes.values():
             mailbox.close()
+        if self._lending:  # the task nursery waits for lent commands too (they may hand over a mailbox)
+            self._lenders_done = trio.Event()
+            self._nursery.start_soon(self._lenders_done.wait)
 
 
 class _Refused(Exception):

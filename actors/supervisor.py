@@ -4,8 +4,9 @@
 workflows, runs the recovery scan, and only then serves commands. Commands naming a task go to that task's
 actor: an idle task's command runs on its asker's own Trio task, and an actor task is spawned only for
 the commands queued behind a busy one (or to keep it warm); the rest are handled here. A task actor that
-raises is logged at ERROR with its task id and restarted on the same mailbox; the others keep running. Leaving the context
-closes every mailbox, lets the actors drain what is queued, then closes the store.
+raises is logged at ERROR with its task id and restarted on the same mailbox; the others keep running.
+Leaving the context closes every mailbox, lets the actors (and commands still running on their askers'
+tasks) drain what is queued, then closes the store.
 """
 
 from __future__ import annotations

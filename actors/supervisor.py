@@ -90,8 +90,9 @@ class Runtime:
         self._hub = hub
         self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}  # the live actors (busy, or warm)
         self._closing = False
-        self._lending = 0  # commands running on their askers' own tasks (`_ask`)
-        self._lenders_done: trio.Event | None = None  # set once they are done, after shutdown began
+        self._lent: set[trio.CancelScope] = set()  # commands running on their askers' own tasks (`_ask`)
+        self._lenders_done = trio.Event()  # set once shutdown began and no command is lent any more
+        nursery.start_soon(self._guard_lent)
 
     @property
     def epoch(self) -> str:
@@ -165,10 +166,10 @@ class Runtime:
             raise ShuttingDownError("the runtime is shutting down")
         mailbox = self._mailboxes[task_id] = Mailbox()
         slot = ReplySlot()
-        self._lending += 1
         token = epochs.CURRENT_TASK.set(task_id)  # its transactions hold the task's lock (issue 15)
         try:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True) as scope:  # cancelled by `_guard_lent` alone
+                self._lent.add(scope)
                 try:
                     await self._serve(TaskActor(task_id, self.engine, TaskLocks()), Envelope(message, slot))
                 except _Restart as restart:
@@ -177,11 +178,23 @@ class Runtime:
                     self._hand_over(task_id, mailbox)
         finally:
             epochs.CURRENT_TASK.reset(token)
-            self._lending -= 1
-            if not self._lending and self._lenders_done is not None:
+            self._lent.discard(scope)
+            if self._closing and not self._lent:
                 self._lenders_done.set()
-        assert slot.result is not None
+        if slot.result is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
+            raise ShuttingDownError("the runtime is shutting down")
         return slot.result.unwrap()
+
+    async def _guard_lent(self) -> None:
+        """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
+        and cancel them when the runtime itself is cancelled, as it would cancel spawned actors."""
+        try:
+            await self._lenders_done.wait()
+        finally:
+            for scope in self._lent:
+                scope.cancel()
+            with trio.CancelScope(shield=True):  # they may still hand a queued mailbox to a spawned actor
+                await self._lenders_done.wait()
 
     def _hand_over(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
         """After a lent command: a spawned actor serves what queued (or waits warm); else evict at once.
@@ -417,9 +430,8 @@ class Runtime:
         self._closing = True
         for mailbox in self._mailboxes.values():
             mailbox.close()
-        if self._lending:  # the task nursery waits for lent commands too (they may hand over a mailbox)
-            self._lenders_done = trio.Event()
-            self._nursery.start_soon(self._lenders_done.wait)
+        if not self._lent:
+            self._lenders_done.set()
 
 
 class _Refused(Exception):

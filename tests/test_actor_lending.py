@@ -228,3 +228,24 @@ async def test_issue14_shutdown_waits_for_a_lent_command_and_serves_what_queued_
         outer.start_soon(release_later)
     assert [r.ok for r in replies] == [True, True]
     assert [r.result["step_id"] for r in replies] == ["doing", "done"]
+
+
+async def test_issue14_cancelling_the_runtime_cancels_a_lent_command(db_path: Path) -> None:
+    """A lent command is shielded from its asker's cancellation only: a cancelled runtime (a crash, as in
+    AC-A8's test) ends it, as it ends spawned actors."""
+    host = ProbeHost()
+    with trio.fail_after(10), trio.CancelScope() as crash:
+        async with open_runtime(db_path, host=host, clock=FakeClock()) as rt:
+            await _runtime_with(rt, "T1")
+            host.gate = trio.Event()  # never set: the command would wait forever
+            replies: list[Any] = []
+
+            async def mover() -> None:
+                replies.append(await rt.send({"type": "move_task", "task_id": "T1", "step_id": "doing"}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mover)
+                await host.started.wait()
+                crash.cancel()
+    assert crash.cancelled_caught
+    assert [r.error.code for r in replies] == ["shutting_down"]  # answered, not left hanging

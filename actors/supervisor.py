@@ -494,9 +494,9 @@ async def open_runtime(
     until acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, `RetryPolicy()`;
     AC-CO-18); unfinished outcomes resume at once. Without one, outcomes are stored, pending.
     A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0, the default: as
-    soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
-    (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
-    bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
+    soon as it is empty), so an idle task costs no actor memory (issue 7; bench/memory.py: ~0.6 KiB of peak
+    RSS per idle task at 0); an idle task's next command runs on its sender's own Trio task, spawning
+    nothing (issue 14). A positive timeout keeps chatty tasks' actors warm.
     `busy_timeout` is how many seconds a transaction waits for another connection's write lock; past it the
     command is answered `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only,
     corrupt) is answered as a typed `storage_<kind>` error, and the transaction that met it commits nothing

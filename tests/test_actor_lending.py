@@ -249,3 +249,27 @@ async def test_issue14_cancelling_the_runtime_cancels_a_lent_command(db_path: Pa
                 crash.cancel()
     assert crash.cancelled_caught
     assert [r.error.code for r in replies] == ["shutting_down"]  # answered, not left hanging
+
+
+class _PlainHost(RecordingHost):
+    """A RecordingHost subclass with an instance dict (no override of its own)."""
+
+
+async def test_issue14_the_preflight_await_is_skipped_only_for_the_default_host(db_path: Path) -> None:
+    """The engine skips awaiting `RecordingHost.preflight_transition` (it accepts everything); a preflight
+    set on the host instance is still asked, and its refusal still refuses the move."""
+    host = _PlainHost()
+
+    async def refuse(*, task_id: str, from_step: str, to_step: str) -> None:
+        raise RuntimeError("not now")
+
+    host.preflight_transition = refuse  # type: ignore[method-assign]
+    async with open_runtime(db_path, host=host, clock=FakeClock()) as rt:
+        await _runtime_with(rt, "T1")
+        reply = await rt.send({"type": "move_task", "task_id": "T1", "step_id": "doing"})
+        assert reply.error is not None and reply.error.code == "transition_refused"
+        assert await _step(rt, "T1") == "todo"
+        assert rt.engine._asks_preflight
+    async with open_runtime(db_path, clock=FakeClock()) as rt:  # the default RecordingHost
+        assert not rt.engine._asks_preflight
+        await _move(rt, "T1", "doing")

@@ -17,6 +17,7 @@ import attrs
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
 from onceflow.actors.common_entry import Admitted, admit_common, common_order, common_result
+from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.quorum import evaluate_quorum, parse_threshold
@@ -92,11 +93,26 @@ class StaleRow(Exception):
     """A cached task row failed the admission's compare-and-set: nothing was written; read it afresh."""
 
 
+EntryPlan = tuple[Sequence[ActionDecl], tuple[tuple[int, ActionDecl], ...] | None]
+"""A move's source on_exit actions and, when it has none, the target's common-entry order (or None)."""
+
+_PLAN_MEMO = 4096
+"""Entry plans an engine remembers before it starts over (a plan is a few references)."""
+
+
 @attrs.define
 class Engine:
-    """Evaluates triggers and applies transitions for tasks; stateless apart from the shared services."""
+    """Evaluates triggers and applies transitions for tasks; stateless apart from the shared services and
+    memos of what the (immutable) workflows and the host decide (an engine is rebuilt on reconfiguration)."""
 
     services: Services
+    _asks_preflight: bool = attrs.field(init=False)
+    _plans: dict[tuple[int, int, str], tuple[Step | None, Step, EntryPlan]] = attrs.field(
+        init=False, factory=dict
+    )
+
+    def __attrs_post_init__(self) -> None:
+        self._asks_preflight = not _preflight_is_noop(self.services.host)
 
     async def load_task(self, task_id: str) -> TaskRecord:
         """The task's committed row. Raises NotFoundError (field task_id)."""
@@ -276,27 +292,33 @@ class Engine:
         refusal is only ever answered from the committed row). The admitted row is cached; any other
         outcome forgets it (issue 14 item "A cached task row").
         """
-        try:
-            await self.services.host.preflight_transition(
-                task_id=task.id, from_step=task.step_id, to_step=target.id
-            )
-        except Exception as exc:
-            if cached:  # perhaps refused for a stale source step: ask again with the committed row
-                raise StaleRow(task.id) from exc
-            raise TransitionRefusedError(
-                f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
-            ) from exc
+        if self._asks_preflight:  # the default host's preflight accepts everything: no await for it
+            try:
+                await self.services.host.preflight_transition(
+                    task_id=task.id, from_step=task.step_id, to_step=target.id
+                )
+            except Exception as exc:
+                if cached:  # perhaps refused for a stale source step: ask again with the committed row
+                    raise StaleRow(task.id) from exc
+                raise TransitionRefusedError(
+                    f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
+                ) from exc
         now = self.services.now()
-        # As the admitting compare-and-set leaves the row (this actor serializes the task's commands).
+        # As an admission leaves the row (this actor serializes the task's commands); used only if admitted.
         entered = attrs.evolve(
-            task, workflow_id=workflow.id, step_id=target.id, admissions=task.admissions + 1
+            task,
+            workflow_id=workflow.id,
+            step_id=target.id,
+            admissions=task.admissions + 1,
+            wip_admitted=True,
+            queued_for_step_id=None,
+            updated_at=now,
         )
         source_workflow = self.services.workflows.workflows.get(task.workflow_id)
-        on_exit: Sequence[ActionDecl] = ()
+        source = None
         if source_workflow is not None and source_workflow.has_step(task.step_id):
-            on_exit = source_workflow.step(task.step_id).events.actions(Trigger.on_exit)
-
-        common = None if on_exit else common_order(self.services, target, path)
+            source = source_workflow.step(task.step_id)
+        on_exit, common = self._entry_plan(source, target, path)
         version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
 
         def admit(conn: sqlite3.Connection) -> tuple[str, EntryKey | None, SegmentResult | Admitted | None]:
@@ -363,7 +385,7 @@ class Engine:
         if isinstance(first, Admitted):  # committed: its effects and events, built in this thread
             first = common_result(task.id, target, common or (), first.done)
         if outcome == "admitted":
-            rows.put(attrs.evolve(entered, wip_admitted=True, queued_for_step_id=None, updated_at=now))
+            rows.put(entered)
         else:
             rows.forget(task.id)
         if outcome == "stale":
@@ -411,6 +433,20 @@ class Engine:
             await self.dispatch_entry(entered, workflow, target, key, path, out, first)
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
+
+    def _entry_plan(self, source: Step | None, target: Step, path: EntryPath) -> EntryPlan:
+        """The source step's on_exit actions and, without any, the target's common-entry order on `path`
+        (`common_entry.common_order`), memoized per (source, target, path) step objects (issue 14)."""
+        key = (id(source), id(target), path)
+        memo = self._plans.get(key)
+        if memo is not None and memo[0] is source and memo[1] is target:
+            return memo[2]
+        on_exit = source.events.actions(Trigger.on_exit) if source is not None else ()
+        plan: EntryPlan = (on_exit, None if on_exit else common_order(self.services, target, path))
+        if len(self._plans) >= _PLAN_MEMO:
+            self._plans.clear()
+        self._plans[key] = (source, target, plan)  # the references keep the ids from being reused
+        return plan
 
     async def dispatch_entry(
         self,
@@ -467,6 +503,12 @@ class Engine:
             promoted += 1
             self.services.task_rows.forget(promotion.task_id)  # its row changed outside its actor
             self.services.announce_promotion(promotion)
+
+
+def _preflight_is_noop(host: Host) -> bool:
+    """Whether `host.preflight_transition` is `RecordingHost`'s, which accepts every transition."""
+    own = "preflight_transition" in getattr(host, "__dict__", {})
+    return not own and getattr(type(host), "preflight_transition", None) is RecordingHost.preflight_transition
 
 
 def _takes_promotions(workflow: Workflow, step: Step) -> bool:

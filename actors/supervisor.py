@@ -2,9 +2,11 @@
 
 `open_runtime` opens the store (taking the database's OS lock), starts the ledger, loads the registered
 workflows, runs the recovery scan, and only then serves commands. Commands naming a task go to that task's
-actor (spawned on its first message); the rest are handled here. A task actor that raises is logged at
-ERROR with its task id and restarted on the same mailbox; the others keep running. Leaving the context
-closes every mailbox, lets the actors drain what is queued, then closes the store.
+actor: an idle task's command runs on its asker's own Trio task, and an actor task is spawned only for
+the commands queued behind a busy one (or to keep it warm); the rest are handled here. A task actor that
+raises is logged at ERROR with its task id and restarted on the same mailbox; the others keep running.
+Leaving the context closes every mailbox, lets the actors (and commands still running on their askers'
+tasks) drain what is queued, then closes the store.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_
 from onceflow.actors.groups import raise_single
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.ledger import LedgerActor
-from onceflow.actors.mailbox import Envelope, Mailbox, reply_to
+from onceflow.actors.mailbox import Envelope, Mailbox, ReplySlot, reply_to
 from onceflow.actors.operation_locks import TaskLocks
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.outcome import OutcomeSupervisor
@@ -86,8 +88,11 @@ class Runtime:
         self.engine = Engine(services)
         self._nursery = nursery
         self._hub = hub
-        self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}
+        self._mailboxes: dict[str, Mailbox[_TaskMessage]] = {}  # the live actors (busy, or warm)
         self._closing = False
+        self._lent: set[trio.CancelScope] = set()  # commands running on their askers' own tasks (`_ask`)
+        self._lenders_done = trio.Event()  # set once shutdown began and no command is lent any more
+        nursery.start_soon(self._guard_lent)
 
     @property
     def epoch(self) -> str:
@@ -126,7 +131,7 @@ class Runtime:
             if task_id is None:
                 result = await self._handle_here(parsed, out)
             else:
-                result, out = await self._mailbox(task_id).ask(_TaskMessage(parsed))
+                result, out = await self._ask(task_id, _TaskMessage(parsed))
         except OnceflowError as exc:
             return Reply(command=name, ok=False, error=_error_info(exc), events=out.events)
         except ValidationError as exc:
@@ -141,19 +146,70 @@ class Runtime:
             return Reply(command=name, ok=False, error=info, events=out.events)
         return Reply(command=name, ok=True, result=result, events=out.events)
 
-    def _mailbox(self, task_id: str) -> Mailbox[_TaskMessage]:
-        """The task's mailbox, its actor spawned on first use — never once shutdown has begun, since a
-        mailbox opened then would never be closed and the supervisor would wait on it forever."""
+    async def _ask(self, task_id: str, message: _TaskMessage) -> Any:
+        """Have the task's actor handle `message`: queued behind the actor's current command when it is
+        busy (or warm, under a positive `actor_idle_timeout`), else run at once on the asker's own task.
+
+        The second case spawns nothing: the asker lends its task to the actor. The routing-table entry is
+        the actor's busy flag (later messages queue in its mailbox) and the command runs shielded, so a
+        cancelled asker still completes it, as a spawned actor would (its cancellation is delivered once the
+        command is done). Whatever queued meanwhile is handed to a spawned actor; an empty mailbox is evicted
+        at once (timeout 0) or kept warm by a spawned actor. Issue 14, item "No per-message actor churn".
+
+        Raises ShuttingDownError once shutdown has begun and the task has no actor; re-raises the command's
+        failure as `_Refused` or `_ActorFailure`, as `Mailbox.ask` does.
+        """
         mailbox = self._mailboxes.get(task_id)
-        if mailbox is None:
-            if self._closing:
-                raise ShuttingDownError("the runtime is shutting down")
-            mailbox = self._mailboxes[task_id] = Mailbox()
+        if mailbox is not None:
+            return await mailbox.ask(message)
+        if self._closing:  # a mailbox opened now would never be closed: shutdown would wait on it forever
+            raise ShuttingDownError("the runtime is shutting down")
+        mailbox = self._mailboxes[task_id] = Mailbox()
+        slot = ReplySlot()
+        token = epochs.CURRENT_TASK.set(task_id)  # its transactions hold the task's lock (issue 15)
+        try:
+            with trio.CancelScope(shield=True) as scope:  # cancelled by `_guard_lent` alone
+                self._lent.add(scope)
+                try:
+                    await self._serve(TaskActor(task_id, self.engine, TaskLocks()), Envelope(message, slot))
+                except _Restart as restart:
+                    log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+                finally:
+                    self._hand_over(task_id, mailbox)
+        finally:
+            epochs.CURRENT_TASK.reset(token)
+            self._lent.discard(scope)
+            if self._closing and not self._lent:
+                self._lenders_done.set()
+        if slot.result is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
+            raise ShuttingDownError("the runtime is shutting down")
+        return slot.result.unwrap()
+
+    async def _guard_lent(self) -> None:
+        """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
+        and cancel them when the runtime itself is cancelled, as it would cancel spawned actors."""
+        try:
+            await self._lenders_done.wait()
+        finally:
+            for scope in self._lent:
+                scope.cancel()
+            with trio.CancelScope(shield=True):  # they may still hand a queued mailbox to a spawned actor
+                await self._lenders_done.wait()
+
+    def _hand_over(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
+        """After a lent command: a spawned actor serves what queued (or waits warm); else evict at once.
+
+        No checkpoint separates the emptiness check from the eviction, so nothing can slip in between."""
+        if mailbox.empty and not self.actor_idle_timeout:
+            if self._mailboxes.get(task_id) is mailbox:
+                del self._mailboxes[task_id]
+            mailbox.close()
+        else:
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
-        return mailbox
 
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[_TaskMessage]) -> None:
-        """Run the task's actor; restart it after a crash, on the same mailbox; evict it once idle.
+        """Run the task's actor (spawned by `_hand_over`); restart it after a crash, on the same mailbox;
+        evict it once idle.
 
         An actor whose mailbox stays empty for `actor_idle_timeout` seconds is evicted: its mailbox leaves the
         routing table and it exits, holding nothing (no command runs, so no operation lock is held); the next
@@ -351,7 +407,7 @@ class Runtime:
         """Dispatch a committed promotion's entry; a refusal (a storage fault now refuses instead of crashing
         the actor) is logged, and the entry stays open for the next start's recovery scan."""
         try:
-            await self._mailbox(promotion.task_id).ask(_TaskMessage(promotion))
+            await self._ask(promotion.task_id, _TaskMessage(promotion))
         except _Refused as refused:
             log.warning(
                 "promotion_dispatch_refused",
@@ -374,6 +430,8 @@ class Runtime:
         self._closing = True
         for mailbox in self._mailboxes.values():
             mailbox.close()
+        if not self._lent:
+            self._lenders_done.set()
 
 
 class _Refused(Exception):
@@ -436,9 +494,9 @@ async def open_runtime(
     until acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, `RetryPolicy()`;
     AC-CO-18); unfinished outcomes resume at once. Without one, outcomes are stored, pending.
     A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0, the default: as
-    soon as it is empty) and re-spawned by the task's next message, so an idle task costs no actor memory
-    (issue 7; bench/memory.py: ~0.3 KiB of peak RSS per idle task at 0, a re-spawn measured as free in
-    bench/dispatch.py's throughput). A positive timeout keeps chatty tasks' actors warm.
+    soon as it is empty), so an idle task costs no actor memory (issue 7; bench/memory.py: ~0.6 KiB of peak
+    RSS per idle task at 0); an idle task's next command runs on its sender's own Trio task, spawning
+    nothing (issue 14). A positive timeout keeps chatty tasks' actors warm.
     `busy_timeout` is how many seconds a transaction waits for another connection's write lock; past it the
     command is answered `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only,
     corrupt) is answered as a typed `storage_<kind>` error, and the transaction that met it commits nothing

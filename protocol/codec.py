@@ -38,7 +38,10 @@ def decode_command(data: object) -> Command:
         data = parse_json(data)
     if not isinstance(data, dict):
         raise ProtocolError(f"a command must be a JSON object, not {type(data).__name__}")
-    check_depth(data)
+    for value in data.values():  # a flat command (the common case) is one level deep: no walk
+        if isinstance(value, dict | list | tuple):
+            check_depth(data)
+            break
     kind = data.get("type")
     if kind is not None and not isinstance(kind, str):  # pydantic would print it, even a 5,000-digit int
         raise ProtocolError(f"type must be the command's name, not {type(kind).__name__}", field="type")

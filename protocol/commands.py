@@ -497,14 +497,16 @@ COMMAND_TYPES: tuple[type[BaseModel], ...] = get_args(get_args(Command)[0])
 """Every command model class (what `Runtime.send` accepts without decoding)."""
 
 
+_RUNTIME_LEVEL = (RegisterWorkflow, ClaimRun, FinishRun, RemoveParticipant, ListRuns, ListReviewRuns)
+"""Commands the runtime handles itself whatever they carry (a tuple built once, not a union per call)."""
+
+
 def task_id_of(command: Any) -> str | None:
     """The task a command is routed to (its task actor), or None for runtime-level commands.
 
     A per-task AddParticipant is routed to its task; a template-level one is not.
     """
-    if isinstance(
-        command, RegisterWorkflow | ClaimRun | FinishRun | RemoveParticipant | ListRuns | ListReviewRuns
-    ):
+    if isinstance(command, _RUNTIME_LEVEL):
         return None
     task_id = getattr(command, "task_id", None)
     return task_id if isinstance(task_id, str) and task_id else None

@@ -201,10 +201,12 @@ async def test_issue15_sweep_promotes_into_a_slot_a_dead_runtime_freed(pg_url: s
 
 
 class SlowResetHost(RecordingHost):
-    """A host whose session actions take a random 0-0.3 s: the entry stays claimless meanwhile."""
+    """A host whose session actions take a random 0-0.8 s: the entry stays claimless meanwhile. Most
+    outlast the sweeps' 0.24 s grace by far (with 0-0.3 s, 1 run in ~5 found no entry old enough while a
+    sweep ran); some finish before it, so both orders race."""
 
     async def perform_session_action(self, request: SessionActionRequest) -> None:
-        await trio.sleep(random.uniform(0.0, 0.3))
+        await trio.sleep(random.uniform(0.0, 0.8))
         await super().perform_session_action(request)
 
 

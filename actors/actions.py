@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import attrs
 
+from onceflow.actors import trusted
 from onceflow.actors.outbox import Outbox
 from onceflow.protocol.events import (
-    ActionOutcome,
     DecisionsCleared,
     Event,
     RunCoalesced,
@@ -90,17 +90,16 @@ def publish_effect(
         out.diagnostic(note.level, note.code, **note.fields)
     if effect.state == "failed" and failure is not None:
         out.diagnostic(failure.level, failure.code, **failure.fields)
-    out.emit(
-        ActionOutcome(
-            task_id=task_id,
-            step_id=step_id,
-            trigger=trigger,
-            position=position,
-            kind=kind,
-            outcome=effect.state,
-            detail=effect.detail,
-        )
+    outcome = trusted.action_outcome(  # the runtime's own typed values: unvalidated (issue 14)
+        task_id=task_id,
+        step_id=step_id,
+        trigger=trigger,
+        position=position,
+        kind=kind,
+        outcome=effect.state,
+        detail=effect.detail,
     )
+    out.emit(outcome)
 
 
 def config_digest(config: dict[str, Any]) -> str:

@@ -23,11 +23,12 @@ from typing import Any
 
 import attrs
 
+from onceflow.actors import trusted
 from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest
 from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.protocol.events import DecisionsCleared, EntryPath, RunQueued
+from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
@@ -119,19 +120,22 @@ def common_result(
     events and diagnostics, in position order."""
     actions = dict(order)
     runs = []
+    step_id = step.id
+    # Every value below is the runtime's own and typed (ids it wrote, counts, keys): built without validation
     for position, did in done:
         action = actions[position]
         if isinstance(did, int):
-            cleared = DecisionsCleared(task_id=task_id, step_id=step.id, deleted=did)
+            cleared = trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did)
             effect = Effect("done", events=(cleared,))
         else:
+            why = reason(action)
             events = tuple(
-                RunQueued(
+                trusted.run_queued(
                     run_id=run_id,
                     task_id=task_id,
-                    step_id=step.id,
+                    step_id=step_id,
                     agent_profile_id=agent,
-                    reason=reason(action),
+                    reason=why,
                     idempotency_key=key,
                 )
                 for agent, run_id, key in did

@@ -525,7 +525,8 @@ class OnEnterDispatch:
 
     def _publish(self, position: int, action: ActionDecl, effect: Effect) -> None:
         failure = None
-        if action.type != "queue_run_for_each_participant":  # the fan-out's contract is AC-C1 alone
+        # the fan-out's contract is AC-C1 alone; publish_effect reads `failure` only for a failed effect
+        if effect.state == "failed" and action.type != "queue_run_for_each_participant":
             failure = DiagnosticNote(
                 "error",
                 "on_enter_action_failed",

@@ -7,15 +7,19 @@ Diagnostics are also written to the structured log with their fields as discrete
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 import trio
 
 from onceflow import metrics
+from onceflow.actors import trusted
 from onceflow.logs import get_logger
-from onceflow.protocol.events import Diagnostic, Event
+from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
 
 log = get_logger("onceflow")
+
+_Level = Literal["debug", "info", "warning", "error"]
+_LEVELS = frozenset(get_args(_Level))
 
 
 class EventHub:
@@ -30,6 +34,8 @@ class EventHub:
         return receive
 
     def publish(self, event: Event) -> None:
+        if not self._subscribers:
+            return
         for send in list(self._subscribers):
             try:
                 send.send_nowait(event)
@@ -57,12 +63,28 @@ class Outbox:
     def emit(self, event: Event) -> None:
         self.events.append(event)
         self._hub.publish(event)
-        metrics.count_event(event)
+        if event.type in metrics.COUNTED_EVENTS:
+            metrics.count_event(event)
 
     def diagnostic(self, level: str, code: str, **fields: Any) -> None:
-        """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event."""
+        """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event.
+
+        Raises `pydantic.ValidationError` (field `level`) for a level that is not debug, info, warning or
+        error, before anything is logged or emitted.
+        """
+        if level not in _LEVELS:
+            Diagnostic(level=level, code=code, fields=fields)  # type: ignore[arg-type]  # raises, naming it
         getattr(log, level)(code, **fields)
-        self.emit(Diagnostic(level=level, code=code, fields=fields))  # type: ignore[arg-type]
+        # `fields` is this call's own dict (no one else holds it), so the event may keep it uncopied
+        self.emit(trusted.diagnostic(level=cast(_Level, level), code=code, fields=fields))
+
+    def reply(self, command: str, *, result: Any = None, error: ErrorInfo | None = None) -> Reply:
+        """The `Reply` to `command` carrying these events: `ok` with `result` when `error` is None, else not
+        `ok` with `error`. Built without re-validating the events, each already a model the runtime built
+        (issue 14, "built once, not re-validated when put in a `Reply`"); it equals and serializes as
+        `Reply(command=..., ok=..., result=... | error=..., events=...)` (tests/test_trusted.py)."""
+        # a copy, as validation made: an event emitted later does not reach this reply
+        return trusted.reply(command, list(self.events), result=result, error=error)
 
     def has_audience(self) -> bool:
         """Whether an event emitted now could be received: a reply will carry it, or the hub has a subscriber.

@@ -133,18 +133,18 @@ class Runtime:
             else:
                 result, out = await self._ask(task_id, _TaskMessage(parsed))
         except OnceflowError as exc:
-            return Reply(command=name, ok=False, error=_error_info(exc), events=out.events)
+            return out.reply(name, error=_error_info(exc))
         except ValidationError as exc:
-            return Reply(command=name, ok=False, error=_error_info(validation_error(exc)), events=out.events)
+            return out.reply(name, error=_error_info(validation_error(exc)))
         except _Refused as refused:
-            return Reply(command=name, ok=False, error=_error_info(refused.error), events=refused.out.events)
+            return refused.out.reply(name, error=_error_info(refused.error))
         except _ActorFailure as failure:
-            return Reply(command=name, ok=False, error=failure.info, events=failure.out.events)
+            return failure.out.reply(name, error=failure.info)
         except Exception as exc:
             log.error("command_failed", command=name, cause=shown(exc), exc_info=True)
             info = ErrorInfo(code="internal", message=f"{name} failed: {shown(exc)}")
-            return Reply(command=name, ok=False, error=info, events=out.events)
-        return Reply(command=name, ok=True, result=result, events=out.events)
+            return out.reply(name, error=info)
+        return out.reply(name, result=result)
 
     async def _ask(self, task_id: str, message: _TaskMessage) -> Any:
         """Have the task's actor handle `message`: queued behind the actor's current command when it is

@@ -51,6 +51,9 @@ OUTCOMES = _meter.create_counter(
 
 _RUN_RESULTS = {"run_queued": "queued", "run_coalesced": "coalesced", "run_suppressed": "suppressed"}
 
+COUNTED_EVENTS = frozenset(("step_entered", *_RUN_RESULTS))
+"""The event types `count_event` counts: an emitter may skip the call for any other (issue 14)."""
+
 
 def count_event(event: Event) -> None:
     """Count a committed event: a step entry or a run enqueue. Called for every event the runtime emits;

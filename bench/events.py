@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from dispatch import WORKFLOW  # bench/ is on sys.path when run as a script: the same review step
 
 from onceflow.actors.common_entry import common_order, common_result
 from onceflow.actors.on_enter import OnEnterDispatch
@@ -28,24 +29,6 @@ from onceflow.protocol.events import RunQueued, StepEntered, Transition
 from onceflow.protocol.workflow import load_workflow_text
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
-
-WORKFLOW = """\
-id: bench
-name: Bench
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-  - id: review
-    name: Review
-    position: 1
-    events:
-      on_enter:
-        - type: clear_decisions
-        - type: queue_run_for_each_participant
-          config: {role: reviewer}
-"""
 
 
 def scenario() -> dict[str, Callable[[], Any]]:

@@ -174,6 +174,16 @@ async def play(
     return replies, logs
 
 
+async def one_reviewer_task(rt: Any) -> None:
+    """Register a review step of [clear, fan-out] without a WIP limit, create T0 in work and seat one
+    reviewer (rev-a): the smallest common entry, for the single-entry tests (here and on PostgreSQL)."""
+    text = workflow_yaml(["clear", "fan_out"], 0)
+    await send(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
+    await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
+    message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+    await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+
+
 async def settle(rt: Any) -> None:
     """Wait until every promotion a command caused is dispatched. A promotion is dispatched by its task's
     actor after the reply that freed the slot, and Trio randomizes scheduling order: without this the next
@@ -331,14 +341,8 @@ def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path:
     left is abandoned (transition_abandoned), with no entry, marker or run, as on the per-action path."""
 
     async def run(db: Path) -> tuple[bool, dict[str, list[tuple[Any, ...]]]]:
-        text = workflow_yaml(["clear", "fan_out"], 0)
         async with open_runtime(db, clock=FakeClock()) as rt:
-            await send(
-                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
-            )
-            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
-            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
-            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            await one_reviewer_task(rt)
             stale = await rt.engine.load_task("T0")
             await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
             await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "work"})
@@ -372,14 +376,8 @@ def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_actio
     )
 
     async def run(db: Path) -> tuple[Any, list[dict[str, Any]], dict[str, list[tuple[Any, ...]]]]:
-        text = workflow_yaml(["clear", "fan_out"], 0)
         async with open_runtime(db, clock=FakeClock()) as rt:
-            await send(
-                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
-            )
-            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
-            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
-            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            await one_reviewer_task(rt)
             await rt.services.store.transact(lambda conn: conn.execute(refuse).fetchall())
             with capture_logs() as logs:
                 reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})

@@ -197,14 +197,8 @@ def test_issue15_issue14_a_database_error_in_the_common_path_rolls_back_to_the_p
     alone: the clear stands, the fan-out is marked failed (AC-C1)."""
 
     async def run(url: str) -> tuple[Any, list[dict[str, Any]], dict[str, list[tuple[Any, ...]]]]:
-        text = common.workflow_yaml(["clear", "fan_out"], 0)
         async with open_runtime(url, clock=FakeClock()) as rt:
-            await send(
-                rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True}
-            )
-            await send(rt, {"type": "create_task", "task_id": "T0", "workflow_id": "common"})
-            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
-            await send(rt, message | {"role": "reviewer", "agent_profile_id": "rev-a"})
+            await common.one_reviewer_task(rt)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(REFUSE)
             with capture_logs() as logs:

@@ -155,8 +155,9 @@ class Admitted:
 
 @attrs.frozen
 class Plan:
-    """What a common entry's statements take from its step and dispatch order alone, built once per
-    (step, order) and reused by every entry (issue 14: no per-entry JSON, digest or reason in the writer).
+    """What a common entry's statements take from its step and dispatch order alone: built once per
+    (step, path) by the engine's entry-plan memo and reused by every entry (issue 14: no per-entry JSON,
+    digest or reason in the writer).
 
     `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `markers`: the
     marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, key head
@@ -172,26 +173,19 @@ class Plan:
     positions: dict[str, int]
 
 
-_PLANS: dict[tuple[int, EntryPath], Plan] = {}
-
-
 def _payload(action: ActionDecl) -> dict[str, Any] | None:
     payload: dict[str, Any] | None = getattr(action.config, "payload", None)
     return payload
 
 
-def plan_for(step: Step, order: tuple[tuple[int, ActionDecl], ...], path: EntryPath) -> Plan:
-    """The `Plan` of `step` entered on `path` in `order`, memoized by the step's identity (steps are
-    frozen; the memo holds the step, so its id is not reused while cached) and verified against `order`."""
-    plan = _PLANS.get((id(step), path))
-    if plan is not None and plan.step is step and plan.order == order:
-        return plan
+def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
+    """The `Plan` of `step` entered in `order` (its `common_order` on some path)."""
     fan_outs = [
         (p, [getattr(a.config, "role", ""), f"{p}:", f":{digest(a)}", reason(a), payload_json(_payload(a))])
         for p, a in order
         if a.type == "queue_run_for_each_participant"
     ]
-    plan = Plan(
+    return Plan(
         step,
         order,
         declaration_digest([a.type for a in step.events.on_enter]),
@@ -200,10 +194,6 @@ def plan_for(step: Step, order: tuple[tuple[int, ActionDecl], ...], path: EntryP
         json.dumps([row for _, row in fan_outs]) if fan_outs else "",
         {f"{p}:": p for p, _ in fan_outs},
     )
-    if len(_PLANS) >= 1024:
-        _PLANS.clear()
-    _PLANS[(id(step), path)] = plan
-    return plan
 
 
 def admit_common(
@@ -211,13 +201,12 @@ def admit_common(
     *,
     task: TaskRecord,
     workflow_id: str,
-    step: Step,
-    order: Sequence[tuple[int, ActionDecl]],
+    plan: Plan,
     path: EntryPath,
     now: float,
     version: tuple[str, bool, int] | None = None,
 ) -> Admitted | None:
-    """Admit `task` to `step` and run its whole on_enter in one savepoint (writer thread); None when an
+    """Admit `task` to `plan.step` and run its whole on_enter in one savepoint (writer thread); None when an
     anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
     savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
     cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
@@ -228,14 +217,12 @@ def admit_common(
     """
     try:
         with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
-            return _admit(
-                conn, task, workflow_id, step, plan_for(step, tuple(order), path), path, now, version
-            )
+            return _admit(conn, task, workflow_id, plan, path, now, version)
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
         if not isinstance(exc, Anomaly):
-            log.info("common_entry_declined", task_id=task.id, step_id=step.id, cause=repr(exc))
+            log.info("common_entry_declined", task_id=task.id, step_id=plan.step.id, cause=repr(exc))
         return None
 
 
@@ -274,12 +261,12 @@ def _admit(
     conn: sqlite3.Connection,
     task: TaskRecord,
     workflow_id: str,
-    step: Step,
     plan: Plan,
     path: EntryPath,
     now: float,
     version: tuple[str, bool, int] | None,
 ) -> Admitted:
+    step = plan.step
     if step.wip_limit > 0 and not wip.has_room(conn, workflow_id, step.id, step.wip_limit, excluding=task.id):
         raise Anomaly("a queued placement")
     moved = tasks.move_task_step(

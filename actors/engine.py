@@ -16,7 +16,14 @@ from collections.abc import Sequence
 import attrs
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
-from onceflow.actors.common_entry import Admitted, admit_common, common_order, common_result
+from onceflow.actors.common_entry import (
+    Admitted,
+    Plan,
+    admit_common,
+    common_order,
+    common_plan,
+    common_result,
+)
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
 from onceflow.actors.outbox import Outbox
@@ -93,8 +100,8 @@ class StaleRow(Exception):
     """A cached task row failed the admission's compare-and-set: nothing was written; read it afresh."""
 
 
-EntryPlan = tuple[Sequence[ActionDecl], tuple[tuple[int, ActionDecl], ...] | None]
-"""A move's source on_exit actions and, when it has none, the target's common-entry order (or None)."""
+EntryPlan = tuple[Sequence[ActionDecl], Plan | None]
+"""A move's source on_exit actions and, when it has none, the target's common-entry plan (or None)."""
 
 _PLAN_MEMO = 4096
 """Entry plans an engine remembers before it starts over (a plan is a few references)."""
@@ -327,8 +334,7 @@ class Engine:
                     conn,
                     task=task,
                     workflow_id=workflow.id,
-                    step=target,
-                    order=common,
+                    plan=common,
                     path=path,
                     now=now,
                     version=version,
@@ -383,7 +389,7 @@ class Engine:
                 field="step_id",
             ) from exc
         if isinstance(first, Admitted):  # committed: its effects and events, built in this thread
-            first = common_result(task.id, target, common or (), first.done)
+            first = common_result(task.id, target, common.order if common else (), first.done)
         if outcome == "admitted":
             rows.put(entered)
         else:
@@ -435,14 +441,16 @@ class Engine:
         return True
 
     def _entry_plan(self, source: Step | None, target: Step, path: EntryPath) -> EntryPlan:
-        """The source step's on_exit actions and, without any, the target's common-entry order on `path`
-        (`common_entry.common_order`), memoized per (source, target, path) step objects (issue 14)."""
+        """The source step's on_exit actions and, without any, the target's common-entry plan on `path`
+        (`common_entry.common_order`, `common_plan`), memoized per (source, target, path) step objects
+        (issue 14)."""
         key = (id(source), id(target), path)
         memo = self._plans.get(key)
         if memo is not None and memo[0] is source and memo[1] is target:
             return memo[2]
         on_exit = source.events.actions(Trigger.on_exit) if source is not None else ()
-        plan: EntryPlan = (on_exit, None if on_exit else common_order(self.services, target, path))
+        order = None if on_exit else common_order(self.services, target, path)
+        plan: EntryPlan = (on_exit, None if order is None else common_plan(target, order))
         if len(self._plans) >= _PLAN_MEMO:
             self._plans.clear()
         self._plans[key] = (source, target, plan)  # the references keep the ids from being reused

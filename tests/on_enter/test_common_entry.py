@@ -30,7 +30,7 @@ from structlog.testing import capture_logs
 
 import onceflow.actors.engine as engine
 from onceflow.actors.actions import dedupe_seats, step_participants
-from onceflow.actors.common_entry import admit_common, reason, run_key
+from onceflow.actors.common_entry import admit_common, common_plan, reason, run_key
 from onceflow.actors.on_enter import dispatch_order
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.supervisor import open_runtime
@@ -470,7 +470,8 @@ def admitted_as_expected(
     conn: sqlite3.Connection, task: Any, step: Any, order: Any, expected: dict[int, list[Any]]
 ) -> None:
     """Admit `task` by the common path and compare what it queued with `expected` (per fan-out position)."""
-    admitted = admit_common(conn, task=task, workflow_id="common", step=step, order=order, path="E2", now=1.0)
+    plan = common_plan(step, tuple(order))
+    admitted = admit_common(conn, task=task, workflow_id="common", plan=plan, path="E2", now=1.0)
     if any(not seat.agent_profile_id for seated in expected.values() for seat in seated):
         assert admitted is None
         assert conn.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)

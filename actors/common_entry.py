@@ -313,3 +313,162 @@ def _admit(
         else:
             done.append((position, tuple(queued.get(position, ()))))
     return Admitted(EntryKey(task.id, step.id, seq), tuple(done))
+
+
+@attrs.frozen
+class Admission:
+    """One common entry of a group (`admit_group`): what `admit_common` takes for it."""
+
+    task: TaskRecord
+    workflow_id: str
+    plan: Plan
+    path: EntryPath
+    now: float
+    version: tuple[str, bool, int] | None
+
+
+def group_key(admission: Admission) -> tuple[int, str, str]:
+    """The writer's group key (store/writer.py `Grouped`): entries of one plan (step object, order), one
+    workflow and one path run together."""
+    return (id(admission.plan), admission.workflow_id, admission.path)
+
+
+def admit_group(conn: sqlite3.Connection, admissions: Sequence[Admission]) -> list[Admitted] | None:
+    """Admit several tasks to one step (one plan, workflow and path: `group_key`) and run their whole
+    on_enter with one set of statements for all of them (writer thread, inside the writer's group savepoint):
+    the result for each, in order, is the one `admit_common` gives it when the entries are admitted one after
+    another in that order, run ids included. None when any of them would take the per-action path (a task
+    moved or stale, a WIP limit, a seat without an agent, a key already taken or merged, any database error
+    that does not end the transaction, a task twice): the writer rolls the group back and each entry is
+    decided alone. Issue 14 item "One writer request and one wake per batch of entries".
+
+    Raises:
+        sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
+    """
+    first = admissions[0]
+    try:
+        return _admit_group(conn, first.plan, first.workflow_id, first.path, admissions)
+    except Exception as exc:
+        if faults.ends_transaction(conn, exc):
+            raise
+        if not isinstance(exc, Anomaly):
+            step_id = first.plan.step.id
+            log.info("common_entry_declined", step_id=step_id, group=len(admissions), cause=repr(exc))
+        return None
+
+
+_MOVE_GROUP = (
+    "UPDATE tasks SET workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
+    " queued_at = NULL, updated_at = m.value ->> 5, admissions = admissions + 1 FROM json_each(?3) AS m"
+    " WHERE tasks.id = m.value ->> 0 AND tasks.workflow_step_id = m.value ->> 1 AND (m.value ->> 2 IS NULL"
+    " OR (tasks.workflow_id = m.value ->> 2 AND tasks.wip_admitted = m.value ->> 3"
+    " AND tasks.admissions = m.value ->> 4))"
+)
+"""`tasks.move_task_step` (admitted, a cached row's version verified when given) for every task of ?3:
+[[task id, expected step id, version workflow id or null, admitted flag, admission count, now], ...]."""
+
+_ENTRIES_GROUP = (
+    "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
+    " terminal, created_at) SELECT m.value ->> 0, ?1, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
+    " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1, m.value ->> 5"
+    " FROM json_each(?5) AS m ORDER BY m.key"
+)
+
+_SEQS_GROUP = (
+    "SELECT json_group_array(json_array(m.key, (SELECT MAX(entry_seq) FROM step_entries"
+    " WHERE task_id = m.value ->> 0 AND step_id = ?1), CASE WHEN ?2 THEN (SELECT count(*) FROM decisions"
+    " WHERE task_id = m.value ->> 0 AND step_id = ?1) ELSE 0 END)), (SELECT COALESCE(MAX(id), 0) FROM runs)"
+    " FROM json_each(?3) AS m"
+)
+"""One row: per task of ?3 its new entry's seq and how many decisions the clear will delete, and the
+largest run id so far (every run the group queues has a larger one: AUTOINCREMENT, one writer)."""
+
+_RUNS_GROUP = (
+    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
+    " exclude_from_coalescing, requested_at)"
+    " WITH e (i, task, prefix, now) AS MATERIALIZED"
+    " (SELECT key, value ->> 0, value ->> 3, value ->> 2 FROM json_each(?1)),"
+    " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
+    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?4)),"
+    " s (i, task, now, n, agent, reason, payload, k, position, id) AS"
+    " (SELECT e.i, e.task, e.now, a.n, p.agent_profile_id, a.reason, a.payload,"
+    " e.prefix || a.head || p.agent_profile_id || a.tail, p.position, p.id"
+    " FROM e CROSS JOIN a CROSS JOIN participants AS p ON p.workflow_id = ?3 AND p.step_id = ?2"
+    " AND p.role = a.role AND (p.task_id IS NULL OR p.task_id = e.task)"
+    " WHERE p.agent_profile_id = '' OR NOT EXISTS (SELECT 1 FROM participants AS q"
+    " WHERE q.workflow_id = ?3 AND q.step_id = ?2 AND q.role = p.role"
+    " AND q.agent_profile_id = p.agent_profile_id AND (q.task_id IS NULL OR q.task_id = e.task)"
+    " AND (CASE WHEN q.task_id IS NULL THEN 1 ELSE 0 END, q.position, q.id)"
+    " < (CASE WHEN p.task_id IS NULL THEN 1 ELSE 0 END, p.position, p.id)))"
+    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
+    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
+    " s.now FROM s ORDER BY s.i, s.n, s.position, s.id"
+)
+"""`_RUNS` for every entry of ?1 ([[task id, seq, now, key prefix], ...]) in entry order: the run ids are
+those the entries get one after another. Its rows are read back by id (`_QUEUED_GROUP`), not RETURNING: one
+row to fetch instead of one per run."""
+
+_QUEUED_GROUP = (
+    "SELECT json_group_array(json_array(id, task_id, agent_profile_id, idempotency_key))"
+    " FROM runs WHERE id > ?"
+)
+
+
+def _member(admission: Admission) -> list[Any]:
+    """`_MOVE_GROUP`'s row for one admission (no version: its workflow id null, nothing more verified)."""
+    task, version = admission.task, admission.version
+    verified = (version[0], int(version[1]), version[2]) if version else (None, 0, 0)
+    return [task.id, task.step_id, *verified, admission.now]
+
+
+def _admit_group(
+    conn: sqlite3.Connection, plan: Plan, workflow_id: str, path: EntryPath, admissions: Sequence[Admission]
+) -> list[Admitted]:
+    step = plan.step
+    if step.wip_limit > 0:
+        raise Anomaly("a WIP limit: admitted one at a time")
+    if len({admission.task.id for admission in admissions}) != len(admissions):
+        raise Anomaly("a task twice")
+    members = json.dumps([_member(admission) for admission in admissions])
+    if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
+        raise Anomaly("a task moved")
+    conn.execute(_ENTRIES_GROUP, (step.id, workflow_id, plan.declaration, path, members))
+    seqs, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
+    entries = []
+    for index, seq, deleted in sorted(json.loads(seqs)):
+        admission = admissions[index]
+        task_id = admission.task.id
+        entries.append((task_id, seq, admission.now, f"on_enter:{task_id}:{step.id}:{seq}:", deleted))
+    rows = json.dumps([entry[:4] for entry in entries])
+    if plan.clears:
+        conn.execute(
+            "DELETE FROM decisions WHERE step_id = ?1 AND task_id IN (SELECT value ->> 0 FROM json_each(?2))",
+            (step.id, members),
+        )
+    conn.execute(
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
+        " updated_at) SELECT e.value ->> 0, ?1, e.value ->> 1, CAST(k.value ->> 0 AS INTEGER), k.value ->> 1,"
+        " 'done', NULL, '', e.value ->> 2 FROM json_each(?2) AS e, json_each(?3) AS k ORDER BY e.key, k.key",
+        (step.id, rows, plan.markers),
+    )
+    queued: dict[str, dict[int, list[tuple[str, int, str]]]] = {}
+    if plan.fan_outs:
+        conn.execute(_RUNS_GROUP, (rows, step.id, workflow_id, plan.fan_outs))
+        (returned,) = conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()
+        prefixes = {entry[0]: entry[3] for entry in entries}
+        for run_id, task_id, agent, run in sorted(json.loads(returned)):
+            prefix = prefixes[task_id]
+            head = run[len(prefix) : run.index(":", len(prefix)) + 1]
+            queued.setdefault(task_id, {}).setdefault(plan.positions[head], []).append((agent, run_id, run))
+    admitted = []
+    for task_id, seq, _, _, deleted in entries:
+        runs = queued.get(task_id, {})
+        done: list[tuple[int, int | Queued]] = []
+        for position, action in plan.order:
+            if action.type == "clear_decisions":
+                done.append((position, deleted))
+                deleted = 0  # a second clear in the same entry finds nothing left
+            else:
+                done.append((position, tuple(runs.get(position, ()))))
+        admitted.append(Admitted(EntryKey(task_id, step.id, seq), tuple(done)))
+    return admitted

@@ -17,12 +17,15 @@ import attrs
 
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
 from onceflow.actors.common_entry import (
+    Admission,
     Admitted,
     Plan,
     admit_common,
+    admit_group,
     common_order,
     common_plan,
     common_result,
+    group_key,
 )
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
@@ -57,6 +60,7 @@ from onceflow.store import faults, participants, tasks, wip
 from onceflow.store.records import Decision, Participant, TaskRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.step_entries import EntryKey
+from onceflow.store.writer import Grouped
 
 log = get_logger("onceflow.engine")
 
@@ -374,9 +378,13 @@ class Engine:
                     log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
             return "admitted", key, first
 
+        group = None
+        if common is not None and not target.wip_limit:  # the writer may admit it with others (issue 14)
+            admission = Admission(task, workflow.id, common, path, now, version)
+            group = Grouped(group_key(admission), admission, _admit_together)
         rows = self.services.task_rows
         try:
-            outcome, key, first = await self.services.store.transact(admit)
+            outcome, key, first = await self.services.store.transact(admit, group)
         except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
             rows.forget(task.id)
             log.error(
@@ -511,6 +519,15 @@ class Engine:
             promoted += 1
             self.services.task_rows.forget(promotion.task_id)  # its row changed outside its actor
             self.services.announce_promotion(promotion)
+
+
+def _admit_together(
+    conn: sqlite3.Connection, admissions: list[Admission]
+) -> list[tuple[str, EntryKey | None, SegmentResult | Admitted | None]] | None:
+    """The writer's run for a group of common entries (`enter_step`'s `Grouped`): each admission's result
+    as its own request's `admit` returns it, or None for each to be decided alone."""
+    admitted = admit_group(conn, admissions)
+    return None if admitted is None else [("admitted", entry.key, entry) for entry in admitted]
 
 
 def _preflight_is_noop(host: Host) -> bool:

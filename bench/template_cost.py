@@ -28,7 +28,7 @@ import trio
 from onceflow.actors.supervisor import Runtime, open_runtime
 from onceflow.protocol.limits import MAX_TEMPLATE_STEPS
 from onceflow.protocol.workflow import load_workflow_text
-from onceflow.store.writer import StoreActor
+from onceflow.store.writer import Grouped, StoreActor
 
 T = TypeVar("T")
 
@@ -91,10 +91,10 @@ async def measure(kind: str, n: int, tasks: int, directory: Path) -> bool:
     commits = 0
     original = StoreActor.transact
 
-    async def counting(self: StoreActor, fn: Callable[..., T]) -> T:
+    async def counting(self: StoreActor, fn: Callable[..., T], group: Grouped[T] | None = None) -> T:
         nonlocal commits
         commits += 1
-        return await original(self, fn)
+        return await original(self, fn, group)
 
     StoreActor.transact = counting  # type: ignore[method-assign]
     try:

@@ -23,7 +23,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -69,15 +69,36 @@ class StoreClosedError(RuntimeError):
     """`transact` was called on a store that is closing or closed."""
 
 
-class _Request(Generic[T]):
-    __slots__ = ("fn", "result", "task_id", "waiter")
+class Grouped(Generic[T]):
+    """What lets the writer run a request together with others of the same batch (SQLite only): requests
+    whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
+    request's result in order, or None when it cannot decide them all (its writes are then rolled back and
+    each request's own fn runs alone, as without a group). Issue 14: one set of statements for a batch of
+    common entries instead of one per entry. `run` follows the rules of a request's fn (plain synchronous
+    code, no BEGIN/COMMIT); an exception from it that does not end the transaction counts as None."""
+
+    __slots__ = ("item", "key", "run")
 
     def __init__(
-        self, fn: Callable[[sqlite3.Connection], T], waiter: trio.lowlevel.Task, task_id: str | None
+        self, key: Hashable, item: object, run: Callable[[sqlite3.Connection, list[Any]], list[T] | None]
+    ) -> None:
+        self.key, self.item, self.run = key, item, run
+
+
+class _Request(Generic[T]):
+    __slots__ = ("fn", "group", "result", "task_id", "waiter")
+
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        waiter: trio.lowlevel.Task,
+        task_id: str | None,
+        group: Grouped[T] | None,
     ) -> None:
         self.fn = fn
         self.waiter = waiter  # the Trio task parked in `transact`, rescheduled with `result`
         self.task_id = task_id  # the task whose lock the request runs under (PostgreSQL only)
+        self.group = group
         self.result: outcome.Outcome[T] | None = None
 
 
@@ -114,7 +135,7 @@ class StoreActor:
         self._setup: outcome.Outcome[int] | None = None
         self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
 
-    async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def transact(self, fn: Callable[[sqlite3.Connection], T], group: Grouped[T] | None = None) -> T:
         """Run `fn(conn)` as one transaction in the writer thread and return its result.
 
         `fn` runs between `BEGIN IMMEDIATE` and `COMMIT` (inside its own SAVEPOINT, which matters only when
@@ -122,7 +143,10 @@ class StoreActor:
         no Trio calls, no BEGIN/COMMIT/ROLLBACK of its own, and it should return plain values, not cursors.
         The wait for the reply is shielded from cancellation: a cancelled caller still waits until its
         transaction has committed or rolled back, gets that result here, and sees the cancellation at its
-        next checkpoint. Requests run in arrival order.
+        next checkpoint. Requests run in arrival order, except that on SQLite a request given a `group` may
+        run first, together with the batch's other requests of the same group key (`Grouped`): requests
+        that share a commit were all waiting at once, none having seen another's result, so any order of
+        them is one their callers could have observed.
 
         Raises:
             StoreClosedError: the store is closing or closed; nothing was run.
@@ -135,7 +159,7 @@ class StoreActor:
         """
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
-        self._mailbox.put(_Request(fn, trio.lowlevel.current_task(), epochs.CURRENT_TASK.get()))
+        self._mailbox.put(_Request(fn, trio.lowlevel.current_task(), epochs.CURRENT_TASK.get(), group))
         # Park until the writer answers. Refusing the abort is what shields the wait: a cancellation stays
         # pending and is delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a
         # shielded CancelScope + Event per request, which cost ~20 us each at group-commit rates.)
@@ -317,7 +341,11 @@ class StoreActor:
                 conn.execute("BEGIN IMMEDIATE")
                 if self.postgres:
                     self._lock_tasks(conn, batch)
+                elif len(batch) > 1:
+                    self._run_groups(conn, batch)
                 for request in batch:
+                    if request.result is not None:  # ran in its group
+                        continue
                     conn.execute("SAVEPOINT request")
                     error = self._run_request(conn, request)
                     if not conn.in_transaction or (
@@ -348,6 +376,34 @@ class StoreActor:
                 self._deferred = batch[index:]
                 del batch[index:]
                 return
+
+    def _run_groups(self, conn: sqlite3.Connection, batch: list[_Request[Any]]) -> None:
+        """Run each group of two or more of the batch's requests (`Grouped`) in one savepoint and set their
+        results; a group that returns None or raises is rolled back, its requests left to run alone.
+        Raises `_TransactionEnded` for an error that ended the transaction."""
+        groups: dict[Hashable, list[tuple[_Request[Any], Grouped[Any]]]] = {}
+        for request in batch:
+            if request.group is not None:
+                groups.setdefault(request.group.key, []).append((request, request.group))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            conn.execute("SAVEPOINT request")
+            try:
+                results = members[0][1].run(conn, [group.item for _, group in members])
+            except Exception as exc:
+                if not conn.in_transaction or faults.ends_transaction(conn, exc):
+                    raise _TransactionEnded(members[0][0], exc) from exc
+                log.warning("store_group_failed", path=str(self.path), size=len(members), cause=repr(exc))
+                results = None
+            if not conn.in_transaction:
+                raise _TransactionEnded(members[0][0], None)
+            if results is None:
+                conn.execute("ROLLBACK TO request")
+            else:
+                for (request, _), result in zip(members, results, strict=True):
+                    request.result = outcome.Value(result)
+            conn.execute("RELEASE request")
 
     def _run_request(self, conn: Any, request: _Request[Any]) -> BaseException | None:
         """Run `request.fn(conn)` and set its result; on PostgreSQL every statement it sent without reading

@@ -141,9 +141,9 @@ def test_issue14_a_cached_row_makes_a_move_one_writer_request(
             calls: list[object] = []
             transact = store.transact
 
-            async def counted(fn: Any) -> Any:
+            async def counted(fn: Any, group: Any = None) -> Any:
                 calls.append(fn)
-                return await transact(fn)
+                return await transact(fn, group)
 
             store.transact = counted  # type: ignore[method-assign]
             await ok(rt, {"type": "move_task", "task_id": "T0", "step_id": "done"})

@@ -25,7 +25,7 @@ from onceflow.protocol.limits import (
     MAX_YAML_DEPTH,
 )
 from onceflow.protocol.workflow import Step, WorkflowError, _feeder_cycles, load_workflow_text
-from onceflow.store.writer import StoreActor
+from onceflow.store.writer import Grouped, StoreActor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "workflows"
 MINIMAL = (FIXTURES / "minimal.yml").read_text(encoding="utf-8")
@@ -287,10 +287,10 @@ async def count_transactions(monkeypatch: pytest.MonkeyPatch, work: Callable[[],
     count = 0
     real = StoreActor.transact
 
-    async def counted(self: StoreActor, fn: Callable[[Any], T]) -> T:
+    async def counted(self: StoreActor, fn: Callable[[Any], T], group: Grouped[T] | None = None) -> T:
         nonlocal count
         count += 1
-        return await real(self, fn)
+        return await real(self, fn, group)
 
     with monkeypatch.context() as patched:
         patched.setattr(StoreActor, "transact", counted)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -64,6 +65,11 @@ from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
 
 log = get_logger("onceflow.supervisor")
+
+SWITCH_INTERVAL = 0.00005
+"""Seconds: the GIL switch interval `onceflow serve` runs with (`open_runtime`'s `switch_interval`): short
+enough that the store's writer thread gets the GIL back soon after SQLite's work, so it runs beside the Trio
+thread instead of after it (bench/dispatch.py, issue 14)."""
 
 
 @attrs.frozen
@@ -482,6 +488,7 @@ async def open_runtime(
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     epoch_sweep_interval: float = SWEEP_INTERVAL,
     task_row_cache: int = task_rows.DEFAULT_CAPACITY,
+    switch_interval: float | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -515,12 +522,21 @@ async def open_runtime(
     the admission's compare-and-set verifies the row, a mismatch falls back to a fresh read; issue 14);
     0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows too. A negative
     size is a ValueError before anything is opened.
+    `switch_interval`, when given, is the interpreter's GIL switch interval in seconds
+    (`sys.setswitchinterval`) while the runtime is open, the previous one restored on exit. It is
+    process-wide, so the host decides: the store's writer thread releases the GIL while SQLite works, and with
+    Python's default (0.005 s) the Trio thread keeps it that long before the writer may go on, so the two
+    threads barely overlap. `onceflow serve` sets `SWITCH_INTERVAL` (bench/dispatch.py: ~1.4x entries per
+    second at 64 tasks; issue 14). Not finite or <= 0 is a ValueError before anything is opened.
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
     busy_timeout = seconds("busy_timeout", busy_timeout)
     epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
     rows = task_rows.TaskRows(task_row_cache)
+    previous_interval = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(seconds("switch_interval", switch_interval))
     try:
         async with (
             open_store(
@@ -583,3 +599,6 @@ async def open_runtime(
                 hub.close()
     except BaseExceptionGroup as group:
         raise_single(group)  # a single cause surfaces as itself (issue 11, section 5)
+    finally:
+        if switch_interval is not None:
+            sys.setswitchinterval(previous_interval)

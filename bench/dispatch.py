@@ -1,7 +1,7 @@
 """Dispatch throughput: N tasks entering a review step that clears decisions and fans out to 3 reviewers.
 
 Run: python bench/dispatch.py [-n N] [-c C] [--dup-rate R] [--replay-rate P] [--durability FULL|NORMAL]
-    [--max-batch B] [--count-statements]
+    [--max-batch B] [--count-statements] [--switch-interval S]
 
 The inline workflow has steps work → review; review declares on_enter
 [clear_decisions, queue_run_for_each_participant{role: reviewer}] and the template seats 3 reviewers.
@@ -13,7 +13,8 @@ then dispatched again through the engine, as a second dispatcher or a recovery w
 its markers are terminal, so it must not clear or fan out twice). Transactions and average batch size are
 counted by wrapping the store actor's commit method. CPU per entry is given for the whole process and for
 the store writer thread alone (its CPU clock read at the start and end of the move phase: SQLite's C work
-plus the Python of every request, i.e. the writer's share of the GIL-bound run).
+plus the Python of every request, i.e. the writer's share of the GIL-bound run). The runtime runs with the GIL
+switch interval `onceflow serve` uses (`--switch-interval`, seconds; 0: Python's own 0.005 s).
 
 After the runtime closes the database is checked with plain SQL (issue 7): no idempotency key twice, runs ==
 entries x 3, one committed clear per entry (its clear_decisions marker done), every entry terminal, one
@@ -36,7 +37,7 @@ import structlog
 import trio
 
 from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import Durability
 
@@ -159,6 +160,7 @@ async def run_dispatch(
     seed: int,
     replay_rate: float = 0.0,
     count_statements: bool = False,
+    switch_interval: float | None = SWITCH_INTERVAL,
 ) -> dict[str, Any]:
     """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench.
 
@@ -168,7 +170,9 @@ async def run_dispatch(
     latencies: list[float] = []
     counts = {"transactions": 0, "requests": 0, "dup_sends": 0, "replays": 0, "replayed_actions": 0}
     statements = {"data": 0, "savepoint": 0, "transaction": 0}
-    async with open_runtime(db, durability=durability, max_batch=max_batch) as rt:
+    async with open_runtime(
+        db, durability=durability, max_batch=max_batch, switch_interval=switch_interval
+    ) as rt:
         await setup(rt, n, concurrency)
         store = rt.services.store
         commit = store._commit
@@ -294,6 +298,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count-statements", action="store_true", help="SQL statements per entry (slower)")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary database directory")
+    parser.add_argument("--switch-interval", type=float, default=SWITCH_INTERVAL, help="seconds; 0: Python's")
     args = parser.parse_args()
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(30), cache_logger_on_first_use=True
@@ -310,9 +315,11 @@ def main() -> int:
             args.seed,
             args.replay_rate,
             args.count_statements,
+            args.switch_interval or None,
         )
     print(
-        f"sqlite {sqlite3.sqlite_version}; move phase {result['seconds']:.2f} s,"
+        f"sqlite {sqlite3.sqlite_version}; GIL switch interval {args.switch_interval or 'default'} s;"
+        f" move phase {result['seconds']:.2f} s,"
         f" CPU {result['cpu_us_per_entry']:.0f} us per entry (both threads),"
         f" {result['writer_cpu_us_per_entry']:.0f} us of it in the store writer thread"
     )

@@ -48,7 +48,8 @@ from typing import Any
 import attrs
 import trio
 
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.durations import seconds
+from onceflow.actors.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
 from onceflow.logs import get_logger
 from onceflow.protocol.codec import encode
 from onceflow.protocol.errors import OnceflowError, ProtocolError
@@ -373,10 +374,12 @@ async def serve(
     *,
     socket_path: Path | None = None,
     options: ServeOptions = ServeOptions(),
+    switch_interval: float | None = SWITCH_INTERVAL,
 ) -> int:
     """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
     connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
-    clean shutdown, 1 if a workflow is refused.
+    clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
+    serving (`open_runtime`; the process is the server's own), None for Python's.
 
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
@@ -385,7 +388,7 @@ async def serve(
         listener = None if socket_path is None else await _bind(socket_path)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
-            async with open_runtime(db) as runtime:
+            async with open_runtime(db, switch_interval=switch_interval) as runtime:
                 if not await _register(runtime, workflows):
                     return 1
                 async with trio.open_nursery() as everything:
@@ -462,11 +465,32 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--queue-size", type=int, default=defaults.queue_size, help="lines a client may lag")
     parser.add_argument("--max-line", type=int, default=defaults.max_line, help="bytes in one request line")
     parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
+    parser.add_argument(
+        "--switch-interval",
+        type=_interval_arg,
+        default=SWITCH_INTERVAL,
+        help="GIL switch interval in seconds while serving (0: Python's own)",
+    )
+
+
+def _interval_arg(text: str) -> float:
+    """`--switch-interval`: seconds, finite and >= 0 (0: Python's own interval)."""
+    try:
+        return seconds("--switch-interval", float(text), allow_zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
     options = ServeOptions(queue_size=args.queue_size, max_line=args.max_line, grace=args.grace)
     return trio.run(
-        functools.partial(serve, args.db, args.workflow, socket_path=args.socket, options=options)
+        functools.partial(
+            serve,
+            args.db,
+            args.workflow,
+            socket_path=args.socket,
+            options=options,
+            switch_interval=args.switch_interval or None,
+        )
     )

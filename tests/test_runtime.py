@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import attrs
@@ -328,3 +329,34 @@ async def test_issue12_creating_a_task_at_its_start_step_is_not_an_entry_so_on_e
     entered = await move(office, "T1", "work")
     assert [(r.task_id, r.action) for r in host.session_actions] == [("T1", "auto_start_agent")]
     assert [e.step_id for e in events(entered, "step_entered")] == ["work"]
+
+
+def test_issue14_switch_interval_holds_while_the_runtime_is_open_and_is_restored(tmp_path: Path) -> None:
+    """`open_runtime(switch_interval=...)`: the GIL switch interval while open, the previous one after, even
+    when the body raises; None leaves it alone."""
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+
+    async def main() -> None:
+        async with open_runtime(tmp_path / "a.db") as rt:
+            assert rt is not None
+            seen.append(sys.getswitchinterval())
+        with pytest.raises(KeyError):
+            async with open_runtime(tmp_path / "b.db", switch_interval=0.00005):
+                seen.append(sys.getswitchinterval())
+                raise KeyError("body")
+
+    trio.run(main)
+    assert seen == [before, pytest.approx(0.00005)]  # the interpreter keeps it in microseconds
+    assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_issue14_a_bad_switch_interval_is_refused_before_anything_opens(tmp_path: Path, bad: float) -> None:
+    async def main() -> None:
+        async with open_runtime(tmp_path / "c.db", switch_interval=bad):
+            pass
+
+    with pytest.raises(ValueError, match="switch_interval"):
+        trio.run(main)
+    assert not (tmp_path / "c.db").exists()

@@ -372,3 +372,25 @@ def test_issue13_serve_replaces_a_stale_socket_file_and_creates_it_owner_only() 
                 process.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "soon"])
+def test_issue14_serve_refuses_a_bad_switch_interval_naming_the_flag(tmp_path: Path, bad: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "serve",
+            "--db",
+            str(tmp_path / "s.db"),
+            "--stdio",
+            "--switch-interval",
+            bad,
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--switch-interval" in done.stderr.decode()
+    assert not (tmp_path / "s.db").exists()

@@ -89,9 +89,9 @@ async def prepare(rt: Runtime, scenario: dict[str, Any]) -> list[Admission]:
             version = (task.workflow_id, task.wip_admitted, task.admissions - 1)
         if before == "moved":  # the task moved on after its row was read
             await store.transact(
-                lambda conn, t=task_id: conn.execute(
-                    "UPDATE tasks SET workflow_step_id = 'review' WHERE id = ?", (t,)
-                ).rowcount
+                lambda conn, t=task_id: (
+                    conn.execute("UPDATE tasks SET workflow_step_id = 'review' WHERE id = ?", (t,)).rowcount
+                )
             )
         admissions.append(Admission(task, "common", plan, "E1", 100.0 + len(admissions), version))
     return admissions
@@ -281,4 +281,3 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
             return [value for (value,) in rows]
 
     assert trio.run(main) == ["a", "b", "c"]
-

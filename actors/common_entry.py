@@ -9,7 +9,9 @@ its WIP limit, a seat without an agent, an idempotency key already taken or merg
 database error that does not end the transaction) rolls back to that savepoint and the caller takes the
 per-action path, which decides it exactly as before; an error that ends the transaction is re-raised
 (issue 11 item 4). The writer returns plain data (`Admitted`); the caller builds the effects and events the
-executors build (`common_result`) after the commit, in the Trio thread.
+executors build (`common_result`) after the commit, in the Trio thread. Entries of one step that share a
+writer batch are admitted together (`admit_group`: the same five statements for all of them, two reads
+instead of RETURNING); any anomaly rolls the group back and each is decided alone, as above.
 Source: issue 14 item "A writer fast path for the common entry"; on-enter-action-dispatch.md AC-B5, AC-B6,
 AC-B7, AC-C1, AC-A3, AC-A5.
 """

@@ -526,7 +526,7 @@ async def open_runtime(
     (`sys.setswitchinterval`) while the runtime is open, the previous one restored on exit. It is
     process-wide, so the host decides: the store's writer thread releases the GIL while SQLite works, and with
     Python's default (0.005 s) the Trio thread keeps it that long before the writer may go on, so the two
-    threads barely overlap. `onceflow serve` sets `SWITCH_INTERVAL` (bench/dispatch.py: ~1.4x entries per
+    threads barely overlap. `onceflow serve` sets `SWITCH_INTERVAL` (bench/dispatch.py: ~1.35x entries per
     second at 64 tasks; issue 14). Not finite or <= 0 is a ValueError before anything is opened.
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)

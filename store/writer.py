@@ -320,7 +320,8 @@ class StoreActor:
             self._call_trio(self._wake, batch)
 
     def _commit(self, conn: Any, batch: list[_Request[Any]]) -> None:
-        """Run `batch` as one transaction, one SAVEPOINT per request, and set each request's result.
+        """Run `batch` as one transaction, one SAVEPOINT per request (per group first, `_run_groups`), and set
+        each request's result.
 
         On PostgreSQL the batch first takes its tasks' locks (store/epochs.py): the first task's waits, the
         others' are only tried, and from the first request whose lock failed, the requests are moved from

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 from entry_support import add_decision, snapshot
 from helpers import FakeClock, ok, send
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from test_common_entry import ACTIONS, key_in_advance, workflow_yaml
@@ -164,6 +164,7 @@ def test_issue14_a_group_of_common_entries_decides_each_as_one_after_another(
     assert snapshot(folder / "together.db") == snapshot(folder / "separately.db")
     assert together == separately  # keys, cleared counts, run ids and idempotency keys
     assert len(ran) == 1  # the writer ran the group once
+    event("group decided" if ran[0] is not None else "group declined")
     assert (ran[0] is not None) == all(result is not None for result in separately)
 
 
@@ -259,16 +260,16 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
     then runs its own fn, in arrival order."""
 
     def declines(conn: sqlite3.Connection, items: list[str]) -> None:
-        conn.executemany("INSERT INTO workflows_marks VALUES (?)", [(f"group-{item}",) for item in items])
+        conn.executemany("INSERT INTO marks VALUES (?)", [(f"group-{item}",) for item in items])
         return None
 
     def own(item: str) -> Any:
-        return lambda conn: conn.execute("INSERT INTO workflows_marks VALUES (?)", (item,)).rowcount
+        return lambda conn: conn.execute("INSERT INTO marks VALUES (?)", (item,)).rowcount
 
     async def main() -> list[str]:
         async with open_runtime(tmp_path / "w.db", clock=FakeClock()) as rt:
             store = rt.services.store
-            await store.transact(lambda conn: conn.execute("CREATE TABLE workflows_marks (v TEXT)"))
+            await store.transact(lambda conn: conn.execute("CREATE TABLE marks (v TEXT)"))
             release = threading.Event()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(store.transact, lambda conn: release.wait(10))
@@ -277,7 +278,7 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
                     nursery.start_soon(store.transact, own(item), Grouped("k", item, declines))
                     await trio.testing.wait_all_tasks_blocked()
                 release.set()
-            rows = await store.transact(lambda conn: conn.execute("SELECT v FROM workflows_marks").fetchall())
+            rows = await store.transact(lambda conn: conn.execute("SELECT v FROM marks").fetchall())
             return [value for (value,) in rows]
 
     assert trio.run(main) == ["a", "b", "c"]

@@ -9,7 +9,8 @@ its WIP limit, a seat without an agent, an idempotency key already taken or merg
 database error that does not end the transaction) rolls back to that savepoint and the caller takes the
 per-action path, which decides it exactly as before; an error that ends the transaction is re-raised
 (issue 11 item 4). The writer returns plain data (`Admitted`); the caller builds the effects and events the
-executors build (`common_result`) after the commit, in the Trio thread. Entries of one step that share a
+executors build after the commit, in the Trio thread (`publish_common`; `common_result` for the recovery
+scan's set path). Entries of one step that share a
 writer batch are admitted together (`admit_group`: the same five statements for all of them, two reads
 instead of RETURNING); any anomaly rolls the group back and each is decided alone, as above.
 Source: issue 14 item "A writer fast path for the common entry"; on-enter-action-dispatch.md AC-B5, AC-B6,
@@ -28,6 +29,7 @@ import attrs
 from onceflow.actors import trusted
 from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest
 from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
+from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
@@ -147,6 +149,45 @@ def common_result(
     return SegmentResult(tuple(runs))
 
 
+def publish_common(out: Outbox, task_id: str, plan: Plan, done: Done) -> None:
+    """Publish what a committed common entry did (`Admitted.done`), in dispatch order: per position its
+    events, its diagnostics (a fan-out's `fan_out_matched_nobody`, `fan_out_finished`), then its
+    `action_outcome` — exactly what `OnEnterDispatch.publish_segment` publishes for `common_result`'s
+    segment (tests/on_enter/test_common_entry.py compares every reply and log with the per-action path), but
+    without building the effects or planning the dispatch (issue 14, "Events cheap to build")."""
+    step = plan.step
+    step_id = step.id
+    for (position, action), (_, did) in zip(plan.order, done, strict=True):
+        if isinstance(did, int):
+            out.emit(trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did))
+        else:
+            why = reason(action)
+            for agent, run_id, key in did:
+                out.emit(
+                    trusted.run_queued(
+                        run_id=run_id,
+                        task_id=task_id,
+                        step_id=step_id,
+                        agent_profile_id=agent,
+                        reason=why,
+                        idempotency_key=key,
+                    )
+                )
+            for note in fan_out_notes(task_id, step, action, len(did)):
+                out.diagnostic(note.level, note.code, **note.fields)
+        out.emit(
+            trusted.action_outcome(
+                task_id=task_id,
+                step_id=step_id,
+                trigger="on_enter",
+                position=position,
+                kind=action.type,
+                outcome="done",
+                detail="",
+            )
+        )
+
+
 @attrs.frozen
 class Admitted:
     """A common entry admitted and finished in one savepoint: its key and what each position did."""
@@ -212,7 +253,7 @@ def admit_common(
     anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
     savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
     cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
-    (`tasks.move_task_step`). The caller builds the effects and events (`common_result`) outside the writer.
+    (`tasks.move_task_step`). The caller publishes the events (`publish_common`) outside the writer.
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from onceflow.actors import trusted
 from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
 from onceflow.actors.common_entry import (
     Admission,
@@ -24,8 +25,8 @@ from onceflow.actors.common_entry import (
     admit_group,
     common_order,
     common_plan,
-    common_result,
     group_key,
+    publish_common,
 )
 from onceflow.actors.host import Host, RecordingHost
 from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
@@ -42,13 +43,7 @@ from onceflow.protocol.errors import (
     TransitionFailedError,
     TransitionRefusedError,
 )
-from onceflow.protocol.events import (
-    EntryPath,
-    GuardEvaluated,
-    StepEntered,
-    TaskQueued,
-    Transition,
-)
+from onceflow.protocol.events import EntryPath, GuardEvaluated, TaskQueued
 from onceflow.protocol.workflow import (
     TRANSITION_TYPES,
     ActionDecl,
@@ -396,8 +391,6 @@ class Engine:
                 f"moving task {task.id!r} to {target.id!r} failed and nothing was committed: {exc!r}",
                 field="step_id",
             ) from exc
-        if isinstance(first, Admitted):  # committed: its effects and events, built in this thread
-            first = common_result(task.id, target, common.order if common else (), first.done)
         if outcome == "admitted":
             rows.put(entered)
         else:
@@ -413,8 +406,8 @@ class Engine:
                 target_step=target.id,
             )
             return False
-        out.emit(
-            Transition(
+        out.emit(  # the runtime's own typed values: unvalidated (issue 14)
+            trusted.transition(
                 task_id=task.id,
                 workflow_id=workflow.id,
                 from_step=task.step_id,
@@ -437,14 +430,17 @@ class Engine:
             out.emit(TaskQueued(task_id=task.id, step_id=target.id))
         else:
             out.emit(
-                StepEntered(
+                trusted.step_entered(
                     task_id=task.id,
                     step_id=target.id,
                     entry_seq=key.entry_seq if key else None,
                     entry_path=path,
                 )
             )
-            await self.dispatch_entry(entered, workflow, target, key, path, out, first)
+            if not isinstance(first, Admitted):
+                await self.dispatch_entry(entered, workflow, target, key, path, out, first)
+            elif common is not None:  # committed whole in the admission: publish what it did
+                publish_common(out, task.id, common, first.done)
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True
 

@@ -22,10 +22,13 @@ from onceflow.protocol.events import (
     ActionOutcome,
     DecisionsCleared,
     Diagnostic,
+    EntryPath,
     ErrorInfo,
     Event,
     Reply,
     RunQueued,
+    StepEntered,
+    Transition,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -47,6 +50,31 @@ def _instance(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M
     _set_extra(instance, None)
     _set_private(instance, None)
     return instance
+
+
+def transition(*, task_id: str, workflow_id: str, from_step: str, to_step: str, trigger: str) -> Transition:
+    """`Transition(...)`, unvalidated (module docstring)."""
+    values = {
+        "type": "transition",
+        "task_id": task_id,
+        "workflow_id": workflow_id,
+        "from_step": from_step,
+        "to_step": to_step,
+        "trigger": trigger,
+    }
+    return _instance(Transition, values, {"task_id", "workflow_id", "from_step", "to_step", "trigger"})
+
+
+def step_entered(*, task_id: str, step_id: str, entry_seq: int | None, entry_path: EntryPath) -> StepEntered:
+    """`StepEntered(...)`, unvalidated (module docstring)."""
+    values = {
+        "type": "step_entered",
+        "task_id": task_id,
+        "step_id": step_id,
+        "entry_seq": entry_seq,
+        "entry_path": entry_path,
+    }
+    return _instance(StepEntered, values, {"task_id", "step_id", "entry_seq", "entry_path"})
 
 
 def decisions_cleared(*, task_id: str, step_id: str, deleted: int) -> DecisionsCleared:

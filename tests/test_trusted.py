@@ -35,6 +35,7 @@ from onceflow.protocol.events import (
     RunQueued,
     StepEntered,
     TaskCreated,
+    Transition,
 )
 
 text = st.text(max_size=12)
@@ -48,6 +49,17 @@ json_value = st.recursive(
 levels = st.sampled_from(["debug", "info", "warning", "error"])
 
 ARGUMENTS: dict[Callable[..., BaseModel], st.SearchStrategy[dict[str, Any]]] = {
+    trusted.transition: st.fixed_dictionaries(
+        {"task_id": text, "workflow_id": text, "from_step": text, "to_step": text, "trigger": text}
+    ),
+    trusted.step_entered: st.fixed_dictionaries(
+        {
+            "task_id": text,
+            "step_id": text,
+            "entry_seq": st.none() | integer,
+            "entry_path": st.sampled_from(["E1", "E2", "E3", "E4", "E5", "recovery"]),
+        }
+    ),
     trusted.decisions_cleared: st.fixed_dictionaries({"task_id": text, "step_id": text, "deleted": integer}),
     trusted.run_queued: st.fixed_dictionaries(
         {
@@ -75,6 +87,8 @@ ARGUMENTS: dict[Callable[..., BaseModel], st.SearchStrategy[dict[str, Any]]] = {
     ),
 }
 MODELS: dict[Callable[..., BaseModel], type[BaseModel]] = {
+    trusted.transition: Transition,
+    trusted.step_entered: StepEntered,
     trusted.decisions_cleared: DecisionsCleared,
     trusted.run_queued: RunQueued,
     trusted.action_outcome: ActionOutcome,

@@ -5,10 +5,12 @@ Run: python bench/events.py [--repeat R] [--number N]
 One entry of `bench/dispatch.py`'s review step (clear_decisions, then a fan-out to 3 reviewers) emits 9
 events: transition, step_entered, decisions_cleared, action_outcome x2, run_queued x3 and the
 fan_out_finished diagnostic. This times, in-process and without a database, the parts of that work the
-events code owns: `common_result` (the effects and events of the writer's common path), publishing them
-through `OnEnterDispatch.publish_segment` to an `Outbox` (hub without subscribers, metrics no-op, structlog
-filtering at WARNING as `bench/dispatch.py` configures it), and the `Reply` that carries them. Best of R
-repeats of N entries each; issue 14, item "Events cheap to build".
+events code owns: `publish_common` (what the engine publishes for a common entry committed whole, to an
+`Outbox`: hub without subscribers, metrics no-op, structlog filtering at WARNING as `bench/dispatch.py`
+configures it), the `Reply` that carries them, and one whole entry as the engine emits it; for comparison
+`common_result` and `OnEnterDispatch.publish_segment`, what the recovery scan's set path (and, before the
+fourth session, the hot path) builds and publishes for the same entry. Best of R repeats of N entries each;
+issue 14, item "Events cheap to build".
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any
 import structlog
 from dispatch import WORKFLOW  # bench/ is on sys.path when run as a script: the same review step
 
-from onceflow.actors.common_entry import common_order, common_result
+from onceflow.actors import trusted
+from onceflow.actors.common_entry import common_order, common_plan, common_result, publish_common
 from onceflow.actors.on_enter import OnEnterDispatch
 from onceflow.actors.outbox import EventHub, Outbox
 from onceflow.actors.services import Services
-from onceflow.protocol.events import RunQueued, StepEntered, Transition
+from onceflow.protocol.events import RunQueued
 from onceflow.protocol.workflow import load_workflow_text
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
@@ -42,6 +45,7 @@ def scenario() -> dict[str, Callable[[], Any]]:
     key = EntryKey("t-1", "review", 1)
     done = ((0, 2), (1, tuple((f"rev-{i}", i, f"on_enter:t-1:review:1:1:rev-{i}:abc") for i in range(3))))
     hub = EventHub()
+    plan = common_plan(step, order)
     result = common_result(task.id, step, order, done)
     events = []
 
@@ -50,16 +54,18 @@ def scenario() -> dict[str, Callable[[], Any]]:
         OnEnterDispatch(services, task, workflow, step, key, "E2", out).publish_segment(result)
         events[:] = out.events
 
+    def publish_direct() -> None:
+        publish_common(Outbox(hub), task.id, plan, done)
+
     def entry() -> None:
         out = Outbox(hub)
         out.emit(
-            Transition(
+            trusted.transition(
                 task_id="t-1", workflow_id="bench", from_step="work", to_step="review", trigger="move_task"
             )
         )
-        out.emit(StepEntered(task_id="t-1", step_id="review", entry_seq=1, entry_path="E2"))
-        segment = common_result(task.id, step, order, done)
-        OnEnterDispatch(services, task, workflow, step, key, "E2", out).publish_segment(segment)
+        out.emit(trusted.step_entered(task_id="t-1", step_id="review", entry_seq=1, entry_path="E2"))
+        publish_common(out, task.id, plan, done)
         out.reply("move_task", result={"task_id": "t-1"})
 
     publish()
@@ -72,10 +78,11 @@ def scenario() -> dict[str, Callable[[], Any]]:
             reason="on_enter",
             idempotency_key="k",
         ),
-        "common_result (7 events)": lambda: common_result(task.id, step, order, done),
-        "publish_segment (7 events)": publish,
+        "publish_common (7 events)": publish_direct,
         "Reply (9 events)": lambda: _outbox(hub, events).reply("move_task", result={"task_id": "t-1"}),
-        "one entry, all of the above": entry,
+        "one entry, as the engine emits it": entry,
+        "common_result (recovery set path)": lambda: common_result(task.id, step, order, done),
+        "publish_segment of it": publish,
     }
 
 

@@ -32,7 +32,7 @@ from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.protocol.events import EntryPath
+from onceflow.protocol.events import EntryPath, Event
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
@@ -124,28 +124,11 @@ def common_result(
     events and diagnostics, in position order."""
     actions = dict(order)
     runs = []
-    step_id = step.id
-    # Every value below is the runtime's own and typed (ids it wrote, counts, keys): built without validation
     for position, did in done:
         action = actions[position]
-        if isinstance(did, int):
-            cleared = trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did)
-            effect = Effect("done", events=(cleared,))
-        else:
-            why = reason(action)
-            events = tuple(
-                trusted.run_queued(
-                    run_id=run_id,
-                    task_id=task_id,
-                    step_id=step_id,
-                    agent_profile_id=agent,
-                    reason=why,
-                    idempotency_key=key,
-                )
-                for agent, run_id, key in did
-            )
-            effect = Effect("done", events=events, diagnostics=fan_out_notes(task_id, step, action, len(did)))
-        runs.append(ActionRun(position, action, "claimed", effect))
+        events = _events(task_id, step.id, action, did)
+        notes = () if isinstance(did, int) else fan_out_notes(task_id, step, action, len(did))
+        runs.append(ActionRun(position, action, "claimed", Effect("done", events=events, diagnostics=notes)))
     return SegmentResult(tuple(runs))
 
 
@@ -156,29 +139,16 @@ def publish_common(out: Outbox, task_id: str, plan: Plan, done: Done) -> None:
     segment (tests/on_enter/test_common_entry.py compares every reply and log with the per-action path), but
     without building the effects or planning the dispatch (issue 14, "Events cheap to build")."""
     step = plan.step
-    step_id = step.id
     for (position, action), (_, did) in zip(plan.order, done, strict=True):
-        if isinstance(did, int):
-            out.emit(trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did))
-        else:
-            why = reason(action)
-            for agent, run_id, key in did:
-                out.emit(
-                    trusted.run_queued(
-                        run_id=run_id,
-                        task_id=task_id,
-                        step_id=step_id,
-                        agent_profile_id=agent,
-                        reason=why,
-                        idempotency_key=key,
-                    )
-                )
+        for event in _events(task_id, step.id, action, did):
+            out.emit(event)
+        if not isinstance(did, int):
             for note in fan_out_notes(task_id, step, action, len(did)):
                 out.diagnostic(note.level, note.code, **note.fields)
         out.emit(
             trusted.action_outcome(
                 task_id=task_id,
-                step_id=step_id,
+                step_id=step.id,
                 trigger="on_enter",
                 position=position,
                 kind=action.type,
@@ -186,6 +156,25 @@ def publish_common(out: Outbox, task_id: str, plan: Plan, done: Done) -> None:
                 detail="",
             )
         )
+
+
+def _events(task_id: str, step_id: str, action: ActionDecl, did: int | Queued) -> tuple[Event, ...]:
+    """The events of one position that did `did`: its clear's `decisions_cleared`, or its fan-out's
+    `run_queued`s. Every value is the runtime's own and typed (ids it wrote, counts, keys): unvalidated."""
+    if isinstance(did, int):
+        return (trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did),)
+    why = reason(action)
+    return tuple(
+        trusted.run_queued(
+            run_id=run_id,
+            task_id=task_id,
+            step_id=step_id,
+            agent_profile_id=agent,
+            reason=why,
+            idempotency_key=key,
+        )
+        for agent, run_id, key in did
+    )
 
 
 @attrs.frozen

@@ -138,14 +138,7 @@ async def play(
         for task_id in TASKS:
             await send(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
         for seat in scenario["seats"]:
-            role, agent, task_id = "reviewer", seat, None
-            if seat.startswith("approver:"):
-                role, agent = "approver", seat.removeprefix("approver:")
-            elif seat.startswith("own:"):
-                _, task_id, agent = seat.split(":")
-            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review", "role": role}
-            message |= {"agent_profile_id": agent} | ({"task_id": task_id} if task_id else {})
-            replies.append((await send(rt, message)).model_dump())
+            replies.append((await send(rt, seat_message(seat))).model_dump())
         with capture_logs() as logs:
             for seq, (command, task_id) in enumerate(scenario["commands"]):
                 if command in ("move_review", "move_work"):
@@ -172,6 +165,18 @@ async def play(
                 replies.append(reply.model_dump())
                 await settle(rt)
     return replies, logs
+
+
+def seat_message(seat: str) -> dict[str, Any]:
+    """The `add_participant` of one drawn seat at review: "rev-a" (a reviewer), "approver:app-1",
+    "own:T0:rev-a" (task T0's own reviewer row), "" (a reviewer seat without an agent)."""
+    role, agent, task_id = "reviewer", seat, None
+    if seat.startswith("approver:"):
+        role, agent = "approver", seat.removeprefix("approver:")
+    elif seat.startswith("own:"):
+        _, task_id, agent = seat.split(":")
+    message = {"type": "add_participant", "workflow_id": "common", "step_id": "review", "role": role}
+    return message | {"agent_profile_id": agent} | ({"task_id": task_id} if task_id else {})
 
 
 async def one_reviewer_task(rt: Any) -> None:

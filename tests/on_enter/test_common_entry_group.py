@@ -22,7 +22,7 @@ from helpers import FakeClock, ok, send
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
-from test_common_entry import ACTIONS, key_in_advance, workflow_yaml
+from test_common_entry import ACTIONS, key_in_advance, seat_message, workflow_yaml
 
 import onceflow.actors.engine as engine
 from onceflow.actors.common_entry import Admission, admit_common, admit_group, common_order, common_plan
@@ -57,13 +57,7 @@ async def prepare(rt: Runtime, scenario: dict[str, Any]) -> list[Admission]:
     for task_id in TASKS:
         await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
     for seat in scenario["seats"]:
-        role, agent, task_id = "reviewer", seat, None
-        if seat.startswith("approver:"):
-            role, agent = "approver", seat.removeprefix("approver:")
-        elif seat.startswith("own:"):
-            _, task_id, agent = seat.split(":")
-        message = {"type": "add_participant", "workflow_id": "common", "step_id": "review", "role": role}
-        await ok(rt, message | {"agent_profile_id": agent} | ({"task_id": task_id} if task_id else {}))
+        await ok(rt, seat_message(seat))
     review = rt.services.workflows.workflows["common"].step("review")
     store = rt.services.store
     for seq, (task_id, before) in enumerate(scenario["before"].items()):

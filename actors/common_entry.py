@@ -8,13 +8,13 @@ that reads the participants itself (`_RUNS`: five statements). Any anomaly (the 
 its WIP limit, a seat without an agent, an idempotency key already taken or merged by coalescing, any
 database error that does not end the transaction) rolls back to that savepoint and the caller takes the
 per-action path, which decides it exactly as before; an error that ends the transaction is re-raised
-(issue 11 item 4). The writer returns plain data (`Admitted`); the caller builds the effects and events the
-executors build after the commit, in the Trio thread (`publish_common`; `common_result` for the recovery
-scan's set path). Entries of one step that share a
-writer batch are admitted together (`admit_group`: the same five statements for all of them, two reads
-instead of RETURNING); any anomaly rolls the group back and each is decided alone, as above.
-Source: issue 14 item "A writer fast path for the common entry"; on-enter-action-dispatch.md AC-B5, AC-B6,
-AC-B7, AC-C1, AC-A3, AC-A5.
+(issue 11 item 4). The writer returns plain data (`Admitted`); after the commit the caller publishes, in
+the Trio thread, the events the executors would have (`publish_common`; `common_result` builds them as a
+segment for the recovery scan's set path). Entries of one step that share a writer batch are admitted
+together (`admit_group`: the same five statements for all of them, two reads instead of RETURNING); any
+anomaly rolls the group back and each is decided alone, as above.
+Source: issue 14 items "A writer fast path for the common entry" and "One writer request and one wake per
+batch of entries"; on-enter-action-dispatch.md AC-B5, AC-B6, AC-B7, AC-C1, AC-A3, AC-A5.
 """
 
 from __future__ import annotations

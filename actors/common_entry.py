@@ -337,14 +337,7 @@ def _admit(
         for run_id, agent, run in returned:
             head = run[len(prefix) : run.index(":", len(prefix)) + 1]
             queued.setdefault(plan.positions[head], []).append((agent, run_id, run))
-    done: list[tuple[int, int | Queued]] = []
-    for position, action in plan.order:
-        if action.type == "clear_decisions":
-            done.append((position, deleted))
-            deleted = 0  # a second clear in the same entry finds nothing left
-        else:
-            done.append((position, tuple(queued.get(position, ()))))
-    return Admitted(EntryKey(task.id, step.id, seq), tuple(done))
+    return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued))
 
 
 @attrs.frozen
@@ -492,15 +485,20 @@ def _admit_group(
             prefix = prefixes[task_id]
             head = run[len(prefix) : run.index(":", len(prefix)) + 1]
             queued.setdefault(task_id, {}).setdefault(plan.positions[head], []).append((agent, run_id, run))
-    admitted = []
-    for task_id, seq, _, _, deleted in entries:
-        runs = queued.get(task_id, {})
-        done: list[tuple[int, int | Queued]] = []
-        for position, action in plan.order:
-            if action.type == "clear_decisions":
-                done.append((position, deleted))
-                deleted = 0  # a second clear in the same entry finds nothing left
-            else:
-                done.append((position, tuple(runs.get(position, ()))))
-        admitted.append(Admitted(EntryKey(task_id, step.id, seq), tuple(done)))
-    return admitted
+    return [
+        Admitted(EntryKey(task_id, step.id, seq), _done(plan, deleted, queued.get(task_id, {})))
+        for task_id, seq, _, _, deleted in entries
+    ]
+
+
+def _done(plan: Plan, deleted: int, queued: dict[int, list[tuple[str, int, str]]]) -> Done:
+    """Per position in dispatch order what an entry did: its clear the `deleted` count (a second clear in the
+    same entry finds nothing left), its fan-out the runs `queued` at that position."""
+    done: list[tuple[int, int | Queued]] = []
+    for position, action in plan.order:
+        if action.type == "clear_decisions":
+            done.append((position, deleted))
+            deleted = 0
+        else:
+            done.append((position, tuple(queued.get(position, ()))))
+    return tuple(done)

@@ -91,6 +91,18 @@ async def prepare(rt: Runtime, scenario: dict[str, Any]) -> list[Admission]:
     return admissions
 
 
+def holding(release: threading.Event) -> tuple[Any, threading.Event]:
+    """A request that keeps the writer busy until `release` is set, and an event set once the writer runs
+    it: requests queued after that share the writer's next batch."""
+    started = threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> bool:
+        started.set()
+        return release.wait(10)
+
+    return hold, started
+
+
 def alone(admission: Admission) -> Any:
     """One entry's own request, as `Engine.enter_step` makes it: the common path alone (its fallback, the
     per-action path, is compared by tests/on_enter/test_common_entry.py)."""
@@ -123,8 +135,9 @@ async def one_batch(rt: Runtime, admissions: list[Admission]) -> tuple[list[Any]
     release = threading.Event()
     results: list[Any] = [None] * len(admissions)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(store.transact, lambda conn: release.wait(10))
-        await trio.testing.wait_all_tasks_blocked()
+        hold, started = holding(release)
+        nursery.start_soon(store.transact, hold)
+        await trio.to_thread.run_sync(started.wait, 10)  # the writer is inside it: the rest queue behind
 
         async def admit(index: int, admission: Admission) -> None:
             group = Grouped((id(admission.plan), "common", "E1"), admission, group_run)
@@ -266,8 +279,9 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
             await store.transact(lambda conn: conn.execute("CREATE TABLE marks (v TEXT)"))
             release = threading.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store.transact, lambda conn: release.wait(10))
-                await trio.testing.wait_all_tasks_blocked()
+                hold, started = holding(release)
+                nursery.start_soon(store.transact, hold)
+                await trio.to_thread.run_sync(started.wait, 10)
                 for item in ("a", "b", "c"):
                     nursery.start_soon(store.transact, own(item), Grouped("k", item, declines))
                     await trio.testing.wait_all_tasks_blocked()

@@ -276,6 +276,9 @@ class StoreActor:
         if str(mode).lower() != "wal":
             raise RuntimeError(f"could not put {self.path} in WAL mode (journal_mode is {mode!r})")
         conn.execute(f"PRAGMA synchronous={self.durability.value}")
+        # Every request runs in a savepoint, whose journal keeps each page the request changes; past 64 KiB
+        # (one entry touches ~16 pages) SQLite spills it to a temporary file, created and unlinked per spill.
+        conn.execute("PRAGMA temp_store=MEMORY")
         # foreign_keys is a no-op inside a transaction, so set it here (autocommit) and read it back.
         conn.execute("PRAGMA foreign_keys=ON")
         if conn.execute("PRAGMA foreign_keys").fetchone()[0] != 1:

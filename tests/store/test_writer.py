@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sqlite3
 import threading
@@ -57,21 +59,56 @@ async def test_open_applies_migrations_and_pragmas(tmp_path: Path) -> None:
         assert re.fullmatch(r"[0-9a-f]{32}", store.epoch)
         assert store.durability is Durability.FULL
 
-        def inspect(conn: sqlite3.Connection) -> tuple[int, str, int, set[str]]:
+        def inspect(conn: sqlite3.Connection) -> tuple[int, str, int, int, set[str]]:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             return (
                 conn.execute("PRAGMA user_version").fetchone()[0],
                 conn.execute("PRAGMA journal_mode").fetchone()[0],
                 conn.execute("PRAGMA foreign_keys").fetchone()[0],
+                conn.execute("PRAGMA temp_store").fetchone()[0],
                 tables,
             )
 
-        version, mode, fks, tables = await store.transact(inspect)
+        version, mode, fks, temp_store, tables = await store.transact(inspect)
     assert version == SCHEMA_VERSION
     assert mode == "wal"
     assert fks == 1
+    assert temp_store == 2  # MEMORY
     assert {"workflows", "tasks", "participants", "decisions", "runs", "step_entries"} <= tables
     assert "step_entry_markers" in tables
+
+
+def sqlite_temporary_files() -> list[str]:
+    """SQLite's temporary files this process holds open (`etilqs_*`: unlinked once created, so seen only
+    through their descriptors)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+            if "etilqs_" in (target := os.readlink(f"/proc/self/fd/{fd}")):
+                found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd (Linux)")
+async def test_a_request_savepoint_journal_stays_in_memory(tmp_path: Path) -> None:
+    """Issue 14: a request runs in a savepoint whose journal keeps every page the request changes. With
+    SQLite's default temp_store it spills past 64 KiB into a temporary file, created and unlinked per spill
+    (about one entry in three at 1 task). A request rewriting ~40 pages holds no such file."""
+    async with open_store(tmp_path / "o.db") as store:
+
+        def fill(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO workflows (id, name, source, definition, registered_at)"
+                " VALUES (?, 'w', ?, '{}', 0)",
+                ((f"w{i}", "x" * 3000) for i in range(40)),
+            )
+
+        def rewrite(conn: sqlite3.Connection) -> list[str]:
+            assert conn.execute("UPDATE workflows SET source = ?", ("y" * 3000,)).rowcount == 40
+            return sqlite_temporary_files()  # the savepoint is still open: a spilled journal would be too
+
+        await store.transact(fill)
+        assert await store.transact(rewrite) == []
 
 
 async def test_each_open_mints_a_fresh_epoch(tmp_path: Path) -> None:

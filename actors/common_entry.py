@@ -27,12 +27,12 @@ from typing import Any
 import attrs
 
 from onceflow.actors import trusted
-from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest
+from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest, publish_effect
 from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
 from onceflow.actors.outbox import Outbox
 from onceflow.actors.services import Services
 from onceflow.logs import get_logger
-from onceflow.protocol.events import EntryPath, Event
+from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, tasks, wip
 from onceflow.store.records import TaskRecord
@@ -126,55 +126,50 @@ def common_result(
     runs = []
     for position, did in done:
         action = actions[position]
-        events = _events(task_id, step.id, action, did)
-        notes = () if isinstance(did, int) else fan_out_notes(task_id, step, action, len(did))
-        runs.append(ActionRun(position, action, "claimed", Effect("done", events=events, diagnostics=notes)))
+        runs.append(ActionRun(position, action, "claimed", _effect(task_id, step, action, did)))
     return SegmentResult(tuple(runs))
 
 
 def publish_common(out: Outbox, task_id: str, plan: Plan, done: Done) -> None:
-    """Publish what a committed common entry did (`Admitted.done`), in dispatch order: per position its
-    events, its diagnostics (a fan-out's `fan_out_matched_nobody`, `fan_out_finished`), then its
-    `action_outcome` — exactly what `OnEnterDispatch.publish_segment` publishes for `common_result`'s
-    segment (tests/on_enter/test_common_entry.py compares every reply and log with the per-action path), but
-    without building the effects or planning the dispatch (issue 14, "Events cheap to build")."""
+    """Publish what a committed common entry did (`Admitted.done`), in dispatch order, through
+    `publish_effect` as `OnEnterDispatch.publish_segment` does for `common_result`'s segment
+    (tests/on_enter/test_common_entry.py compares every reply and log with the per-action path), but without
+    the segment or the dispatch planning (issue 14, "Events cheap to build")."""
     step = plan.step
     for (position, action), (_, did) in zip(plan.order, done, strict=True):
-        for event in _events(task_id, step.id, action, did):
-            out.emit(event)
-        if not isinstance(did, int):
-            for note in fan_out_notes(task_id, step, action, len(did)):
-                out.diagnostic(note.level, note.code, **note.fields)
-        out.emit(
-            trusted.action_outcome(
-                task_id=task_id,
-                step_id=step.id,
-                trigger="on_enter",
-                position=position,
-                kind=action.type,
-                outcome="done",
-                detail="",
-            )
+        effect = _effect(task_id, step, action, did)
+        publish_effect(
+            out,
+            effect,
+            task_id=task_id,
+            step_id=step.id,
+            trigger="on_enter",
+            position=position,
+            kind=action.type,
         )
 
 
-def _events(task_id: str, step_id: str, action: ActionDecl, did: int | Queued) -> tuple[Event, ...]:
-    """The events of one position that did `did`: its clear's `decisions_cleared`, or its fan-out's
-    `run_queued`s. Every value is the runtime's own and typed (ids it wrote, counts, keys): unvalidated."""
+def _effect(task_id: str, step: Step, action: ActionDecl, did: int | Queued) -> Effect:
+    """The executor's effect for one position that did `did`: its clear's `decisions_cleared`, or its
+    fan-out's `run_queued`s and notes. Every value is the runtime's own and typed (ids it wrote, counts,
+    keys): unvalidated."""
     if isinstance(did, int):
-        return (trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did),)
+        return Effect(
+            "done", events=(trusted.decisions_cleared(task_id=task_id, step_id=step.id, deleted=did),)
+        )
     why = reason(action)
-    return tuple(
+    events = tuple(
         trusted.run_queued(
             run_id=run_id,
             task_id=task_id,
-            step_id=step_id,
+            step_id=step.id,
             agent_profile_id=agent,
             reason=why,
             idempotency_key=key,
         )
         for agent, run_id, key in did
     )
+    return Effect("done", events=events, diagnostics=fan_out_notes(task_id, step, action, len(did)))
 
 
 @attrs.frozen

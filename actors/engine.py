@@ -439,7 +439,8 @@ class Engine:
             )
             if not isinstance(first, Admitted):
                 await self.dispatch_entry(entered, workflow, target, key, path, out, first)
-            elif common is not None:  # committed whole in the admission: publish what it did
+            else:  # committed whole in the admission, which only a common plan makes: publish what it did
+                assert common is not None
                 publish_common(out, task.id, common, first.done)
         await self.promote_after_move(task, workflow, target if outcome == "admitted" else None)
         return True

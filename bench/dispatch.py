@@ -36,8 +36,8 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.runtime.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import Durability
 

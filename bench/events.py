@@ -23,11 +23,11 @@ from typing import Any
 import structlog
 from dispatch import WORKFLOW  # bench/ is on sys.path when run as a script: the same review step
 
-from onceflow.actors import trusted
-from onceflow.actors.common_entry import common_order, common_plan, common_result, publish_common
-from onceflow.actors.on_enter import OnEnterDispatch
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.services import Services
+from onceflow.actors.engine.common import common_order, common_plan, common_result, publish_common
+from onceflow.actors.engine.on_enter import OnEnterDispatch
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import Services
+from onceflow.protocol import trusted
 from onceflow.protocol.events import RunQueued
 from onceflow.protocol.workflow import load_workflow_text
 from onceflow.store.records import TaskRecord

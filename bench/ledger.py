@@ -11,7 +11,7 @@ import time
 
 import trio
 
-from onceflow.actors.ledger import LedgerActor
+from onceflow.actors.kernel.ledger import LedgerActor
 
 
 async def through_actor(n: int, concurrency: int) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 
 WORKFLOW = """\
 id: mem

@@ -53,8 +53,8 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import participants
 from onceflow.store.writer import open_store

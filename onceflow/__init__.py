@@ -15,9 +15,7 @@ The public API, all importable from `onceflow`:
 its reference page. Source: issue 13 item 5.
 """
 
-from onceflow.actors.coordinator import AcknowledgeRequest, Coordinator, DeliveryRequest, RetryPolicy
-from onceflow.actors.host import Host, RecordingHost, SessionActionRequest
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol import (
     ActionError,
     ActionNotWiredError,
@@ -90,8 +88,11 @@ from onceflow.protocol import (
     derive_outcome_id,
     result_of,
 )
+from onceflow.protocol.coordinator import AcknowledgeRequest, Coordinator, DeliveryRequest, RetryPolicy
+from onceflow.protocol.host import Host, SessionActionRequest
 from onceflow.store.lock import DatabaseOwnedError
 from onceflow.store.writer import Durability
+from onceflow.testing import RecordingHost
 
 __all__ = [
     "AcknowledgeRequest",

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import trio
 from pydantic import BaseModel
 
-import onceflow.actors.supervisor as supervisor
+import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 

@@ -47,8 +47,8 @@ import trio
 import yaml
 
 from onceflow import reference, scenario, serve, views
-from onceflow.actors.groups import raise_single
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.kernel.groups import raise_single
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
 from onceflow.protocol.errors import OnceflowError

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import DecisionRecorded, Reply, RunQueued, StepEntered
 from onceflow.trace import describe
 

@@ -57,13 +57,12 @@ import trio.testing
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.codec import COMMAND_ADAPTER, validation_error
 from onceflow.protocol.commands import Role
 from onceflow.protocol.events import Event, Reply
 from onceflow.store.writer import Durability, StoreActor
+from onceflow.testing import RecordingCoordinator, RecordingHost
 
 START = 1_700_000_000.0
 """The scenario's wall clock at its start, in Unix seconds."""
@@ -263,28 +262,6 @@ class ScenarioResult:
     failure: str | None = None
 
 
-@attrs.define
-class ScenarioCoordinator:
-    """The scenario's coordinator (a `Coordinator`): its receipts (Gas City's `{delivery_ref,
-    coordinator_fence}`) carry `scenario:delivery-N` (N counts calls) and `fence`; while `down`, every
-    call raises ConnectionError."""
-
-    fence: str
-    down: bool
-    calls: int = 0
-
-    async def deliver(self, request: DeliveryRequest) -> dict[str, Any]:
-        self.calls += 1
-        if self.down:
-            raise ConnectionError("the scenario's coordinator is down")
-        return {"delivery_ref": f"scenario:delivery-{self.calls}", "coordinator_fence": self.fence}
-
-    async def acknowledge(self, request: AcknowledgeRequest) -> None:
-        self.calls += 1
-        if self.down:
-            raise ConnectionError("the scenario's coordinator is down")
-
-
 def run_scenario(scenario: LoadedScenario) -> ScenarioResult:
     """Run one scenario on a fresh database under a mock clock; never raises for a failing step.
 
@@ -300,7 +277,9 @@ class _Runner:
     def __init__(self, scenario: LoadedScenario, clock: trio.testing.MockClock, db: Path) -> None:
         self.scenario, self.spec, self.mock, self.db = scenario, scenario.spec, clock, db
         settings = self.spec.coordinator
-        self.coordinator = None if settings is None else ScenarioCoordinator(settings.fence, settings.down)
+        self.coordinator = (
+            None if settings is None else RecordingCoordinator(fence=settings.fence, down=settings.down)
+        )
 
     def now(self) -> float:
         return START + self.mock.current_time()

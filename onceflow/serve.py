@@ -48,10 +48,10 @@ from typing import Any
 import attrs
 import trio
 
-from onceflow.actors.durations import seconds
-from onceflow.actors.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
 from onceflow.logs import get_logger
 from onceflow.protocol.codec import encode
+from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.store.urls import database_arg

@@ -303,8 +303,8 @@ class ChildRow(_Command):
 class ChildrenCompleted(_Command):
     """on_children_completed; operation id `on_children_completed:<parent>:<sha256 of the child rows>`.
 
-    Fires only when every child is terminal (issue 16 item 2, `actors/children.py`); otherwise nothing runs,
-    nothing is marked, and the reply's `not_terminal` lists the children still open.
+    Fires only when every child is terminal (issue 16 item 2, `actors/engine/children.py`); otherwise nothing
+    runs, nothing is marked, and the reply's `not_terminal` lists the children still open.
     """
 
     type: Literal["children_completed"] = "children_completed"

@@ -6,8 +6,8 @@ expects. They are pydantic v2 models: every rejection is a ValidationError whose
 (over the protocol, `error.field` is e.g. `envelope.evidence.0.uri`). The three commands (`outcome_ready`,
 `coordinator_ack`, `get_outcome`) wrap them with a `type` tag.
 
-The spec has no acceptance-criterion ids of its own; `onceflow.actors.outcome` lists the AC-CO-n ids the
-code and tests use. This module holds AC-CO-1 (validation), AC-CO-2 (outcome id derivation), AC-CO-5
+The spec has no acceptance-criterion ids of its own; `onceflow.actors.runtime.outcome` lists the AC-CO-n ids
+the code and tests use. This module holds AC-CO-1 (validation), AC-CO-2 (outcome id derivation), AC-CO-5
 (receipt) and the shape of AC-CO-16 (acknowledged_by).
 """
 

@@ -6,28 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
+from onceflow.testing import START, FakeClock
+
+__all__ = ["START", "FakeClock"]  # re-exported: the suite imports them from here
 
 OFFICE = "office-default"
 REVIEWERS = ("rev-a", "rev-b")
 APPROVER = "boss"
-START = 1_700_000_000.0
-
-
-@attrs.define
-class FakeClock:
-    """A settable wall clock for `open_runtime(clock=...)`; it stands still unless advanced."""
-
-    now: float = START
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 async def send(rt: Runtime, message: dict[str, Any] | str) -> Reply:

@@ -10,7 +10,7 @@ from typing import Any
 
 from helpers import ok
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.writer import StoreActor
 
 REVIEWERS = [f"rev-{n:02}" for n in range(40)]

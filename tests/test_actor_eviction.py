@@ -11,8 +11,8 @@ import trio
 import trio.testing
 from helpers import FakeClock, create_task, move, ok, setup_office, step_of
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.testing import RecordingHost
 
 IDLE = 5.0
 

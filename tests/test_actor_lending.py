@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.supervisor import Runtime, open_runtime
-from onceflow.actors.task_actor import TaskActor
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
 from onceflow.store import epochs
+from onceflow.testing import RecordingHost
 
 WORKFLOW = """
 id: tiny

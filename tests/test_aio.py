@@ -15,9 +15,10 @@ import pytest
 import trio
 
 import onceflow.aio
-from onceflow.actors.host import RecordingHost, SessionActionRequest
 from onceflow.protocol.events import Event
+from onceflow.protocol.host import SessionActionRequest
 from onceflow.store.lock import DatabaseOwnedError
+from onceflow.testing import RecordingHost
 
 WORKFLOW = Path(__file__).resolve().parent / "fixtures" / "workflows" / "minimal.yml"
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from helpers import ok, send, step_of
 
-from onceflow.actors.children import terminal_step
-from onceflow.actors.operation_ids import operation_id
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.engine.children import terminal_step
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import Reply
+from onceflow.protocol.operation_ids import operation_id
 from onceflow.protocol.workflow import load_workflow_text
 
 # Registered through the import path: a transition under an event trigger is declarable only there.

@@ -23,7 +23,7 @@ from helpers import (
 )
 
 from onceflow import RecordingHost, open_runtime
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.actors.coordinator import RetryPolicy
-from onceflow.actors.durations import seconds
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.protocol.coordinator import RetryPolicy
+from onceflow.protocol.durations import seconds
 
 NOT_DURATIONS = [math.nan, math.inf, -math.inf, 0.0, -1.0, -1e-9, 10**400, "60", None, True]
 

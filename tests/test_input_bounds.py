@@ -18,8 +18,7 @@ from helpers import FakeClock, list_runs, ok, register, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.cli import main
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_schema, encode
@@ -32,6 +31,7 @@ from onceflow.protocol.limits import (
     MAX_MESSAGE_BYTES,
     MAX_TEMPLATE_BYTES,
 )
+from onceflow.testing import RecordingHost
 
 MINIMAL = (Path(__file__).parent / "fixtures" / "workflows" / "minimal.yml").read_text(encoding="utf-8")
 WF = "fixture"  # minimal.yml: todo, work (start), review (fans out to reviewers), done

@@ -24,8 +24,8 @@ from helpers import (
     turn_complete,
 )
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.testing import RecordingHost
 
 
 def review_runs(runs: list[dict]) -> list[dict]:

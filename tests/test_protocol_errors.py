@@ -11,7 +11,7 @@ from helpers import APPROVER, OFFICE, decide, list_runs, send, step_of, to_revie
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, encode
 

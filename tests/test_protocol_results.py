@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from helpers import OFFICE
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
 from onceflow.protocol import results
 from onceflow.protocol.commands import COMMAND_TYPES

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.quorum import (
+from onceflow.actors.engine.quorum import (
     QuorumResult,
     Threshold,
     evaluate_quorum,

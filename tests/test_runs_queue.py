@@ -7,7 +7,7 @@ from pathlib import Path
 from helpers import FakeClock, add_participant, events, ok, register, send
 
 from onceflow import RecordingHost, open_runtime
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 AGENT_ERROR_TO_CEO = """
 id: ceo-flow

@@ -28,10 +28,11 @@ from helpers import (
     turn_complete,
 )
 
-from onceflow.actors.host import RecordingHost, SessionActionRequest
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import Reply
+from onceflow.protocol.host import SessionActionRequest
 from onceflow.store.lock import DatabaseOwnedError
+from onceflow.testing import RecordingHost
 
 
 @attrs.define

@@ -18,11 +18,11 @@ from helpers import FakeClock, ok, send
 from storage_support import REGISTER, REVIEWERS, assert_reviewed_once, board, cap_pages, state
 from structlog.testing import capture_logs
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.outbox import EventHub
-from onceflow.actors.recovery import recover_open_entries
-from onceflow.actors.supervisor import Runtime, open_runtime
-from onceflow.actors.wip import Promotion
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.actors.engine.promotion import Promotion
+from onceflow.actors.engine.recovery import recover_open_entries
+from onceflow.actors.kernel.outbox import EventHub
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries
 

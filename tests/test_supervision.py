@@ -10,8 +10,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from onceflow import open_runtime
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.task_actor import TaskActor
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
 
 WORKFLOW = """

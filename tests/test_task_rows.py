@@ -1,6 +1,6 @@
 """The task-row cache: a move starts from a cached row that the admission's compare-and-set verifies.
 
-Issue 14 item "A cached task row" (actors/task_rows.py): a cached row saves the move's read (one writer
+Issue 14 item "A cached task row" (actors/kernel/task_rows.py): a cached row saves the move's read (one writer
 request, at 1 task one commit); a row changed behind the cache fails the compare-and-set, nothing is
 written, and the move is decided from a fresh read, preflight included, exactly once. The equivalence of
 cached and uncached runs over random command sequences is in tests/on_enter/test_common_entry.py.
@@ -17,10 +17,10 @@ import pytest
 import trio
 from helpers import FakeClock, ok, send
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
-from onceflow.actors.task_rows import TaskRows
+from onceflow.actors.kernel.task_rows import TaskRows
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.store.records import TaskRecord
+from onceflow.testing import RecordingHost
 
 WORKFLOW = """\
 id: wf

@@ -16,7 +16,7 @@ import pytest
 import trio
 from helpers import ok, register, send
 
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.limits import (
     MAX_PAYLOAD_BYTES,
     MAX_TEMPLATE_ACTIONS,

@@ -1,6 +1,6 @@
 """Events and replies built without validation are the validated ones (issue 14, "Events cheap to build").
 
-`actors/trusted.py` builds the hot path's events and every `Runtime.send` reply without pydantic
+`protocol/trusted.py` builds the hot path's events and every `Runtime.send` reply without pydantic
 validation. A host must observe nothing of it: each built instance must equal the validated
 `Model(**same_arguments)` field by field, with the same fields set, `model_dump()`, JSON and repr; each
 builder must still take exactly its model's fields; `Outbox` must keep what it did (the reply a copy of the
@@ -23,9 +23,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, ValidationError
 
 from onceflow import metrics
-from onceflow.actors import trusted
-from onceflow.actors.outbox import EventHub, Outbox
+from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.logs import get_logger
+from onceflow.protocol import trusted
 from onceflow.protocol.events import (
     ActionOutcome,
     DecisionsCleared,

@@ -15,12 +15,11 @@ import trio
 import yaml
 from helpers import ok
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.engine import HandleInput, HandleResult
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.services import WorkflowRegistry
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.actors.engine.core import HandleInput, HandleResult
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import WorkflowRegistry
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 from onceflow.protocol.workflow import (
     IMPORT_ALLOWED_ACTIONS,
@@ -29,6 +28,7 @@ from onceflow.protocol.workflow import (
     Workflow,
     load_workflow_text,
 )
+from onceflow.testing import RecordingHost
 
 WF = "eo"
 TASK = "T1"

@@ -30,7 +30,7 @@ from eo_support import (
 )
 from helpers import ok
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 # A reload that drops the target step (work keeps its callback but loses the transition to triage).
 WITHOUT_TARGET = workflow_yaml(

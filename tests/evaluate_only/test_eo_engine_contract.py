@@ -27,9 +27,9 @@ from eo_support import (
 )
 from helpers import ok
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, HOST_ACTION_TYPES
-from onceflow.actors.engine import HandleResult
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, HOST_ACTION_TYPES
+from onceflow.actors.engine.core import HandleResult
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.errors import ActionError
 from onceflow.protocol.workflow import SESSION_ACTION_TYPES, TRANSITION_TYPES, Trigger
 

@@ -31,10 +31,10 @@ from eo_support import (
 )
 from helpers import ok
 
-from onceflow.actors.operation_locks import OperationLocks, TaskLocks
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.supervisor import Runtime
-from onceflow.actors.task_actor import TaskActor
+from onceflow.actors.kernel.operation_locks import OperationLocks, TaskLocks
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
 
 

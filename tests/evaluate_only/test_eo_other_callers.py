@@ -24,10 +24,10 @@ from eo_support import (
 )
 from helpers import ok
 
-from onceflow.actors.operation_ids import operation_id
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import Reply
+from onceflow.protocol.operation_ids import operation_id
 from onceflow.protocol.workflow import Trigger
 
 # --- AC-EO-9: record_decision -------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any
 
 from helpers import ok
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 # `waiting` turns an agent error into a fixer run plus a move to triage, and a completed set of children
 # into a move to review (transitions under event triggers come through the import path).

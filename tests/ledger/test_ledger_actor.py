@@ -13,7 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.ledger import LedgerActor
+from onceflow.actors.kernel.ledger import LedgerActor
 
 
 @pytest.fixture

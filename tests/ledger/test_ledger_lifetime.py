@@ -18,12 +18,13 @@ from flows import agent_error, children_completed, parent_task
 from helpers import list_entries, list_runs, ok, step_of
 
 from onceflow import RecordingHost, open_runtime
-from onceflow.actors import operation_ids, supervisor
-from onceflow.actors.engine import HandleInput
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.services import Services, WorkflowRegistry
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.engine.core import HandleInput
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.runtime import supervisor
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import commands as c
+from onceflow.protocol import operation_ids
 from onceflow.protocol.workflow import Trigger
 
 REPO = Path(__file__).resolve().parents[2]

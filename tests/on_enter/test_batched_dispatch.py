@@ -28,8 +28,8 @@ from entry_support import (
 from helpers import move, ok, step_of
 from structlog.testing import capture_logs
 
-from onceflow.actors.recovery import BATCH_SIZE
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.engine.recovery import BATCH_SIZE
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.store import tasks
 from onceflow.store.step_entries import EntryKey
 

@@ -37,11 +37,11 @@ from entry_support import (
 from helpers import ok
 from structlog.testing import capture_logs
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store import step_entries
 from onceflow.store.step_entries import EntryKey
+from onceflow.testing import RecordingHost
 
 FOUR = """
 - type: clear_decisions

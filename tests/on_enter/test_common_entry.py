@@ -28,12 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-import onceflow.actors.engine as engine
-from onceflow.actors.actions import dedupe_seats, step_participants
-from onceflow.actors.common_entry import admit_common, common_plan, reason, run_key
-from onceflow.actors.on_enter import dispatch_order
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.supervisor import open_runtime
+import onceflow.actors.engine.core as engine
+from onceflow.actors.engine.actions import dedupe_seats, step_participants
+from onceflow.actors.engine.common import admit_common, common_plan, reason, run_key
+from onceflow.actors.engine.on_enter import dispatch_order
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, load_workflow_text
 from onceflow.store import runs, tasks, workflows
 from onceflow.store.participants import add_participant
@@ -201,7 +201,7 @@ async def settle(rt: Any) -> None:
 
 def behind(conn: sqlite3.Connection, task_id: str) -> int:
     """Toggle the task between work and review and bump its admission counter, in SQL: a write no cache is
-    told of (actors/task_rows.py: the admission's compare-and-set must catch it)."""
+    told of (actors/kernel/task_rows.py: the admission's compare-and-set must catch it)."""
     return conn.execute(
         "UPDATE tasks SET workflow_step_id = CASE workflow_step_id WHEN 'work' THEN 'review' ELSE 'work' END,"
         " admissions = admissions + 1 WHERE id = ?",
@@ -238,8 +238,8 @@ def test_issue14_the_common_entry_path_decides_every_admission_as_the_per_action
 def test_issue14_the_task_row_cache_changes_no_outcome(
     tmp_path_factory: Any, scenario: dict[str, Any]
 ) -> None:
-    """Moves starting from cached rows (actors/task_rows.py) leave the same database, replies and logs as
-    moves that read every row, rows changed behind the cache ("behind") included."""
+    """Moves starting from cached rows (actors/kernel/task_rows.py) leave the same database, replies and logs
+    as moves that read every row, rows changed behind the cache ("behind") included."""
     folder = tmp_path_factory.mktemp("cache")
     cached = trio.run(play, folder / "cached.db", scenario)
     uncached = trio.run(play, folder / "uncached.db", scenario, 0)

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from test_common_entry import ACTIONS, key_in_advance, seat_message, workflow_yaml
 
-import onceflow.actors.engine as engine
-from onceflow.actors.common_entry import Admission, admit_common, admit_group, common_order, common_plan
-from onceflow.actors.supervisor import Runtime, open_runtime
+import onceflow.actors.engine.core as engine
+from onceflow.actors.engine.common import Admission, admit_common, admit_group, common_order, common_plan
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.store import runs, tasks
 from onceflow.store.writer import Grouped
 

@@ -33,8 +33,8 @@ from dispatch_support import (
 from helpers import FakeClock, ok, send
 from structlog.testing import capture_logs
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.workflow import ActionDecl
 
 FAN_OUT_THEN_KICK = """

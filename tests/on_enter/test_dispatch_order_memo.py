@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.actors import on_enter
-from onceflow.actors.on_enter import dispatch_order
+from onceflow.actors.engine import on_enter
+from onceflow.actors.engine.on_enter import dispatch_order
 from onceflow.protocol.workflow import ActionDecl
 
 KINDS = (

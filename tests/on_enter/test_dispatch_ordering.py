@@ -23,7 +23,7 @@ from dispatch_support import (
     spy_on,
 )
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 # AC-A9's Verification line: clear_decisions before reset_agent_context, auto_start_agent before
 # clear_decisions; configure_session in the middle so its second place is pinned too.

@@ -23,7 +23,7 @@ from helpers import (
     turn_complete,
 )
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 
 WF = "custom"

@@ -28,9 +28,10 @@ from dispatch_support import (
 from entry_support import CLEAR_AND_FAN_OUT, executors_with, new_task, raising, setup_entries
 from helpers import ok
 
-from onceflow.actors.host import RecordingHost, SessionActionRequest
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.protocol.events import Event
+from onceflow.protocol.host import SessionActionRequest
+from onceflow.testing import RecordingHost
 
 
 class ResetFails(Spy):

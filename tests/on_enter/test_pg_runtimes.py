@@ -19,11 +19,11 @@ from entry_support import (
     states,
 )
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.cli import main
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
+from onceflow.testing import RecordingHost
 
 KEY = EntryKey("T1", "review", 1)
 REVIEW_FIRST = "- type: run_code_review\n" + CLEAR_AND_FAN_OUT

@@ -37,12 +37,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-import onceflow.actors.recovery as recovery
-import onceflow.actors.supervisor as supervisor
-from onceflow.actors.actions import config_digest
-from onceflow.actors.outbox import EventHub
-from onceflow.actors.services import Services
-from onceflow.actors.supervisor import open_runtime
+import onceflow.actors.engine.recovery as recovery
+import onceflow.actors.runtime.supervisor as supervisor
+from onceflow.actors.engine.actions import config_digest
+from onceflow.actors.kernel.outbox import EventHub
+from onceflow.actors.kernel.services import Services
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store import participants, runs, tasks
 from onceflow.store.step_entries import EntryKey

@@ -13,7 +13,7 @@ import trio
 from helpers import list_entries, list_runs, ok, send
 
 from onceflow import open_runtime
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
 
 WIP_FLOW = """

@@ -1,6 +1,7 @@
-"""Shared by the outcome tests: valid envelopes, a scriptable fake coordinator, diagnostic waits.
+"""Shared by the outcome tests: valid envelopes, waits bounded in real time, diagnostic waits.
 
-The fake coordinator is the host side (coordinator-outcome-delivery.md's activities), so faking it is fine;
+The coordinator (`onceflow.testing.RecordingCoordinator`) is the host side (the spec's activities), so
+faking it is fine;
 the store is always a real SQLite file.
 """
 
@@ -11,15 +12,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import attrs
 import trio
 import trio.testing
 from helpers import ok
 
-from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Diagnostic, Event
-from onceflow.protocol.outcome import OutcomeDelivery, derive_outcome_id
+from onceflow.protocol.outcome import derive_outcome_id
+from onceflow.testing import RecordingCoordinator
 
 SHA = "0123456789abcdef" * 4
 REAL_SECONDS = 20.0
@@ -117,80 +117,9 @@ async def acknowledged(rt: Runtime, outcome_id: str) -> dict[str, Any]:
     return await within_real_time(wait)
 
 
-@attrs.define
-class FakeCoordinator:
-    """A scriptable coordinator. Every call is recorded with `trio.current_time()`.
-
-    Receipts are Gas City's `{delivery_ref, coordinator_fence}` with refs `bead:hq-mail-<n>`, and the
-    coordinator is idempotent per delivery cycle, as a Gas City delivery adapter is: a cycle id it has
-    received before gets the receipt it got then (`received`), even if that reply never reached the caller.
-    `fence` is returned in new receipts (change it to model a coordinator restart); `down` makes every
-    delivery raise; `failing_deliveries` / `failing_acks` make that many next attempts raise;
-    `hanging_deliveries` / `hanging_acks` make that many next attempts wait forever; `receipt` overrides
-    fields of every receipt; `during_delivery` is awaited inside every delivery attempt, after the receipt
-    is recorded and before it is returned; `receipt_model` returns the receipt as an unvalidated
-    `OutcomeDelivery` instead of a mapping.
-    """
-
-    fence: str = "coord-1"
-    down: bool = False
-    failing_deliveries: int = 0
-    failing_acks: int = 0
-    hanging_deliveries: int = 0
-    hanging_acks: int = 0
-    receipt: dict[str, Any] = attrs.field(factory=dict)
-    during_delivery: Callable[[DeliveryRequest], Awaitable[object]] | None = None
-    receipt_model: bool = False
-    received: dict[str, dict[str, Any]] = attrs.field(factory=dict)
-    deliveries: list[tuple[float, DeliveryRequest]] = attrs.field(factory=list)
-    acks: list[tuple[float, AcknowledgeRequest]] = attrs.field(factory=list)
-    _changed: trio.Event = attrs.field(factory=trio.Event)
-
-    async def deliver(self, request: DeliveryRequest) -> OutcomeDelivery | dict[str, Any]:
-        self._record(self.deliveries, request)
-        if self.hanging_deliveries > 0:
-            self.hanging_deliveries -= 1
-            await trio.sleep_forever()
-        if self.down or self.failing_deliveries > 0:
-            self.failing_deliveries = max(0, self.failing_deliveries - 1)
-            raise ConnectionError("coordinator unreachable")
-        receipt = self.received.setdefault(
-            request.cycle_id,
-            {"delivery_ref": f"bead:hq-mail-{len(self.deliveries)}", "coordinator_fence": self.fence},
-        )
-        receipt = {**receipt, **self.receipt}
-        if self.during_delivery is not None:
-            await self.during_delivery(request)
-        return OutcomeDelivery.model_construct(**receipt) if self.receipt_model else receipt
-
-    async def acknowledge(self, request: AcknowledgeRequest) -> None:
-        self._record(self.acks, request)
-        if self.hanging_acks > 0:
-            self.hanging_acks -= 1
-            await trio.sleep_forever()
-        if self.failing_acks > 0:
-            self.failing_acks -= 1
-            raise ConnectionError("canonical store unreachable")
-
-    def _record(self, calls: list[Any], request: Any) -> None:
-        calls.append((trio.current_time(), request))
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def until(self, predicate: Callable[[], bool]) -> None:
-        """Wait (no virtual-time timer) until `predicate()` holds after some call."""
-
-        async def wait() -> None:
-            while not predicate():
-                await self._changed.wait()
-
-        await within_real_time(wait)
-
-    def delivery_ids(self) -> list[tuple[str, int]]:
-        return [(request.cycle_id, request.attempt) for _, request in self.deliveries]
-
-    def ack_ids(self) -> list[tuple[str, int]]:
-        return [(request.cycle_id, request.attempt) for _, request in self.acks]
+async def until(coordinator: RecordingCoordinator, predicate: Callable[[], bool]) -> None:
+    """`coordinator.until(predicate)`, failing after REAL_SECONDS of wall-clock time."""
+    await within_real_time(lambda: coordinator.until(predicate))
 
 
 async def diagnostic(events: trio.MemoryReceiveChannel[Event], code: str) -> Diagnostic:

@@ -1,9 +1,9 @@
 """Delivery, redelivery and acknowledgement of one outcome, driven by Trio's MockClock (AC-CO-3 .. AC-CO-12).
 
-Ids AC-CO-n are listed in onceflow.actors.outcome. The clock autojumps (threshold 0) whenever every task is
-blocked, including while a SQLite transaction runs on the writer thread: so whenever a test itself talks to
-the runtime, an actor's pending timer may fire at that moment. Every assertion here holds either way (the
-actor reads the inbox before it redelivers, and replies come in transaction order).
+Ids AC-CO-n are listed in onceflow.actors.runtime.outcome. The clock autojumps (threshold 0) whenever every
+task is blocked, including while a SQLite transaction runs on the writer thread: so whenever a test itself
+talks to the runtime, an actor's pending timer may fire at that moment. Every assertion here holds either way
+(the actor reads the inbox before it redelivers, and replies come in transaction order).
 """
 
 from __future__ import annotations
@@ -17,23 +17,25 @@ from typing import Any
 import pytest
 import trio
 from helpers import START, FakeClock, ok, send
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state, wire_ack
+from outcome_support import ack, diagnostic, envelope, ready, state, wire_ack
 from trio.testing import MockClock
 
-from onceflow.actors.coordinator import DeliveryRequest, RetryPolicy
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.outcome import run_cycle
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.protocol.coordinator import DeliveryRequest, RetryPolicy
 from onceflow.protocol.events import Event
 from onceflow.protocol.outcome import OutcomeAcknowledgement
 from onceflow.store import outcomes
+from onceflow.testing import RecordingCoordinator
 
 
 @pytest.fixture
-def coordinator() -> FakeCoordinator:
-    return FakeCoordinator()
+def coordinator() -> RecordingCoordinator:
+    return RecordingCoordinator()
 
 
 @pytest.fixture
-async def rt(db_path: Path, clock: FakeClock, coordinator: FakeCoordinator) -> AsyncIterator[Runtime]:
+async def rt(db_path: Path, clock: FakeClock, coordinator: RecordingCoordinator) -> AsyncIterator[Runtime]:
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as runtime:
         yield runtime
 
@@ -61,7 +63,7 @@ def ack_id(env: dict[str, Any], cycle: int) -> str:
 
 @pytest.mark.parametrize("as_model", [False, True], ids=["mapping", "model"])
 async def test_ac_co_4_a_failed_first_delivery_is_retried_inside_cycle_1(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock, as_model: bool
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock, as_model: bool
 ) -> None:
     coordinator.failing_deliveries, coordinator.receipt_model = 2, as_model
     events = rt.subscribe()
@@ -83,7 +85,7 @@ async def test_ac_co_4_a_failed_first_delivery_is_retried_inside_cycle_1(
 
 
 async def test_ac_co_4_ac_co_7_an_exhausted_cycle_fails_and_the_next_cycle_comes_one_interval_later(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     coordinator.down = True
     events, env = await start(rt)
@@ -109,7 +111,7 @@ async def test_ac_co_4_ac_co_7_an_exhausted_cycle_fails_and_the_next_cycle_comes
 
 
 async def test_ac_co_4_an_attempt_is_limited_to_30_seconds_and_a_cycle_to_120(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     coordinator.hanging_deliveries = 4
     events, env = await start(rt)
@@ -135,7 +137,7 @@ async def test_ac_co_4_an_attempt_is_limited_to_30_seconds_and_a_cycle_to_120(
 @pytest.mark.parametrize("as_model", [False, True], ids=["mapping", "model"])
 async def test_ac_co_5_a_bad_receipt_fails_the_cycle_without_retrying(
     rt: Runtime,
-    coordinator: FakeCoordinator,
+    coordinator: RecordingCoordinator,
     autojump_clock: MockClock,
     receipt: dict[str, Any],
     field: str,
@@ -155,7 +157,7 @@ async def test_ac_co_5_a_bad_receipt_fails_the_cycle_without_retrying(
 
 
 async def test_ac_co_3_ac_co_8_without_an_ack_it_stays_in_needs_coordinator_ack_and_redelivers_each_interval(
-    rt: Runtime, coordinator: FakeCoordinator, clock: FakeClock, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     for cycle in (1, 2, 3):
@@ -172,7 +174,7 @@ async def test_ac_co_3_ac_co_8_without_an_ack_it_stays_in_needs_coordinator_ack_
 
 
 async def test_ac_co_6_ac_co_9_a_redelivery_carries_the_restarted_coordinators_fence_and_the_old_ack_is_stale(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     assert (await diagnostic(events, "outcome_delivered")).fields["coordinator_fence"] == "coord-1"
@@ -200,7 +202,7 @@ async def test_ac_co_6_ac_co_9_a_redelivery_carries_the_restarted_coordinators_f
 
 
 async def test_ac_co_9_an_ack_completes_only_when_store_ref_work_id_and_fence_all_match(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     await diagnostic(events, "outcome_delivered")
@@ -221,7 +223,7 @@ async def test_ac_co_9_an_ack_completes_only_when_store_ref_work_id_and_fence_al
 
 
 async def test_ac_co_10_ac_co_15_a_matching_ack_is_committed_under_the_delivery_cycle_id(
-    rt: Runtime, coordinator: FakeCoordinator, clock: FakeClock, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     await diagnostic(events, "outcome_delivered")
@@ -246,7 +248,7 @@ async def test_ac_co_10_ac_co_15_a_matching_ack_is_committed_under_the_delivery_
 
 
 async def test_ac_co_8_an_ack_sent_while_its_delivery_is_still_in_flight_completes_it(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     env = envelope()
     replies = []
@@ -265,7 +267,7 @@ async def test_ac_co_8_an_ack_sent_while_its_delivery_is_still_in_flight_complet
 
 
 async def test_ac_co_10_ack_failures_exhaust_their_retries_and_a_later_ack_completes_under_a_new_cycle_id(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     coordinator.failing_acks = 5
     events, env = await start(rt)
@@ -296,7 +298,7 @@ async def test_ac_co_10_ack_failures_exhaust_their_retries_and_a_later_ack_compl
 
 
 async def test_ac_co_8_an_ack_that_arrived_just_as_the_timer_fired_is_drained_before_redelivering(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     await diagnostic(events, "outcome_delivered")
@@ -311,7 +313,7 @@ async def test_ac_co_8_an_ack_that_arrived_just_as_the_timer_fired_is_drained_be
 
 
 async def test_ac_co_12_while_a_redelivery_fails_an_ack_for_the_last_delivery_still_completes(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     await diagnostic(events, "outcome_delivered")
@@ -329,7 +331,7 @@ async def test_ac_co_12_while_a_redelivery_fails_an_ack_for_the_last_delivery_st
 
 
 async def test_ac_co_11_a_repeated_ready_does_not_start_a_second_delivery(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events, env = await start(rt)
     assert [(await ready(rt, env))["received"] for _ in range(2)] == ["duplicate", "duplicate"]
@@ -370,14 +372,14 @@ async def test_ac_co_4_retry_waits_double_and_are_capped_at_10_seconds(autojump_
         raise ConnectionError(f"attempt {attempt}")
 
     with pytest.raises(ConnectionError, match="attempt 7"):
-        await RetryPolicy(maximum_attempts=7).run(failing, cycle_id="deliver/x/cycle-000001")
+        await run_cycle(RetryPolicy(maximum_attempts=7), failing, cycle_id="deliver/x/cycle-000001")
     assert gaps(starts) == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
 async def test_ac_co_18_the_retry_policy_is_a_runtime_setting(
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
-    coordinator = FakeCoordinator(down=True)
+    coordinator = RecordingCoordinator(down=True)
     policy = RetryPolicy(
         initial_interval=0.5, backoff_coefficient=3.0, maximum_interval=4.0, maximum_attempts=4
     )
@@ -415,12 +417,12 @@ async def test_ac_co_18_the_redelivery_interval_must_be_finite_and_positive(
     db_path: Path, interval: float
 ) -> None:
     with pytest.raises(ValueError, match="redelivery_interval"):
-        async with open_runtime(db_path, coordinator=FakeCoordinator(), redelivery_interval=interval):
+        async with open_runtime(db_path, coordinator=RecordingCoordinator(), redelivery_interval=interval):
             pass
 
 
 async def test_ac_co_3_a_late_delivery_report_leaves_an_acknowledged_outcome_acknowledged(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     """Acknowledged is the last phase: a delivery recorded after it (an actor of another runtime that lost
     its claim, or any late writer) changes nothing of the record."""

@@ -1,7 +1,7 @@
 """The outcome envelope over the protocol: field-by-field validation (AC-CO-1) and the derived id (AC-CO-2).
 
 The rules are Gas City's (gascity-wire-format.md); Go-emitted JSON and independent id vectors are in
-test_outcome_wire_format.py. Ids AC-CO-n are listed in onceflow.actors.outcome
+test_outcome_wire_format.py. Ids AC-CO-n are listed in onceflow.actors.runtime.outcome
 (coordinator-outcome-delivery.md has none of its own).
 """
 
@@ -14,7 +14,7 @@ import pytest
 from helpers import send
 from outcome_support import SHA, ack, envelope, ready, state
 
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 EVIDENCE = {"kind": "commit", "uri": "git:repo@abc123", "sha256": SHA}
 

@@ -6,16 +6,17 @@ from pathlib import Path
 
 from helpers import FakeClock, metric_delta, metric_points, ok
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready
+from outcome_support import ack, diagnostic, envelope, ready
 
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.testing import RecordingCoordinator
 
 
 async def test_issue13_outcome_metrics_count_each_phase_entered_once(
     db_path: Path, clock: FakeClock, metric_reader: InMemoryMetricReader
 ) -> None:
     before = metric_points(metric_reader)
-    async with open_runtime(db_path, clock=clock, coordinator=FakeCoordinator()) as rt:
+    async with open_runtime(db_path, clock=clock, coordinator=RecordingCoordinator()) as rt:
         events = rt.subscribe()
         env = envelope()
         await ready(rt, env)

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from helpers import FakeClock, ok, send
-from outcome_support import SHA, FakeCoordinator, ack, acknowledged, state
+from outcome_support import SHA, ack, acknowledged, state, until
 from trio.testing import MockClock
 
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.store import schema
+from onceflow.testing import RecordingCoordinator
 
 
 def _id(canonical: str) -> str:
@@ -110,9 +111,9 @@ async def test_issue12_migration_8_rewrites_stored_outcomes_in_gas_citys_format(
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     _schema_7_database(db_path)
-    coordinator = FakeCoordinator(fence="coord-1")
+    coordinator = RecordingCoordinator(fence="coord-1")
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
-        await coordinator.until(lambda: len(coordinator.deliveries) == 1)  # the actor accepted the envelope
+        await until(coordinator, lambda: len(coordinator.deliveries) == 1)  # the actor accepted the envelope
         for old in (OLD_PENDING_ID, OLD_DONE_ID):
             gone = await send(rt, {"type": "get_outcome", "outcome_id": old})
             assert gone.error is not None and gone.error.code == "not_found"

@@ -1,8 +1,8 @@
 """Outcomes across runtime restarts, the behaviour version, bounded records, crashes (AC-CO-12 .. AC-CO-14,
 AC-CO-17).
 
-Ids AC-CO-n are listed in onceflow.actors.outcome. A "crash" is leaving the runtime while an outcome is in
-flight: its actor is cancelled where it stands and only what was committed survives.
+Ids AC-CO-n are listed in onceflow.actors.runtime.outcome. A "crash" is leaving the runtime while an outcome
+is in flight: its actor is cancelled where it stands and only what was committed survives.
 """
 
 from __future__ import annotations
@@ -14,24 +14,25 @@ import structlog
 import trio
 from helpers import START, FakeClock, ok, send
 from outcome_support import (
-    FakeCoordinator,
     ack,
     acknowledged,
     diagnostic,
     envelope,
     ready,
     state,
+    until,
     within_real_time,
 )
 from structlog.testing import capture_logs
 from trio.testing import MockClock
 
-from onceflow.actors.coordinator import DeliveryRequest
-from onceflow.actors.supervisor import open_runtime
+from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.protocol.coordinator import DeliveryRequest
 from onceflow.protocol.outcome import OutcomeEnvelope
 from onceflow.store import outcomes
 from onceflow.store.outcomes import MAX_PENDING_ACKS
 from onceflow.store.writer import open_store
+from onceflow.testing import RecordingCoordinator
 
 
 async def test_ac_co_14_a_restart_between_delivery_and_ack_redelivers_under_the_new_fence(
@@ -39,15 +40,15 @@ async def test_ac_co_14_a_restart_between_delivery_and_ack_redelivers_under_the_
 ) -> None:
     env = envelope()
     clock = FakeClock()
-    async with open_runtime(db_path, clock=clock, coordinator=FakeCoordinator(fence="coord-1")) as rt:
+    async with open_runtime(db_path, clock=clock, coordinator=RecordingCoordinator(fence="coord-1")) as rt:
         events = rt.subscribe()
         await ready(rt, env)
         await diagnostic(events, "outcome_delivered")
     clock.advance(300)
-    restarted = FakeCoordinator(fence="coord-2")
+    restarted = RecordingCoordinator(fence="coord-2")
     async with open_runtime(db_path, clock=clock, coordinator=restarted) as rt:
         events = rt.subscribe()
-        await restarted.until(lambda: len(restarted.deliveries) == 1)  # resumed at once, cycle 2
+        await until(restarted, lambda: len(restarted.deliveries) == 1)  # resumed at once, cycle 2
         assert restarted.delivery_ids() == [(f"deliver/{env['outcome_id']}/cycle-000002", 1)]
         await ok(rt, ack(env, "coord-1"))  # the coordinator session before the restart
         await ok(rt, ack(env, "coord-2"))
@@ -65,16 +66,16 @@ async def test_ac_co_14_an_ack_that_arrived_before_a_crash_is_not_lost(
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     env = envelope()
-    crashed = FakeCoordinator(hanging_acks=100)
+    crashed = RecordingCoordinator(hanging_acks=100)
     async with open_runtime(db_path, clock=clock, coordinator=crashed) as rt:
         events = rt.subscribe()
         await ready(rt, env)
         await diagnostic(events, "outcome_delivered")
         await ok(rt, ack(env, "coord-1"))
-        await crashed.until(lambda: len(crashed.acks) == 1)  # committing the ack when the runtime goes
-    after = FakeCoordinator(fence="coord-2")
+        await until(crashed, lambda: len(crashed.acks) == 1)  # committing the ack when the runtime goes
+    after = RecordingCoordinator(fence="coord-2")
     async with open_runtime(db_path, clock=clock, coordinator=after) as rt:
-        await after.until(lambda: len(after.acks) == 1)
+        await until(after, lambda: len(after.acks) == 1)
         got = await state(rt, env["outcome_id"])
     assert after.deliveries == []  # the stored ack matched the stored delivery: nothing redelivered
     assert after.ack_ids() == [(f"ack/{env['outcome_id']}/cycle-000001", 1)]
@@ -95,10 +96,10 @@ async def test_ac_co_14_without_a_coordinator_an_outcome_waits_pending_until_one
         assert [(e.code, e.level) for e in reply.events] == [("outcome_waiting_for_coordinator", "warning")]
         got = await state(rt, env["outcome_id"])
         assert (got["phase"], got["delivery_attempts"]) == ("pending", 0)
-    coordinator = FakeCoordinator()
+    coordinator = RecordingCoordinator()
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
         events = rt.subscribe()
-        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        await until(coordinator, lambda: len(coordinator.deliveries) == 1)
         await ok(rt, ack(env, "coord-1"))
         await diagnostic(events, "outcome_acknowledged")
         assert (await state(rt, env["outcome_id"]))["phase"] == "acknowledged"
@@ -121,9 +122,9 @@ async def test_ac_co_13_identical_acks_share_an_inbox_row_and_distinct_ones_are_
             lambda conn: conn.execute("SELECT COUNT(*), SUM(copies) FROM outcome_acks").fetchone()
         )
         assert rows == (MAX_PENDING_ACKS, 101 + MAX_PENDING_ACKS - 1)
-    coordinator = FakeCoordinator()
+    coordinator = RecordingCoordinator()
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
-        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        await until(coordinator, lambda: len(coordinator.deliveries) == 1)
         got = await state(rt, env["outcome_id"])
     # never delivered before the restart, so none of them matched: each copy counted stale once
     assert got["stale_acknowledgements"] == 101 + MAX_PENDING_ACKS - 1
@@ -133,7 +134,7 @@ async def test_ac_co_13_the_record_does_not_grow_with_the_number_of_attempts(
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     env = envelope()
-    coordinator = FakeCoordinator(down=True)
+    coordinator = RecordingCoordinator(down=True)
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
         events = rt.subscribe()
         await ready(rt, env)
@@ -166,10 +167,10 @@ async def test_ac_co_12_a_version_1_record_commits_an_ack_that_arrives_while_red
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     env = await _seed(db_path, behavior_version=1)
-    coordinator = FakeCoordinator()
+    coordinator = RecordingCoordinator()
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
         events = rt.subscribe()
-        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        await until(coordinator, lambda: len(coordinator.deliveries) == 1)
         coordinator.down = True
         await diagnostic(events, "outcome_delivery_failed")  # cycle 2
         await ok(rt, ack(env, "coord-1"))
@@ -182,10 +183,10 @@ async def test_ac_co_12_a_version_0_record_keeps_the_old_rule_and_only_sleeps_wh
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     env = await _seed(db_path, behavior_version=0)
-    coordinator = FakeCoordinator()
+    coordinator = RecordingCoordinator()
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
         events = rt.subscribe()
-        await coordinator.until(lambda: len(coordinator.deliveries) == 1)
+        await until(coordinator, lambda: len(coordinator.deliveries) == 1)
         coordinator.down = True
         await diagnostic(events, "outcome_delivery_failed")  # cycle 2
         await ok(rt, ack(env, "coord-1"))
@@ -216,7 +217,7 @@ async def test_ac_co_14_a_crashed_outcome_actor_is_logged_and_resumed_one_interv
     db_path: Path, autojump_clock: MockClock
 ) -> None:
     env = envelope()
-    coordinator = FakeCoordinator()
+    coordinator = RecordingCoordinator()
     structlog.reset_defaults()
     clock = BreakingClock()
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
@@ -243,7 +244,7 @@ async def test_ac_co_14_a_crashed_outcome_actor_is_logged_and_resumed_one_interv
 
 
 async def _stop_with_cycle_1_in_flight(
-    db_path: Path, clock: FakeClock, coordinator: FakeCoordinator, env: dict[str, object]
+    db_path: Path, clock: FakeClock, coordinator: RecordingCoordinator, env: dict[str, object]
 ) -> None:
     """Run until the coordinator has recorded cycle 1 and its ack is stored, then stop the runtime while the
     `deliver` reply is still outstanding: its receipt never reaches onceflow."""
@@ -270,7 +271,7 @@ async def test_ac_co_17_a_restart_mid_delivery_retries_the_cycle_under_its_id_an
     """The coordinator (which outlives onceflow's restart) received cycle 1 and acked it under coord-1; the
     reply was lost. No timer is ever needed: the clock never moves."""
     env = envelope()
-    coordinator = FakeCoordinator(fence="coord-1")
+    coordinator = RecordingCoordinator(fence="coord-1")
     await _stop_with_cycle_1_in_flight(db_path, clock, coordinator, env)
     with capture_logs() as logs:
         async with open_runtime(db_path, clock=clock, coordinator=coordinator) as rt:
@@ -296,11 +297,11 @@ async def test_ac_co_17_a_waiting_ack_for_another_fence_than_the_retry_obtains_i
     """The coordinator restarted too: the retried cycle 1 is received under coord-2, so the ack for coord-1
     is stale and a second ack is needed."""
     env = envelope()
-    await _stop_with_cycle_1_in_flight(db_path, clock, FakeCoordinator(fence="coord-1"), env)
-    restarted = FakeCoordinator(fence="coord-2")
+    await _stop_with_cycle_1_in_flight(db_path, clock, RecordingCoordinator(fence="coord-1"), env)
+    restarted = RecordingCoordinator(fence="coord-2")
     async with open_runtime(db_path, clock=clock, coordinator=restarted) as rt:
         events = rt.subscribe()
-        await restarted.until(lambda: len(restarted.deliveries) == 1)
+        await until(restarted, lambda: len(restarted.deliveries) == 1)
         await ok(rt, ack(env, "coord-2"))
         await diagnostic(events, "outcome_acknowledged")
         got = await state(rt, str(env["outcome_id"]))

@@ -18,11 +18,12 @@ import pytest
 from helpers import FakeClock, ok, send
 from hypothesis import given
 from hypothesis import strategies as st
-from outcome_support import FakeCoordinator, ack, diagnostic, envelope, ready, state
+from outcome_support import ack, diagnostic, envelope, ready, state
 from trio.testing import MockClock
 
 import onceflow
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.testing import RecordingCoordinator
 
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
@@ -65,12 +66,12 @@ GO_ACK = (
 
 
 @pytest.fixture
-def coordinator() -> FakeCoordinator:
-    return FakeCoordinator(fence="mayor-session-9", receipt={"delivery_ref": "bead:hq-mail-42"})
+def coordinator() -> RecordingCoordinator:
+    return RecordingCoordinator(fence="mayor-session-9", receipt={"delivery_ref": "bead:hq-mail-42"})
 
 
 @pytest.fixture
-async def rt(db_path: Path, clock: FakeClock, coordinator: FakeCoordinator) -> AsyncIterator[Runtime]:
+async def rt(db_path: Path, clock: FakeClock, coordinator: RecordingCoordinator) -> AsyncIterator[Runtime]:
     async with open_runtime(db_path, clock=clock, coordinator=coordinator) as runtime:
         yield runtime
 
@@ -150,7 +151,7 @@ def test_issue12_a_go_envelope_round_trips_byte_for_byte_through_the_exported_ty
 
 
 async def test_ac_co_1_ac_co_4_a_go_producers_envelope_is_accepted_and_handed_on_exactly(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events = rt.subscribe()
     reply = await ok(rt, '{"type":"outcome_ready","envelope":' + GO_ENVELOPE + "}")
@@ -167,7 +168,7 @@ async def test_ac_co_1_ac_co_4_a_go_producers_envelope_is_accepted_and_handed_on
 
 
 async def test_ac_co_1_a_go_envelope_with_escaped_prose_and_no_correlation_is_accepted(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events = rt.subscribe()
     await ok(rt, '{"type":"outcome_ready","envelope":' + GO_ENVELOPE_ESCAPED + "}")
@@ -180,7 +181,7 @@ async def test_ac_co_1_a_go_envelope_with_escaped_prose_and_no_correlation_is_ac
 
 
 async def test_ac_co_5_a_receipt_with_a_bead_uri_is_recorded(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events = rt.subscribe()
     await ok(rt, '{"type":"outcome_ready","envelope":' + GO_ENVELOPE + "}")
@@ -204,7 +205,7 @@ async def test_ac_co_5_a_receipt_with_a_bead_uri_is_recorded(
     ],  # the last: 512 bytes
 )
 async def test_ac_co_5_any_uri_like_delivery_ref_up_to_512_bytes_is_accepted(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock, ref: str
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock, ref: str
 ) -> None:
     coordinator.receipt = {"delivery_ref": ref}
     events = rt.subscribe()
@@ -215,7 +216,7 @@ async def test_ac_co_5_any_uri_like_delivery_ref_up_to_512_bytes_is_accepted(
 
 
 async def test_ac_co_9_ac_co_16_a_go_coordinators_ack_completes_and_is_committed_as_written(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events = rt.subscribe()
     await ok(rt, '{"type":"outcome_ready","envelope":' + GO_ENVELOPE + "}")
@@ -234,7 +235,7 @@ async def test_ac_co_9_ac_co_16_a_go_coordinators_ack_completes_and_is_committed
 
 
 async def test_ac_co_16_after_completion_the_same_acknowledger_is_a_no_op_and_another_is_a_conflict(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     events = rt.subscribe()
     env = envelope()
@@ -261,7 +262,7 @@ async def test_ac_co_16_after_completion_the_same_acknowledger_is_a_no_op_and_an
 
 
 async def test_ac_co_16_the_first_matching_ack_names_the_acknowledger(
-    rt: Runtime, coordinator: FakeCoordinator, autojump_clock: MockClock
+    rt: Runtime, coordinator: RecordingCoordinator, autojump_clock: MockClock
 ) -> None:
     """Two acknowledgers answer the same delivery; the first to arrive is the one committed and recorded."""
     env = envelope()

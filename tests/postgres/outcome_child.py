@@ -1,39 +1,31 @@
 """Child process of tests/postgres/test_pg_outcomes.py: a runtime that begins delivering an outcome and
 never finishes, so that its parent can SIGKILL it with the delivery cycle in flight.
 
-Usage: python outcome_child.py URL ENVELOPE_JSON. Opens a runtime on URL whose coordinator's `deliver` prints
-`delivering <cycle_id>` and then waits forever, sends `outcome_ready` with the envelope, and waits.
+Usage: python outcome_child.py URL ENVELOPE_JSON. Opens a runtime on URL whose coordinator begins every
+delivery and answers none, sends `outcome_ready` with the envelope, prints `delivering <cycle_id>` once the
+first delivery began, and waits.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import structlog
 import trio
 
-from onceflow.actors.coordinator import AcknowledgeRequest, DeliveryRequest
-from onceflow.actors.supervisor import open_runtime
-
-
-class HangingCoordinator:
-    """Begins every delivery and answers none; acknowledges nothing."""
-
-    async def deliver(self, request: DeliveryRequest) -> NoReturn:
-        print(f"delivering {request.cycle_id}", flush=True)
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def acknowledge(self, request: AcknowledgeRequest) -> None:
-        raise AssertionError("this runtime never gets an ack to commit")
+from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.testing import RecordingCoordinator
 
 
 async def main(url: str, envelope: dict[str, Any]) -> None:
-    async with open_runtime(url, coordinator=HangingCoordinator()) as rt:
+    coordinator = RecordingCoordinator(hanging_deliveries=2**62)  # begins every delivery, answers none
+    async with open_runtime(url, coordinator=coordinator) as rt:
         reply = await rt.send(json.dumps({"type": "outcome_ready", "envelope": envelope}))
         assert reply.ok, reply.error
+        await coordinator.until(lambda: bool(coordinator.deliveries))
+        print(f"delivering {coordinator.deliveries[0][1].cycle_id}", flush=True)
         await trio.sleep_forever()
 
 

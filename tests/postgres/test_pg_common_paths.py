@@ -32,10 +32,10 @@ import test_common_entry as common
 import test_recovery_set as recovery_set
 from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
 
-import onceflow.actors.engine as engine
-import onceflow.actors.recovery as recovery
-import onceflow.actors.supervisor as supervisor
-from onceflow.actors.supervisor import open_runtime
+import onceflow.actors.engine.core as engine
+import onceflow.actors.engine.recovery as recovery
+import onceflow.actors.runtime.supervisor as supervisor
+from onceflow.actors.runtime.supervisor import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store.writer import open_store
 

@@ -22,19 +22,20 @@ import trio
 from helpers import ok
 from structlog.testing import capture_logs
 
-from onceflow.actors.epoch_sweep import SWEEP_INTERVAL
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.store import outcome_claims, postgres
+from onceflow.testing import RecordingCoordinator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "outcome"))
-from outcome_support import FakeCoordinator, ack, envelope, ready, state
+from outcome_support import ack, envelope, ready, state
 
 CHILD = Path(__file__).with_name("outcome_child.py")
 INTERVAL = 0.5  # seconds: the redelivery interval, short so an ack another runtime took in is seen soon
 
 
 @contextlib.asynccontextmanager
-async def runtime(url: str, coordinator: FakeCoordinator) -> AsyncIterator[Runtime]:
+async def runtime(url: str, coordinator: RecordingCoordinator) -> AsyncIterator[Runtime]:
     async with open_runtime(url, coordinator=coordinator, redelivery_interval=INTERVAL) as rt:
         yield rt
 
@@ -48,7 +49,7 @@ async def until_acknowledged(rt: Runtime, outcome_ids: list[str], limit: float) 
             await trio.sleep(0.1)
 
 
-def acks_by_outcome(coordinators: list[FakeCoordinator]) -> dict[str, list[str]]:
+def acks_by_outcome(coordinators: list[RecordingCoordinator]) -> dict[str, list[str]]:
     """Every host `acknowledge` call, as the ack cycle ids per outcome, all runtimes together."""
     calls: dict[str, list[str]] = {}
     for coordinator in coordinators:
@@ -66,11 +67,11 @@ async def test_issue15_outcomes_resumed_by_several_runtimes_are_delivered_and_ac
     runtime that delivered it; runtimes that did not claim an outcome never delivered it."""
     envelopes = [envelope(work_id=f"gc-{n}") for n in range(20)]
     ids = [env["outcome_id"] for env in envelopes]
-    coordinators: list[FakeCoordinator] = []
+    coordinators: list[RecordingCoordinator] = []
     rng = random.Random(15)
 
-    def fresh() -> FakeCoordinator:
-        coordinators.append(FakeCoordinator())
+    def fresh() -> RecordingCoordinator:
+        coordinators.append(RecordingCoordinator())
         return coordinators[-1]
 
     async with contextlib.AsyncExitStack() as stack:
@@ -105,7 +106,7 @@ async def test_issue15_an_outcome_whose_delivering_runtime_was_sigkilled_is_resu
     (AC-CO-17); an ack sent meanwhile to a third runtime completes the outcome, once."""
     env = envelope()
     outcome_id = env["outcome_id"]
-    survivor, bystander = FakeCoordinator(), FakeCoordinator()
+    survivor, bystander = RecordingCoordinator(), RecordingCoordinator()
     async with runtime(pg_url, survivor) as rt, runtime(pg_url, bystander) as other:
         child = subprocess.Popen(
             [sys.executable, str(CHILD), pg_url, json.dumps(env)],
@@ -166,7 +167,7 @@ async def test_issue15_an_outcome_actor_whose_runtime_lost_its_connection_stops_
     async def hold_first(request: Any) -> None:
         await release.wait()
 
-    coordinator = FakeCoordinator(during_delivery=hold_first)
+    coordinator = RecordingCoordinator(during_delivery=hold_first)
     with capture_logs() as logs:
         async with runtime(pg_url, coordinator) as rt:
             store = rt.services.store

@@ -21,14 +21,14 @@ import trio
 from helpers import FakeClock, decide, ok, register, setup_office, to_review
 from pg_support import PostgresServer
 
-from onceflow.actors.host import RecordingHost
-from onceflow.actors.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime, open_runtime
 from onceflow.cli import main
 from onceflow.store import outcomes, schema
+from onceflow.testing import RecordingCoordinator, RecordingHost
 from onceflow.views import VIEWS, ViewError, open_read_only, rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "outcome"))
-from outcome_support import FakeCoordinator, ack, envelope, ready, state, within_real_time
+from outcome_support import ack, envelope, ready, state, within_real_time
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "kandev"
 PASSWORD = "s3cr%20et"  # percent-encoded in the URL: libpq sees "s3cr et"
@@ -62,7 +62,9 @@ async def _fill(rt: Runtime) -> None:
 
 
 async def _filled(db: Path | str) -> None:
-    async with open_runtime(db, host=RecordingHost(), clock=FakeClock(), coordinator=FakeCoordinator()) as rt:
+    async with open_runtime(
+        db, host=RecordingHost(), clock=FakeClock(), coordinator=RecordingCoordinator()
+    ) as rt:
         await _fill(rt)
 
 

@@ -18,7 +18,7 @@ import trio
 from helpers import ok, register
 
 from onceflow import open_runtime
-from onceflow.actors.supervisor import Runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store import pg_schema, postgres, wip
 
 LIMIT = 2

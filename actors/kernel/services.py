@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
-from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
-from onceflow.actors.host import Host
-from onceflow.actors.ledger import LedgerActor
-from onceflow.actors.task_rows import TaskRows
-from onceflow.actors.wip import Promotion
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, Executor
+from onceflow.actors.engine.promotion import Promotion
+from onceflow.actors.kernel.ledger import LedgerActor
+from onceflow.actors.kernel.task_rows import TaskRows
 from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.host import Host
 from onceflow.protocol.workflow import Step, Workflow
 from onceflow.store.writer import StoreActor
 
@@ -43,7 +43,7 @@ class WorkflowRegistry:
 @attrs.define
 class Services:
     """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted). `task_rows` caches task
-    rows for moves (actors/task_rows.py; off unless `open_runtime` sizes it)."""
+    rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes it)."""
 
     store: StoreActor
     ledger: LedgerActor

@@ -1,8 +1,9 @@
-"""The host interface: what the embedding application performs on the runtime's behalf.
+"""The host contract: what the embedding application performs on the runtime's behalf.
 
 Session-scoped actions (reset_agent_context, configure_session, enable_plan_mode, set_session_mode,
-auto_start_agent, disable_plan_mode) are owned by the host; the runtime asks, the host acts.
-Source: on-enter-action-dispatch.md, "The ownership partition".
+auto_start_agent, disable_plan_mode) are owned by the host; the runtime asks, the host acts
+(on-enter-action-dispatch.md, "The ownership partition"). A host implements `Host`, or subclasses
+`BaseHost` and overrides only what it performs. Pure contract: no thread, no machinery.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class SessionActionRequest:
     path, whether or not the step allocates a record): for on_enter it names the entry being dispatched,
     for on_exit the entry being left. A host makes a start idempotent by keying it on (task_id,
     admission_seq, trigger, position) — one declared action of one entry, on every step — or on (task_id,
-    admission_seq) for "at most once per entry". Source: issue 16 item 3.
+    admission_seq) for "at most once per entry".
     """
 
     task_id: str
@@ -43,8 +44,8 @@ class Host(Protocol):
     """Callbacks a host supplies.
 
     A raising `perform_session_action` or `start_code_review` is reported and the runtime goes on (except
-    that a raising reset_agent_context stops the later session actions of its entry, issue 16 item 1); a
-    raising `preflight_transition` refuses the step change before anything commits.
+    that a raising reset_agent_context stops the later session actions of its entry); a raising
+    `preflight_transition` refuses the step change before anything commits.
     """
 
     async def perform_session_action(self, request: SessionActionRequest) -> None: ...
@@ -56,28 +57,35 @@ class Host(Protocol):
 
         At-least-once across a crash (on-enter spec AC-A8): a launch repeated by recovery carries the same
         `review_run_id`, a new entry's launch a new one, so a host that remembers the ids it started (or
-        asks `list_review_runs`) starts each pass once (issue 12 item 7).
+        asks `list_review_runs`) starts each pass once.
         """
         ...
 
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None: ...
 
 
-@attrs.define
-class RecordingHost:
-    """A host that performs nothing, accepts every transition and remembers every request."""
+class BaseHost:
+    """A host that performs nothing and accepts every transition: the runtime's default, and a base class
+    for a host that performs only some of the calls (override those).
 
-    session_actions: list[SessionActionRequest] = attrs.field(factory=list)
-    # (task_id, step_id, entry_seq, review_run_id, agent_profile_id) per start_code_review
-    code_reviews: list[tuple[str, str, int, int, str | None]] = attrs.field(factory=list)
+    A host whose `preflight_transition` is this one's is never asked (every transition is accepted, so the
+    runtime skips the await on the hot path); overriding it on the class or the instance makes it asked.
+    """
 
     async def perform_session_action(self, request: SessionActionRequest) -> None:
-        self.session_actions.append(request)
+        """Do nothing: the action is reported as performed (`session_action` event)."""
 
     async def start_code_review(
         self, *, task_id: str, step_id: str, entry_seq: int, review_run_id: int, agent_profile_id: str | None
     ) -> None:
-        self.code_reviews.append((task_id, step_id, entry_seq, review_run_id, agent_profile_id))
+        """Do nothing: the review run is recorded as started."""
 
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None:
-        return None
+        """Accept the transition."""
+
+
+def preflight_is_noop(host: Host) -> bool:
+    """Whether `host.preflight_transition` is `BaseHost`'s (accepts everything), on its class and not
+    replaced on the instance: then the runtime need not await it."""
+    own = "preflight_transition" in getattr(host, "__dict__", {})
+    return not own and getattr(type(host), "preflight_transition", None) is BaseHost.preflight_transition

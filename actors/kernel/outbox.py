@@ -12,8 +12,8 @@ from typing import Any, Literal, cast, get_args
 import trio
 
 from onceflow import metrics
-from onceflow.actors import trusted
 from onceflow.logs import get_logger
+from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
 
 log = get_logger("onceflow")

@@ -20,10 +20,10 @@ from typing import Literal
 
 import attrs
 
-from onceflow.actors.actions import ActionContext, DiagnosticNote, Effect, publish_effect
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.services import Services
-from onceflow.actors.session import SessionOutcome, request_session_action
+from onceflow.actors.engine.actions import ActionContext, DiagnosticNote, Effect, publish_effect
+from onceflow.actors.engine.session import SessionOutcome, request_session_action
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, SESSION_ACTION_TYPES, ActionDecl, Step, Workflow

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from onceflow import metrics
-from onceflow.actors.actions import dedupe_seats
-from onceflow.actors.common_entry import (
+from onceflow.actors.engine.actions import dedupe_seats
+from onceflow.actors.engine.common import (
     Anomaly,
     Done,
     common_order,
@@ -36,9 +36,9 @@ from onceflow.actors.common_entry import (
     reason,
     run_key,
 )
-from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.services import Services
+from onceflow.actors.engine.on_enter import OnEnterDispatch, SegmentResult
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store import faults, tasks

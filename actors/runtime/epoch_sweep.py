@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from onceflow.actors.outbox import EventHub
-from onceflow.actors.recovery import decodable_open_entries, recover_open_entries
-from onceflow.actors.services import Services
+from onceflow.actors.engine.recovery import decodable_open_entries, recover_open_entries
+from onceflow.actors.kernel.outbox import EventHub
+from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.store import epochs
 from onceflow.store.records import StepEntry

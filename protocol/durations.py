@@ -1,8 +1,7 @@
 """The one check every duration a host can configure goes through (intervals, timeouts, idle timeouts).
 
-A NaN interval made the outcome redelivery loop spin (~40,000 cycles a minute) and an infinite one never
-fires; neither is a duration (issue 11, section 5). Every configurable duration is checked here, at the
-place it is accepted, so the error names the parameter.
+A NaN interval would spin a timer loop and an infinite one never fires: neither is a duration. Every
+configurable duration is checked here, where it is accepted, so the error names the parameter. Pure.
 """
 
 from __future__ import annotations

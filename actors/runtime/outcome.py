@@ -56,23 +56,23 @@ drains it when woken or when its redelivery timer fires (AC-CO-8).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
 
 from onceflow import metrics
-from onceflow.actors.coordinator import (
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
+from onceflow.logs import get_logger
+from onceflow.protocol.coordinator import (
     AcknowledgeRequest,
     Coordinator,
     DeliveryRequest,
     RetryPolicy,
     cycle_label,
 )
-from onceflow.actors.durations import seconds
-from onceflow.actors.epoch_sweep import SWEEP_INTERVAL
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.logs import get_logger
+from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.outcome import (
     CoordinatorAck,
@@ -212,7 +212,8 @@ class OutcomeActor:
             self._emit("info", "outcome_cycle_resumed", cycle_id=cycle_id)
         message = OutcomeDeliveryRequest(envelope=self._envelope, delivery_cycle=cycle)
         try:
-            raw = await self._retry.run(
+            raw = await run_cycle(
+                self._retry,
                 lambda attempt: self._coordinator.deliver(DeliveryRequest(message, cycle_id, attempt)),
                 cycle_id=cycle_id,
             )
@@ -256,7 +257,8 @@ class OutcomeActor:
         cycle_id = f"ack/{self.outcome_id}/{cycle_label(self._record.delivery_attempts)}"
         acknowledgement = ack.acknowledgement()
         try:
-            await self._retry.run(
+            await run_cycle(
+                self._retry,
                 lambda attempt: self._coordinator.acknowledge(
                     AcknowledgeRequest(acknowledgement, cycle_id, attempt)
                 ),
@@ -278,6 +280,29 @@ class OutcomeActor:
 
     def _emit(self, level: str, code: str, **fields: Any) -> None:
         Outbox(self._hub).diagnostic(level, code, outcome_id=self.outcome_id, **fields)
+
+
+async def run_cycle(policy: RetryPolicy, call: Callable[[int], Awaitable[T]], *, cycle_id: str) -> T:
+    """Return `call(attempt)` for the first attempt of one cycle that does not raise, retrying as `policy`
+    says (AC-CO-4, AC-CO-10, AC-CO-18). A cancellation stops the attempt under way; nothing is recorded
+    here (the caller records the cycle).
+
+    Raises:
+        Exception: the last attempt's error when every attempt failed (trio.TooSlowError for a timeout).
+        trio.TooSlowError: the cycle ran out of time.
+    """
+    attempt, wait = 1, policy.initial_interval
+    with trio.fail_after(policy.cycle_timeout):
+        while True:
+            try:
+                with trio.fail_after(policy.attempt_timeout):
+                    return await call(attempt)
+            except Exception as exc:
+                log.warning("coordinator_attempt_failed", cycle_id=cycle_id, attempt=attempt, error=repr(exc))
+                if attempt == policy.maximum_attempts:
+                    raise
+            await trio.sleep(wait)
+            attempt, wait = attempt + 1, min(wait * policy.backoff_coefficient, policy.maximum_interval)
 
 
 def _acknowledged_and_released(conn: Any, outcome_id: str, acknowledged_by: str, now: float) -> OutcomeRecord:

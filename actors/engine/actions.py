@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow.actors import trusted
-from onceflow.actors.outbox import Outbox
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.protocol import trusted
 from onceflow.protocol.events import (
     DecisionsCleared,
     Event,

@@ -11,8 +11,8 @@ import sqlite3
 
 import attrs
 
-from onceflow.actors.quorum import Threshold, parse_threshold, seat_role, why_not_counted
-from onceflow.actors.services import WorkflowRegistry, find_step
+from onceflow.actors.engine.quorum import Threshold, parse_threshold, seat_role, why_not_counted
+from onceflow.actors.kernel.services import WorkflowRegistry, find_step
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.workflow import ActionDecl, MoveConfig, Step, Trigger

@@ -23,10 +23,10 @@ import attrs
 import trio
 
 from onceflow import metrics
-from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.recovery_set import SetRun, finish_common, plan_common
-from onceflow.actors.services import Services
+from onceflow.actors.engine.on_enter import OnEnterDispatch, SegmentResult, close_entry, dispatch_order
+from onceflow.actors.engine.recovery_set import SetRun, finish_common, plan_common
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import faults, step_entries, tasks
@@ -83,7 +83,7 @@ async def recover_open_entries(
     """Run the scan; returns how many entries were re-dispatched. Never raises.
 
     `entries` (each with the greatest entry_seq of its pair) replaces the query for every open entry: the
-    periodic sweep of entries left by dead epochs passes its own (actors/epoch_sweep.py, issue 15).
+    periodic sweep of entries left by dead epochs passes its own (actors/runtime/epoch_sweep.py, issue 15).
 
     Entries are handled in batches of `BATCH_SIZE`, several per store request while the set path takes
     them (`REQUEST_SIZE`): classification, closing and the re-dispatch of executor-backed actions all run in

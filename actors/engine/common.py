@@ -26,12 +26,18 @@ from typing import Any
 
 import attrs
 
-from onceflow.actors import trusted
-from onceflow.actors.actions import DEFAULT_EXECUTORS, DiagnosticNote, Effect, config_digest, publish_effect
-from onceflow.actors.on_enter import ActionRun, SegmentResult, dispatch_order
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.services import Services
+from onceflow.actors.engine.actions import (
+    DEFAULT_EXECUTORS,
+    DiagnosticNote,
+    Effect,
+    config_digest,
+    publish_effect,
+)
+from onceflow.actors.engine.on_enter import ActionRun, SegmentResult, dispatch_order
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
+from onceflow.protocol import trusted
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store import faults, tasks, wip

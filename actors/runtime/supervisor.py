@@ -24,26 +24,25 @@ import outcome
 import trio
 from pydantic import BaseModel, ValidationError
 
-from onceflow.actors import task_rows
-from onceflow.actors.actions import DEFAULT_EXECUTORS, Executor
-from onceflow.actors.coordinator import Coordinator, RetryPolicy
-from onceflow.actors.durations import seconds
-from onceflow.actors.engine import Engine
-from onceflow.actors.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
-from onceflow.actors.groups import raise_single
-from onceflow.actors.host import Host, RecordingHost
-from onceflow.actors.ledger import LedgerActor
-from onceflow.actors.mailbox import Envelope, Mailbox, ReplySlot, reply_to
-from onceflow.actors.operation_locks import TaskLocks
-from onceflow.actors.outbox import EventHub, Outbox
-from onceflow.actors.outcome import OutcomeSupervisor
-from onceflow.actors.recovery import recover_open_entries
-from onceflow.actors.services import Services, WorkflowRegistry, find_step
-from onceflow.actors.task_actor import TaskActor
-from onceflow.actors.wip import Promotion, may_promote
+from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, Executor
+from onceflow.actors.engine.core import Engine
+from onceflow.actors.engine.promotion import Promotion, may_promote
+from onceflow.actors.engine.recovery import recover_open_entries
+from onceflow.actors.kernel import task_rows
+from onceflow.actors.kernel.groups import raise_single
+from onceflow.actors.kernel.ledger import LedgerActor
+from onceflow.actors.kernel.mailbox import Envelope, Mailbox, ReplySlot, reply_to
+from onceflow.actors.kernel.operation_locks import TaskLocks
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import Services, WorkflowRegistry, find_step
+from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
+from onceflow.actors.runtime.outcome import OutcomeSupervisor
+from onceflow.actors.task.actor import TaskActor
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command, validation_error
+from onceflow.protocol.coordinator import Coordinator, RetryPolicy
+from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import (
     NotFoundError,
     OnceflowError,
@@ -52,6 +51,7 @@ from onceflow.protocol.errors import (
     shown,
 )
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.protocol.host import BaseHost, Host
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     IMPORT_ALLOWED_ACTIONS,
@@ -494,40 +494,38 @@ async def open_runtime(
 
     `max_batch` bounds group commit: up to that many queued transactions share one COMMIT, each in its own
     savepoint, and none is answered before the COMMIT is durable. `clock` returns Unix seconds for persisted
-    timestamps; `executors` maps engine-owned action types to
-    their executors (an action type without one is reported, never silently skipped). The ledger is
-    created here, before the runtime object, and lives exactly as long as the runtime.
-    `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
-    until acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, `RetryPolicy()`;
-    AC-CO-18); unfinished outcomes resume at once. Without one, outcomes are stored, pending.
-    A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0, the default: as
-    soon as it is empty), so an idle task costs no actor memory (issue 7; bench/memory.py: ~0.6 KiB of peak
-    RSS per idle task at 0); an idle task's next command runs on its sender's own Trio task, spawning
-    nothing (issue 14). A positive timeout keeps chatty tasks' actors warm.
-    `busy_timeout` is how many seconds a transaction waits for another connection's write lock; past it the
-    command is answered `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only,
-    corrupt) is answered as a typed `storage_<kind>` error, and the transaction that met it commits nothing
-    (issue 11, items 2 and 4).
+    timestamps; `executors` maps engine-owned action types to their executors (an action type without one is
+    reported, never silently skipped). The ledger is created here, before the runtime object, and lives
+    exactly as long as the runtime. `coordinator` delivers outcomes (`outcome_ready`), redelivering every
+    `redelivery_interval` seconds until acknowledged, each cycle's attempts following `retry_policy` (None:
+    the spec's, `RetryPolicy()`; AC-CO-18); unfinished outcomes resume at once. Without one, outcomes are
+    stored, pending. A task's actor is evicted after `actor_idle_timeout` seconds with an empty mailbox (0,
+    the default: as soon as it is empty), so an idle task costs no actor memory (issue 7; bench/memory.py:
+    ~0.6 KiB of peak RSS per idle task at 0); an idle task's next command runs on its sender's own Trio task,
+    spawning nothing (issue 14). A positive timeout keeps chatty tasks' actors warm. `busy_timeout` is how
+    many seconds a transaction waits for another connection's write lock; past it the command is answered
+    `storage_busy` (retryable). Every storage fault (busy, full disk, I/O, read-only, corrupt) is answered as
+    a typed `storage_<kind>` error, and the transaction that met it commits nothing (issue 11, items 2 and 4).
     Raises DatabaseOwnedError at once when another runtime owns the file; ValueError, before anything is
-    opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is
-    not finite and >= 0, or a `busy_timeout` that is not finite and > 0 (issue 11, section 5: a NaN
-    interval redelivered in a hot loop); a `RetryPolicy` validates itself when built. Whatever ends the
-    runtime (a failure to open, or the body's own exception) surfaces as itself, not wrapped in the
-    runtime's nurseries' ExceptionGroups; only several causes at once stay a group (issue 11, section 5).
-    On PostgreSQL (issue 15) several runtimes may serve one database: each command's transactions hold its
-    task's lock, and every `epoch_sweep_interval` seconds the runtime finishes the open entries whose
-    epoch is dead or that hold no live claim after `GRACE_INTERVALS` of them, and runs the start-up promotion
-    (actors/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
-    `task_row_cache` is how many task rows a move may start from without reading them (actors/task_rows.py:
-    the admission's compare-and-set verifies the row, a mismatch falls back to a fresh read; issue 14);
-    0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows too. A negative
-    size is a ValueError before anything is opened.
-    `switch_interval`, when given, is the interpreter's GIL switch interval in seconds
-    (`sys.setswitchinterval`) while the runtime is open, the previous one restored on exit. It is
-    process-wide, so the host decides: the store's writer thread releases the GIL while SQLite works, and with
-    Python's default (0.005 s) the Trio thread keeps it that long before the writer may go on, so the two
-    threads barely overlap. `onceflow serve` sets `SWITCH_INTERVAL` (bench/dispatch.py: ~1.35x entries per
-    second at 64 tasks; issue 14). Not finite or <= 0 is a ValueError before anything is opened.
+    opened, for a `redelivery_interval` that is not finite and positive or an `actor_idle_timeout` that is not
+    finite and >= 0, or a `busy_timeout` that is not finite and > 0 (issue 11, section 5: a NaN interval
+    redelivered in a hot loop); a `RetryPolicy` validates itself when built. Whatever ends the runtime (a
+    failure to open, or the body's own exception) surfaces as itself, not wrapped in the runtime's nurseries'
+    ExceptionGroups; only several causes at once stay a group (issue 11, section 5). On PostgreSQL (issue 15)
+    several runtimes may serve one database: each command's transactions hold its task's lock, and every
+    `epoch_sweep_interval` seconds the runtime finishes the open entries whose epoch is dead or that hold no
+    live claim after `GRACE_INTERVALS` of them, and runs the start-up promotion
+    (actors/runtime/epoch_sweep.py); no file lock is taken, so DatabaseOwnedError never applies.
+    `task_row_cache` is how many task rows a move may start from without reading them
+    (actors/kernel/task_rows.py: the admission's compare-and-set verifies the row, a mismatch falls back to a
+    fresh read; issue 14); 0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows
+    too. A negative size is a ValueError before anything is opened. `switch_interval`, when given, is the
+    interpreter's GIL switch interval in seconds (`sys.setswitchinterval`) while the runtime is open, the
+    previous one restored on exit. It is process-wide, so the host decides: the store's writer thread releases
+    the GIL while SQLite works, and with Python's default (0.005 s) the Trio thread keeps it that long before
+    the writer may go on, so the two threads barely overlap. `onceflow serve` sets `SWITCH_INTERVAL`
+    (bench/dispatch.py: ~1.35x entries per second at 64 tasks; issue 14). Not finite or <= 0 is a ValueError
+    before anything is opened.
     """
     redelivery_interval = seconds("redelivery_interval", redelivery_interval)
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
@@ -550,7 +548,7 @@ async def open_runtime(
             services = Services(
                 store=store,
                 ledger=ledger,
-                host=host or RecordingHost(),
+                host=host or BaseHost(),
                 workflows=WorkflowRegistry(),
                 promotions=promotions,
                 executors=executors,

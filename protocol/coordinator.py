@@ -1,4 +1,4 @@
-"""The host-facing coordinator: deliver an outcome, commit an acknowledgement, each under a bounded retry.
+"""The coordinator contract: deliver an outcome, commit an acknowledgement, each under a bounded retry.
 
 The spec's two Temporal activities become two async callables the host supplies (a `Coordinator`). One
 logical call is a cycle with a stable id (`deliver/<outcome_id>/cycle-000001`, `ack/<outcome_id>/cycle-...`)
@@ -8,30 +8,25 @@ AC-CO-4, AC-CO-10, AC-CO-18). The objects handed over are Gas City's wire object
 `DeliveryRequest.message` is the `{envelope, delivery_cycle}` a Gas City delivery adapter takes, and
 `AcknowledgeRequest.acknowledgement` the `{store_ref, outcome_id, work_id, coordinator_fence,
 acknowledged_by}` its canonical store records. Source: coordinator-outcome-delivery.md,
-`executeOutcomeDelivery`, `executeOutcomeAcknowledgement`.
+`executeOutcomeDelivery`, `executeOutcomeAcknowledgement`. Pure contract: the runtime's outcome actors
+(actors/runtime/outcome.py) make the calls and run the retries.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import attrs
-import trio
 
-from onceflow.actors.durations import seconds
-from onceflow.logs import get_logger
+from onceflow.protocol.durations import seconds
 from onceflow.protocol.outcome import (
     OutcomeAcknowledgement,
     OutcomeDelivery,
     OutcomeDeliveryRequest,
     OutcomeEnvelope,
 )
-
-log = get_logger("onceflow.coordinator")
-
-T = TypeVar("T")
 
 
 def cycle_label(cycle: int) -> str:
@@ -111,7 +106,7 @@ class RetryPolicy:
 
     Raises:
         ValueError: a time is not finite and positive, the coefficient is below 1 or not finite, or
-            `maximum_attempts` is not an int >= 1 (the message names the field; issue 11, section 5).
+            `maximum_attempts` is not an int >= 1 (the message names the field).
     """
 
     initial_interval: float = attrs.field(default=1.0, validator=_duration)
@@ -120,25 +115,3 @@ class RetryPolicy:
     maximum_attempts: int = attrs.field(default=5, validator=_attempts)
     attempt_timeout: float = attrs.field(default=30.0, validator=_duration)
     cycle_timeout: float = attrs.field(default=120.0, validator=_duration)
-
-    async def run(self, call: Callable[[int], Awaitable[T]], *, cycle_id: str) -> T:
-        """Return `call(attempt)` for the first attempt that does not raise.
-
-        Raises:
-            Exception: the last attempt's error when every attempt failed (trio.TooSlowError for a timeout).
-            trio.TooSlowError: the cycle ran out of time.
-        """
-        attempt, wait = 1, self.initial_interval
-        with trio.fail_after(self.cycle_timeout):
-            while True:
-                try:
-                    with trio.fail_after(self.attempt_timeout):
-                        return await call(attempt)
-                except Exception as exc:
-                    log.warning(
-                        "coordinator_attempt_failed", cycle_id=cycle_id, attempt=attempt, error=repr(exc)
-                    )
-                    if attempt == self.maximum_attempts:
-                        raise
-                await trio.sleep(wait)
-                attempt, wait = attempt + 1, min(wait * self.backoff_coefficient, self.maximum_interval)

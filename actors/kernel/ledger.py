@@ -13,7 +13,7 @@ from typing import Literal
 import attrs
 import outcome
 
-from onceflow.actors.mailbox import Mailbox, reply_to
+from onceflow.actors.kernel.mailbox import Mailbox, reply_to
 
 
 @attrs.frozen

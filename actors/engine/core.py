@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from onceflow.actors import trusted
-from onceflow.actors.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
-from onceflow.actors.common_entry import (
+from onceflow.actors.engine.actions import HOST_ACTION_TYPES, ActionContext, publish_effect
+from onceflow.actors.engine.common import (
     Admission,
     Admitted,
     Plan,
@@ -28,14 +27,14 @@ from onceflow.actors.common_entry import (
     group_key,
     publish_common,
 )
-from onceflow.actors.host import Host, RecordingHost
-from onceflow.actors.on_enter import OnEnterDispatch, SegmentResult
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.quorum import evaluate_quorum, parse_threshold
-from onceflow.actors.services import Services, find_step
-from onceflow.actors.session import request_session_action
-from onceflow.actors.wip import allocate_for, promote_one
+from onceflow.actors.engine.on_enter import OnEnterDispatch, SegmentResult
+from onceflow.actors.engine.promotion import allocate_for, promote_one
+from onceflow.actors.engine.quorum import evaluate_quorum, parse_threshold
+from onceflow.actors.engine.session import request_session_action
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services, find_step
 from onceflow.logs import get_logger
+from onceflow.protocol import trusted
 from onceflow.protocol.errors import (
     ActionError,
     ActionNotWiredError,
@@ -44,6 +43,7 @@ from onceflow.protocol.errors import (
     TransitionRefusedError,
 )
 from onceflow.protocol.events import EntryPath, GuardEvaluated, TaskQueued
+from onceflow.protocol.host import preflight_is_noop
 from onceflow.protocol.workflow import (
     TRANSITION_TYPES,
     ActionDecl,
@@ -118,7 +118,7 @@ class Engine:
     )
 
     def __attrs_post_init__(self) -> None:
-        self._asks_preflight = not _preflight_is_noop(self.services.host)
+        self._asks_preflight = not preflight_is_noop(self.services.host)
 
     async def load_task(self, task_id: str) -> TaskRecord:
         """The task's committed row. Raises NotFoundError (field task_id)."""
@@ -290,12 +290,12 @@ class Engine:
         of built-in clears and fan-outs only is first tried whole in one savepoint (`common_entry`); any
         anomaly rolls that back and the per-action path above decides it (issue 14).
 
-        `cached`: `task` came from the task-row cache (actors/task_rows.py), not a read. The compare-and-set
-        then also verifies its workflow, admitted flag and admission counter; on any mismatch nothing is
-        written and `StaleRow` is raised for the caller to read the row afresh and decide again (the host's
-        preflight, already called with the cached source step, is then called again with the real one: a
-        stale row costs an extra preflight, never a wrong commit; a refusal is asked again the same way, so a
-        refusal is only ever answered from the committed row). The admitted row is cached; any other
+        `cached`: `task` came from the task-row cache (actors/kernel/task_rows.py), not a read. The
+        compare-and-set then also verifies its workflow, admitted flag and admission counter; on any mismatch
+        nothing is written and `StaleRow` is raised for the caller to read the row afresh and decide again
+        (the host's preflight, already called with the cached source step, is then called again with the real
+        one: a stale row costs an extra preflight, never a wrong commit; a refusal is asked again the same
+        way, so a refusal is only ever answered from the committed row). The admitted row is cached; any other
         outcome forgets it (issue 14 item "A cached task row").
         """
         if self._asks_preflight:  # the default host's preflight accepts everything: no await for it
@@ -525,12 +525,6 @@ def _admit_together(
     as its own request's `admit` returns it, or None for each to be decided alone."""
     admitted = admit_group(conn, admissions)
     return None if admitted is None else [("admitted", entry.key, entry) for entry in admitted]
-
-
-def _preflight_is_noop(host: Host) -> bool:
-    """Whether `host.preflight_transition` is `RecordingHost`'s, which accepts every transition."""
-    own = "preflight_transition" in getattr(host, "__dict__", {})
-    return not own and getattr(type(host), "preflight_transition", None) is RecordingHost.preflight_transition
 
 
 def _takes_promotions(workflow: Workflow, step: Step) -> bool:

@@ -1,6 +1,6 @@
 """Operation-id producers: the exact idempotency-key shape of every trigger that carries one.
 
-on_turn_start and on_turn_complete carry none. Source: operation-ledger-lifetime.md, the foundation issue.
+on_turn_start and on_turn_complete carry none (operation-ledger-lifetime.md, "Operation id shape"). Pure.
 """
 
 from __future__ import annotations

@@ -11,16 +11,16 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow.actors import children, decisions
-from onceflow.actors.engine import Engine, HandleInput, HandleResult, StaleRow
-from onceflow.actors.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
-from onceflow.actors.operation_locks import TaskLocks
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.services import find_step
-from onceflow.actors.wip import Promotion
+from onceflow.actors.engine import children, decisions
+from onceflow.actors.engine.core import Engine, HandleInput, HandleResult, StaleRow
+from onceflow.actors.engine.promotion import Promotion
+from onceflow.actors.kernel.operation_locks import TaskLocks
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import find_step
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import StorageError, WipLimitError
 from onceflow.protocol.events import DecisionRecorded, EntryPath, StepEntered, TaskCreated, TaskQueued
+from onceflow.protocol.operation_ids import decision_operation_id, operation_id, switch_workflow_operation_id
 from onceflow.protocol.workflow import Trigger
 from onceflow.store import participants, step_entries, tasks, wip
 from onceflow.store.records import TaskRecord
@@ -55,7 +55,7 @@ class TaskActor:
         """Apply one command. Raises OnceflowError subclasses for refused commands.
 
         Every command but a move, a creation or a read forgets the task's cached row first: it may write the
-        row outside the admission's compare-and-set (actors/task_rows.py).
+        row outside the admission's compare-and-set (actors/kernel/task_rows.py).
         """
         if not isinstance(command, c.MoveTask | c.CreateTask | c.GetTask):
             self.engine.services.task_rows.forget(self.task_id)
@@ -168,8 +168,8 @@ class TaskActor:
         }
 
     async def _children_not_terminal(self, rows: list[c.ChildRow]) -> list[dict[str, Any]]:
-        """The rows that are not terminal (actors/children.py); task rows are read only for open children
-        whose row names no place."""
+        """The rows that are not terminal (actors/engine/children.py); task rows are read only for open
+        children whose row names no place."""
         registered = self.engine.services.workflows.workflows
         children.check_places(rows, registered)
         unplaced = children.unplaced(rows)
@@ -286,9 +286,9 @@ class TaskActor:
     async def _move(self, step_id: str, path: EntryPath, trigger: str, out: Outbox) -> Any:
         """Manual or API step change; a move to the current step is not an entry and does nothing.
 
-        A cached row (actors/task_rows.py) saves the read: the admission's compare-and-set verifies it, and
-        a mismatch (`StaleRow`, nothing written) decides the move again from a fresh read. The no-op answer
-        is only ever given from a fresh read (issue 14 item "A cached task row").
+        A cached row (actors/kernel/task_rows.py) saves the read: the admission's compare-and-set verifies it,
+        and a mismatch (`StaleRow`, nothing written) decides the move again from a fresh read. The no-op
+        answer is only ever given from a fresh read (issue 14 item "A cached task row").
         """
         rows = self.engine.services.task_rows
         cached = rows.get(self.task_id)

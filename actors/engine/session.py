@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow.actors.host import SessionActionRequest
-from onceflow.actors.outbox import Outbox
-from onceflow.actors.services import Services
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services
 from onceflow.protocol.events import EntryPath, SessionAction
+from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store.records import TaskRecord
 

@@ -25,7 +25,8 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 
 WORKFLOW = """\
 id: mem

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, run_dispatch
 from pg_support import start_postgres
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.writer import Durability
 
 

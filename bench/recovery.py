@@ -29,7 +29,7 @@ import structlog
 import trio
 from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, check, count_statement
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.step_entries import declaration_digest
 from onceflow.store.writer import Durability, StoreActor, open_store
 

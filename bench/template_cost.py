@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 import structlog
 import trio
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.limits import MAX_TEMPLATE_STEPS
 from onceflow.protocol.workflow import load_workflow_text
 from onceflow.store.writer import Grouped, StoreActor

@@ -53,10 +53,11 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import participants
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.writer import open_store
 
 WORKFLOW = """\

@@ -3,96 +3,208 @@
 The public API, all importable from `onceflow`:
 
 - the runtime: `open_runtime` (an async context manager yielding a `Runtime`), `Durability`;
-- the host side: the `Host` protocol and `RecordingHost`, `SessionActionRequest`; the `Coordinator`
-  protocol and what it is handed and returns (outcome delivery in Gas City's wire format:
-  `OutcomeEnvelope`, `OutcomeDeliveryRequest`, `OutcomeDelivery`, `OutcomeAcknowledgement`, `Evidence`,
-  `ProducerFence`, `derive_outcome_id`, `DeliveryRequest`, `AcknowledgeRequest`, `RetryPolicy`);
+- the host side: the `Host` protocol, `BaseHost` and `SessionActionRequest`; the `Coordinator` protocol and
+  what it is handed and returns (outcome delivery in Gas City's wire format: `OutcomeEnvelope`,
+  `OutcomeDeliveryRequest`, `OutcomeDelivery`, `OutcomeAcknowledgement`, `Evidence`, `ProducerFence`,
+  `derive_outcome_id`, `DeliveryRequest`, `AcknowledgeRequest`, `RetryPolicy`); `RecordingHost` (also in
+  `onceflow.testing`, with the other test doubles);
 - the protocol: every command model (`CreateTask`, `RecordDecision`, ... and the `Command` union),
   `Reply`, `ErrorInfo`, every event model (and the `Event` union), `result_of` (a reply's typed result);
 - the errors: `OnceflowError` and its subclasses, `DatabaseOwnedError`.
 
-`onceflow.protocol` has all of the protocol, including each command's result model; docs/protocol.md is
-its reference page. Source: issue 13 item 5.
+`onceflow.protocol` has all of the protocol, including each command's result type; docs/protocol.md is its
+reference page. Every name is imported on first use (module `__getattr__`), so importing a lower layer
+(`onceflow.protocol`, `onceflow.store`) loads nothing above it.
 """
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
-from onceflow.protocol import (
-    ActionError,
-    ActionNotWiredError,
-    ActionOutcome,
-    AddParticipant,
-    AgentError,
-    ApprovalResolved,
-    BlockersResolved,
-    BudgetAlert,
-    BusyError,
-    ChildrenCompleted,
-    ChildRow,
-    ClaimRun,
-    Command,
-    ConflictError,
-    CoordinatorAck,
-    CreateTask,
-    DecisionRecorded,
-    DecisionsCleared,
-    DeleteTask,
-    Diagnostic,
-    ErrorInfo,
-    Event,
-    Evidence,
-    FinishRun,
-    GetOutcome,
-    GetTask,
-    GuardEvaluated,
-    Heartbeat,
-    ListDecisions,
-    ListReviewRuns,
-    ListRuns,
-    ListStepEntries,
-    ListTasks,
-    MoveTask,
-    NotFoundError,
-    OnceflowError,
-    OutcomeAcknowledgement,
-    OutcomeDelivery,
-    OutcomeDeliveryRequest,
-    OutcomeEnvelope,
-    OutcomeReady,
-    ProducerFence,
-    ProtocolError,
-    RecordDecision,
-    RegisterWorkflow,
-    RemoveParticipant,
-    Reply,
-    RunCoalesced,
-    RunQueued,
-    RunSuppressed,
-    SessionAction,
-    ShuttingDownError,
-    StartTask,
-    StepEntered,
-    StorageError,
-    SwitchWorkflow,
-    TaskComment,
-    TaskCreated,
-    TaskQueued,
-    Transition,
-    TransitionFailedError,
-    TransitionRefusedError,
-    TurnComplete,
-    TurnStart,
-    UpdateTask,
-    WipLimitError,
-    WorkflowError,
-    WorkflowInvalidError,
-    derive_outcome_id,
-    result_of,
-)
-from onceflow.protocol.coordinator import AcknowledgeRequest, Coordinator, DeliveryRequest, RetryPolicy
-from onceflow.protocol.host import Host, SessionActionRequest
-from onceflow.store.lock import DatabaseOwnedError
-from onceflow.store.writer import Durability
-from onceflow.testing import RecordingHost
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onceflow.actors.runtime.startup import (
+        open_runtime,
+    )
+    from onceflow.actors.runtime.supervisor import Runtime
+    from onceflow.protocol import (
+        ActionError,
+        ActionNotWiredError,
+        ActionOutcome,
+        AddParticipant,
+        AgentError,
+        ApprovalResolved,
+        BlockersResolved,
+        BudgetAlert,
+        BusyError,
+        ChildrenCompleted,
+        ChildRow,
+        ClaimRun,
+        Command,
+        ConflictError,
+        CoordinatorAck,
+        CreateTask,
+        DecisionRecorded,
+        DecisionsCleared,
+        DeleteTask,
+        Diagnostic,
+        ErrorInfo,
+        Event,
+        Evidence,
+        FinishRun,
+        GetOutcome,
+        GetTask,
+        GuardEvaluated,
+        Heartbeat,
+        ListDecisions,
+        ListReviewRuns,
+        ListRuns,
+        ListStepEntries,
+        ListTasks,
+        MoveTask,
+        NotFoundError,
+        OnceflowError,
+        OutcomeAcknowledgement,
+        OutcomeDelivery,
+        OutcomeDeliveryRequest,
+        OutcomeEnvelope,
+        OutcomeReady,
+        ProducerFence,
+        ProtocolError,
+        RecordDecision,
+        RegisterWorkflow,
+        RemoveParticipant,
+        Reply,
+        RunCoalesced,
+        RunQueued,
+        RunSuppressed,
+        SessionAction,
+        ShuttingDownError,
+        StartTask,
+        StepEntered,
+        StorageError,
+        SwitchWorkflow,
+        TaskComment,
+        TaskCreated,
+        TaskQueued,
+        Transition,
+        TransitionFailedError,
+        TransitionRefusedError,
+        TurnComplete,
+        TurnStart,
+        UpdateTask,
+        WipLimitError,
+        WorkflowError,
+        WorkflowInvalidError,
+        derive_outcome_id,
+        result_of,
+    )
+    from onceflow.protocol.coordinator import (
+        AcknowledgeRequest,
+        Coordinator,
+        DeliveryRequest,
+        RetryPolicy,
+    )
+    from onceflow.protocol.host import (
+        BaseHost,
+        Host,
+        SessionActionRequest,
+    )
+    from onceflow.store.lock import (
+        DatabaseOwnedError,
+    )
+    from onceflow.store.writer import (
+        Durability,
+    )
+    from onceflow.testing import (
+        RecordingHost,
+    )
+
+_HOMES: dict[str, str] = {
+    "AcknowledgeRequest": "onceflow.protocol.coordinator",
+    "ActionError": "onceflow.protocol",
+    "ActionNotWiredError": "onceflow.protocol",
+    "ActionOutcome": "onceflow.protocol",
+    "AddParticipant": "onceflow.protocol",
+    "AgentError": "onceflow.protocol",
+    "ApprovalResolved": "onceflow.protocol",
+    "BaseHost": "onceflow.protocol.host",
+    "BlockersResolved": "onceflow.protocol",
+    "BudgetAlert": "onceflow.protocol",
+    "BusyError": "onceflow.protocol",
+    "ChildRow": "onceflow.protocol",
+    "ChildrenCompleted": "onceflow.protocol",
+    "ClaimRun": "onceflow.protocol",
+    "Command": "onceflow.protocol",
+    "ConflictError": "onceflow.protocol",
+    "Coordinator": "onceflow.protocol.coordinator",
+    "CoordinatorAck": "onceflow.protocol",
+    "CreateTask": "onceflow.protocol",
+    "DatabaseOwnedError": "onceflow.store.lock",
+    "DecisionRecorded": "onceflow.protocol",
+    "DecisionsCleared": "onceflow.protocol",
+    "DeleteTask": "onceflow.protocol",
+    "DeliveryRequest": "onceflow.protocol.coordinator",
+    "Diagnostic": "onceflow.protocol",
+    "Durability": "onceflow.store.writer",
+    "ErrorInfo": "onceflow.protocol",
+    "Event": "onceflow.protocol",
+    "Evidence": "onceflow.protocol",
+    "FinishRun": "onceflow.protocol",
+    "GetOutcome": "onceflow.protocol",
+    "GetTask": "onceflow.protocol",
+    "GuardEvaluated": "onceflow.protocol",
+    "Heartbeat": "onceflow.protocol",
+    "Host": "onceflow.protocol.host",
+    "ListDecisions": "onceflow.protocol",
+    "ListReviewRuns": "onceflow.protocol",
+    "ListRuns": "onceflow.protocol",
+    "ListStepEntries": "onceflow.protocol",
+    "ListTasks": "onceflow.protocol",
+    "MoveTask": "onceflow.protocol",
+    "NotFoundError": "onceflow.protocol",
+    "OnceflowError": "onceflow.protocol",
+    "OutcomeAcknowledgement": "onceflow.protocol",
+    "OutcomeDelivery": "onceflow.protocol",
+    "OutcomeDeliveryRequest": "onceflow.protocol",
+    "OutcomeEnvelope": "onceflow.protocol",
+    "OutcomeReady": "onceflow.protocol",
+    "ProducerFence": "onceflow.protocol",
+    "ProtocolError": "onceflow.protocol",
+    "RecordDecision": "onceflow.protocol",
+    "RecordingHost": "onceflow.testing",
+    "RegisterWorkflow": "onceflow.protocol",
+    "RemoveParticipant": "onceflow.protocol",
+    "Reply": "onceflow.protocol",
+    "RetryPolicy": "onceflow.protocol.coordinator",
+    "RunCoalesced": "onceflow.protocol",
+    "RunQueued": "onceflow.protocol",
+    "RunSuppressed": "onceflow.protocol",
+    "Runtime": "onceflow.actors.runtime.supervisor",
+    "SessionAction": "onceflow.protocol",
+    "SessionActionRequest": "onceflow.protocol.host",
+    "ShuttingDownError": "onceflow.protocol",
+    "StartTask": "onceflow.protocol",
+    "StepEntered": "onceflow.protocol",
+    "StorageError": "onceflow.protocol",
+    "SwitchWorkflow": "onceflow.protocol",
+    "TaskComment": "onceflow.protocol",
+    "TaskCreated": "onceflow.protocol",
+    "TaskQueued": "onceflow.protocol",
+    "Transition": "onceflow.protocol",
+    "TransitionFailedError": "onceflow.protocol",
+    "TransitionRefusedError": "onceflow.protocol",
+    "TurnComplete": "onceflow.protocol",
+    "TurnStart": "onceflow.protocol",
+    "UpdateTask": "onceflow.protocol",
+    "WipLimitError": "onceflow.protocol",
+    "WorkflowError": "onceflow.protocol",
+    "WorkflowInvalidError": "onceflow.protocol",
+    "derive_outcome_id": "onceflow.protocol",
+    "open_runtime": "onceflow.actors.runtime.startup",
+    "result_of": "onceflow.protocol",
+}
+"""Where each public name lives."""
 
 __all__ = [
     "AcknowledgeRequest",
@@ -102,6 +214,7 @@ __all__ = [
     "AddParticipant",
     "AgentError",
     "ApprovalResolved",
+    "BaseHost",
     "BlockersResolved",
     "BudgetAlert",
     "BusyError",
@@ -177,3 +290,17 @@ __all__ = [
     "open_runtime",
     "result_of",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its home on first use (then it is an ordinary attribute)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'onceflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

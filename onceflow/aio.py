@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import trio
 from pydantic import BaseModel
 
+import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
@@ -126,7 +127,7 @@ class AsyncioRuntime:
 
     async def _serve(self, db_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        async with supervisor.open_runtime(db_path, **options) as runtime:
+        async with startup.open_runtime(db_path, **options) as runtime:
             try:
                 async with trio.open_nursery() as pumps:
                     async with trio.open_nursery() as commands:

@@ -48,7 +48,7 @@ import yaml
 
 from onceflow import reference, scenario, serve, views
 from onceflow.actors.kernel.groups import raise_single
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
 from onceflow.protocol.errors import OnceflowError

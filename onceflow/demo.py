@@ -14,7 +14,8 @@ from typing import Any
 
 import trio
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import DecisionRecorded, Reply, RunQueued, StepEntered
 from onceflow.trace import describe
 

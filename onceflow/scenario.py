@@ -57,7 +57,8 @@ import trio.testing
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.codec import COMMAND_ADAPTER, validation_error
 from onceflow.protocol.commands import Role
 from onceflow.protocol.events import Event, Reply

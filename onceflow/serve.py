@@ -48,7 +48,8 @@ from typing import Any
 import attrs
 import trio
 
-from onceflow.actors.runtime.supervisor import SWITCH_INTERVAL, Runtime, open_runtime
+from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
 from onceflow.protocol.codec import encode
 from onceflow.protocol.durations import seconds

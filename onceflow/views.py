@@ -21,12 +21,13 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 import attrs
 
 from onceflow.store import outcomes, participants, runs, step_entries, tasks
+from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.schema import SCHEMA_VERSION
 from onceflow.store.urls import database_arg, is_postgres_url, redacted
@@ -54,7 +55,7 @@ class ViewError(Exception):
 
 
 @contextlib.contextmanager
-def open_read_only(target: Path | str) -> Iterator[sqlite3.Connection]:
+def open_read_only(target: Path | str) -> Iterator[Connection]:
     """A read-only connection to the database `target` names, checked to be at this code's schema version:
     a SQLite file (`mode=ro` URI: never writes, never locks it for ownership, never migrates), or a
     `postgresql://` URL (a read-only session inside one read-only snapshot transaction, see the module
@@ -107,7 +108,7 @@ _REFUSED = ("authentication failed", "no password supplied", "role", "pg_hba.con
 
 
 @contextlib.contextmanager
-def _open_postgres(url: str) -> Iterator[sqlite3.Connection]:
+def _open_postgres(url: str) -> Iterator[Connection]:
     """`open_read_only` for a PostgreSQL URL (psycopg is imported only here: SQLite views never load it)."""
     import psycopg
 
@@ -143,7 +144,7 @@ def _open_postgres(url: str) -> Iterator[sqlite3.Connection]:
         if version is None:
             raise ViewError(f"{name} is not an onceflow database: onceflow_meta is empty", "not_onceflow")
         _check_version(name, int(version))
-        yield cast(sqlite3.Connection, conn)  # the sqlite3 API the store's query functions use
+        yield conn
     finally:
         conn.close()
 
@@ -158,7 +159,7 @@ def _scrubbed(text: str, url: str) -> str:
     return text
 
 
-def rows(conn: sqlite3.Connection, view: str, task_id: str | None = None) -> list[Row]:
+def rows(conn: Connection, view: str, task_id: str | None = None) -> list[Row]:
     """The rows of one view (see `VIEWS`), optionally of one task (task-scoped views only).
 
     Raises:
@@ -175,7 +176,7 @@ def rows(conn: sqlite3.Connection, view: str, task_id: str | None = None) -> lis
         raise ViewError(f"reading the {view} view failed: {exc}", "read") from None
 
 
-def _task_pages(conn: sqlite3.Connection) -> Iterator[list[TaskRecord]]:
+def _task_pages(conn: Connection) -> Iterator[list[TaskRecord]]:
     after: str | None = None
     while True:
         page, more = tasks.list_tasks(conn, after_task_id=after, limit=_PAGE)
@@ -185,36 +186,36 @@ def _task_pages(conn: sqlite3.Connection) -> Iterator[list[TaskRecord]]:
         after = page[-1].id
 
 
-def _task_ids(conn: sqlite3.Connection, task_id: str | None) -> Iterator[str]:
+def _task_ids(conn: Connection, task_id: str | None) -> Iterator[str]:
     if task_id is not None:
         yield task_id
     else:
         yield from (task.id for page in _task_pages(conn) for task in page)
 
 
-def _tasks(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+def _tasks(conn: Connection, task_id: str | None) -> list[Row]:
     if task_id is not None:
         found = tasks.find_task(conn, task_id)
         records = [] if found is None else [found]
     else:
         records = [task for page in _task_pages(conn) for task in page]
-    return [{**tasks.task_as_dict(task), "updated_at": task.updated_at} for task in records]
+    return [{**tasks.task_info(task), "updated_at": task.updated_at} for task in records]
 
 
-def _runs(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
-    return [runs.run_as_dict(run) for run in runs.list_runs(conn, task_id=task_id)]
+def _runs(conn: Connection, task_id: str | None) -> list[Row]:
+    return [dict(runs.run_info(run)) for run in runs.list_runs(conn, task_id=task_id)]
 
 
-def _entries(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+def _entries(conn: Connection, task_id: str | None) -> list[Row]:
     out: list[Row] = []
     for tid in _task_ids(conn, task_id):
         for entry in step_entries.entries_for_task(conn, tid):
             markers = step_entries.markers(conn, step_entries.EntryKey(tid, entry.step_id, entry.entry_seq))
-            out.append(step_entries.entry_as_dict(entry, markers))
+            out.append(dict(step_entries.entry_info(entry, markers)))
     return out
 
 
-def _decisions(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
+def _decisions(conn: Connection, task_id: str | None) -> list[Row]:
     return [
         attrs.asdict(decision)
         for tid in _task_ids(conn, task_id)
@@ -222,12 +223,12 @@ def _decisions(conn: sqlite3.Connection, task_id: str | None) -> list[Row]:
     ]
 
 
-def _outcomes(conn: sqlite3.Connection, _: str | None) -> list[Row]:
+def _outcomes(conn: Connection, _: str | None) -> list[Row]:
     ids = [row[0] for row in conn.execute("SELECT outcome_id FROM outcomes ORDER BY outcome_id")]
-    return [outcomes.get(conn, outcome_id).as_dict() for outcome_id in ids]
+    return [dict(outcomes.get(conn, outcome_id).info()) for outcome_id in ids]
 
 
-_QUERIES: dict[str, Callable[[sqlite3.Connection, str | None], list[Row]]] = {
+_QUERIES: dict[str, Callable[[Connection, str | None], list[Row]]] = {
     "tasks": _tasks,
     "runs": _runs,
     "entries": _entries,

@@ -10,7 +10,7 @@ from operation-ledger-lifetime.md; bounds from issue 11, "Bounded everything".
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -497,16 +497,50 @@ COMMAND_TYPES: tuple[type[BaseModel], ...] = get_args(get_args(Command)[0])
 """Every command model class (what `Runtime.send` accepts without decoding)."""
 
 
-_RUNTIME_LEVEL = (RegisterWorkflow, ClaimRun, FinishRun, RemoveParticipant, ListRuns, ListReviewRuns)
-"""Commands the runtime handles itself whatever they carry (a tuple built once, not a union per call)."""
+TaskCommand = (
+    CreateTask
+    | AddParticipant
+    | TurnStart
+    | TurnComplete
+    | MoveTask
+    | RecordDecision
+    | SwitchWorkflow
+    | UpdateTask
+    | StartTask
+    | DeleteTask
+    | EventTrigger
+    | GetTask
+    | ListDecisions
+    | ListStepEntries
+)
+"""The commands a task's actor handles: they name the task (`AddParticipant` only with `task_id`)."""
+
+RuntimeCommand = (
+    RegisterWorkflow
+    | AddParticipant
+    | RemoveParticipant
+    | ClaimRun
+    | FinishRun
+    | ListTasks
+    | ListRuns
+    | ListReviewRuns
+    | OutcomeReady
+    | CoordinatorAck
+    | GetOutcome
+)
+"""The commands the runtime handles itself (`AddParticipant` without `task_id`: a template-level seat)."""
+
+_RUNTIME_TYPES = get_args(RuntimeCommand)
 
 
-def task_id_of(command: Any) -> str | None:
-    """The task a command is routed to (its task actor), or None for runtime-level commands.
-
-    A per-task AddParticipant is routed to its task; a template-level one is not.
-    """
-    if isinstance(command, _RUNTIME_LEVEL):
-        return None
+def route(command: BaseModel) -> tuple[str, TaskCommand] | RuntimeCommand:
+    """(the task id, the command) for a command its task's actor handles, else the command itself, which
+    the runtime handles. Raises TypeError for a model that is not a command."""
+    if isinstance(command, AddParticipant):
+        return (command.task_id, command) if command.task_id else command
+    if isinstance(command, _RUNTIME_TYPES):
+        return cast(RuntimeCommand, command)
     task_id = getattr(command, "task_id", None)
-    return task_id if isinstance(task_id, str) and task_id else None
+    if not isinstance(command, COMMAND_TYPES) or not isinstance(task_id, str):
+        raise TypeError(f"not a command: {type(command).__name__}")
+    return task_id, cast(TaskCommand, command)

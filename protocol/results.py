@@ -1,37 +1,103 @@
-"""What each command returns: the shape of `Reply.result` when `ok`, one model (or union) per command type.
+"""What each command returns: the shape of `Reply.result` when `ok`, one typed dict (or union) per command.
 
-The handlers build plain dicts (validating a model per command would cost CPU on every step entry; issue
-14); these models document them and check them. `RESULTS` maps each command type to its result type,
-`onceflow schema` prints each as JSON Schema under `results`, docs/protocol.md lists them, and
-`result_of(reply)` turns a reply's result into the model, for a Python host that wants it typed. The suite
-validates a reply of every command type against these models (tests/test_protocol_results.py), so a
-handler that changes its shape fails there. Source: issue 13 item 5 ("`Reply.result` is typed per command").
+Each result is a `TypedDict`: the handlers build exactly these (mypy checks every key and value), and a
+reply carries them as they are, plain JSON, at no validation cost. `RESULTS` maps each command type to its
+result type, `onceflow schema` prints each as JSON Schema under `results` (field descriptions from the
+attribute docstrings below), docs/protocol.md lists them, and `result_of(reply)` validates a reply's result
+against its type, for a host that wants it checked. The suite validates a reply of every command type
+(tests/test_protocol_results.py). Pure: no thread.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
+import textwrap
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, GetCoreSchemaHandler, TypeAdapter
+from pydantic_core import CoreSchema, core_schema
+from typing_extensions import TypedDict
 
 from onceflow.protocol.events import EntryPath, Reply
 from onceflow.protocol.outcome import OutcomeEnvelope
 
 OutcomePhase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
 GuardOutcome = Literal["moved", "quorum_not_met", "move_abandoned", "no_guard", "not_at_step"]
+"""What a decision's guards did: moved, quorum_not_met, move_abandoned, no_guard, or not_at_step."""
+
+R = TypeVar("R", bound=type)
 
 
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+class _AsEnvelope:
+    """Validates JSON data as an `OutcomeEnvelope` (and documents it as one), keeping it JSON data."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            lambda envelope: envelope.model_dump(mode="json"), handler.generate_schema(OutcomeEnvelope)
+        )
+
+
+EnvelopeData = Annotated[dict[str, Any], _AsEnvelope]
+"""An outcome envelope as JSON data, with `OutcomeEnvelope`'s shape and rules."""
+
+
+def _result(cls: R) -> R:
+    """Declare `cls` a result: unknown keys refused, and its (and its bases') attribute docstrings the
+    descriptions of its JSON Schema's properties (pydantic reads them from models, not typed dicts)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(_lineage(cls)):
+        docs.update(_attribute_docs(klass))
+
+    def describe(schema: dict[str, Any]) -> None:
+        for name, prop in schema.get("properties", {}).items():
+            if name in docs:
+                prop["description"] = docs[name]
+
+    cls.__pydantic_config__ = ConfigDict(  # type: ignore[attr-defined]
+        extra="forbid", title=cls.__name__, json_schema_extra=describe
+    )
+    return cls
+
+
+def _lineage(cls: type) -> list[type]:
+    """`cls` and the typed dicts it extends, nearest first."""
+    found = [cls]
+    for base in getattr(cls, "__orig_bases__", ()):
+        if isinstance(base, type) and base is not dict and hasattr(base, "__annotations__"):
+            found.extend(_lineage(base))
+    return found
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The docstring following each annotated attribute of `cls`'s body."""
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    except (OSError, TypeError):  # no source (frozen): no descriptions, the shapes still hold
+        return {}
+    assert isinstance(body, ast.ClassDef)
+    docs = {}
+    for item, after in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(item, ast.AnnAssign)
+            and isinstance(item.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[item.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 # --- rows a query returns -----------------------------------------------------------------------------
 
 
-class TaskInfo(_Result):
+@_result
+class TaskInfo(TypedDict):
     """A task as stored (`create_task`, `update_task`, `start_task`, `get_task`, `list_tasks`)."""
 
     task_id: str
@@ -56,7 +122,8 @@ class TaskInfo(_Result):
     """The full step it waits for (at that step, or in its feeder step); None when admitted where it is."""
 
 
-class RunInfo(_Result):
+@_result
+class RunInfo(TypedDict):
     """A row of the runs queue (`claim_run`, `list_runs`)."""
 
     id: int
@@ -83,7 +150,8 @@ class RunInfo(_Result):
     """When it was queued, in Unix seconds."""
 
 
-class DecisionInfo(_Result):
+@_result
+class DecisionInfo(TypedDict):
     """A recorded decision (`list_decisions`)."""
 
     id: int
@@ -108,7 +176,8 @@ class DecisionInfo(_Result):
     """When it was recorded, in Unix seconds."""
 
 
-class MarkerInfo(_Result):
+@_result
+class MarkerInfo(TypedDict):
     """The claim on one engine-owned action of a step entry."""
 
     position: int
@@ -123,7 +192,8 @@ class MarkerInfo(_Result):
     """Why it was skipped or failed."""
 
 
-class StepEntryInfo(_Result):
+@_result
+class StepEntryInfo(TypedDict):
     """A durable step-entry record and its markers (`list_step_entries`)."""
 
     task_id: str
@@ -144,7 +214,8 @@ class StepEntryInfo(_Result):
     """One per claimed action, by position (an action not yet claimed has none)."""
 
 
-class ReviewRunInfo(_Result):
+@_result
+class ReviewRunInfo(TypedDict):
     """A code-review pass started by run_code_review (`list_review_runs`)."""
 
     id: int
@@ -171,12 +242,13 @@ class ReviewRunInfo(_Result):
     """When it was first launched, in Unix seconds."""
 
 
-class OutcomeInfo(_Result):
+@_result
+class OutcomeInfo(TypedDict):
     """A coordinator outcome's durable state (`get_outcome`, AC-CO-3)."""
 
     outcome_id: str
     """The outcome."""
-    envelope: OutcomeEnvelope
+    envelope: EnvelopeData
     """The envelope as received (validated)."""
     behavior_version: int
     """The rules the record runs under."""
@@ -205,7 +277,8 @@ class OutcomeInfo(_Result):
     """True while a delivery cycle has begun and not ended."""
 
 
-class OpenChild(_Result):
+@_result
+class OpenChild(TypedDict):
     """A child of `children_completed` that is not terminal."""
 
     task_id: str
@@ -221,7 +294,8 @@ class OpenChild(_Result):
 # --- what a command did ---------------------------------------------------------------------------------
 
 
-class WorkflowRegistered(_Result):
+@_result
+class WorkflowRegistered(TypedDict):
     """`register_workflow`: the workflow's id and its steps."""
 
     workflow_id: str
@@ -230,21 +304,24 @@ class WorkflowRegistered(_Result):
     """Its step ids, in position order."""
 
 
-class ParticipantAdded(_Result):
+@_result
+class ParticipantAdded(TypedDict):
     """`add_participant`: the new row."""
 
     participant_id: int
     """The row's id (`remove_participant` and `record_decision.participant_id` take it)."""
 
 
-class ParticipantRemoved(_Result):
+@_result
+class ParticipantRemoved(TypedDict):
     """`remove_participant`: the row is gone."""
 
     removed: Literal[True]
     """Always true."""
 
 
-class TriggerResult(_Result):
+@_result
+class TriggerResult(TypedDict):
     """A trigger's evaluation: `turn_start`, `turn_complete` and the event triggers."""
 
     idempotent: bool
@@ -263,7 +340,8 @@ class TriggerResult(_Result):
     """The command's operation id (None for turn_start and turn_complete)."""
 
 
-class AlreadyApplied(_Result):
+@_result
+class AlreadyApplied(TypedDict):
     """The command's operation id was already applied: nothing was done again."""
 
     idempotent: Literal[True]
@@ -272,7 +350,8 @@ class AlreadyApplied(_Result):
     """The operation id found applied."""
 
 
-class ChildrenNotTerminal(_Result):
+@_result
+class ChildrenNotTerminal(TypedDict):
     """`children_completed` with open children: nothing ran and nothing was marked."""
 
     idempotent: Literal[False]
@@ -283,20 +362,34 @@ class ChildrenNotTerminal(_Result):
     """Always false."""
     operation_id: str
     """The operation id (unmarked: a later complete set still fires)."""
-    not_terminal: list[OpenChild] = Field(min_length=1)
+    not_terminal: Annotated[list[OpenChild], Field(min_length=1)]
     """The children still open, in row order."""
 
 
-class ChildrenCompletedResult(TriggerResult):
+@_result
+class ChildrenCompletedResult(TypedDict):
     """`children_completed` with every child terminal: the trigger's evaluation."""
 
+    idempotent: bool
+    """The operation id was already applied: nothing ran."""
+    from_step: str | None
+    """The step the task was at, when a transition was chosen."""
+    to_step: str | None
+    """The step a transition chose."""
+    transitioned: bool
+    """A transition to another step was chosen."""
+    applied: bool
+    """This command committed the transition."""
+    operation_mark_deferred: bool
+    """The operation id was left unmarked for the caller (a deferred transition)."""
     operation_id: str
     """The operation id (marked once the transition, if any, committed)."""
-    not_terminal: list[OpenChild] = Field(max_length=0)
+    not_terminal: Annotated[list[OpenChild], Field(max_length=0)]
     """Always empty."""
 
 
-class MoveResult(_Result):
+@_result
+class MoveResult(TypedDict):
     """`move_task`, or a `switch_workflow` to where the task already is."""
 
     moved: bool
@@ -305,8 +398,9 @@ class MoveResult(_Result):
     """Where the task is now."""
 
 
-class DecisionResult(_Result):
-    """`record_decision`: whether the vote counted and what the guards did (issue 12 item 1)."""
+@_result
+class DecisionResult(TypedDict):
+    """`record_decision`: whether the vote counted and what the guards did."""
 
     decision_id: int
     """The stored decision (the earlier one, for a redelivery with the same decision_id)."""
@@ -326,7 +420,8 @@ class DecisionResult(_Result):
     """`decision:<task>:<step>:<decision_id>`, or None without a decision_id."""
 
 
-class WorkflowSwitched(_Result):
+@_result
+class WorkflowSwitched(TypedDict):
     """`switch_workflow` that entered a step."""
 
     moved: bool
@@ -339,14 +434,16 @@ class WorkflowSwitched(_Result):
     """The switch's operation id, or None without one."""
 
 
-class TaskDeleted(_Result):
+@_result
+class TaskDeleted(TypedDict):
     """`delete_task`: the task and its rows are gone."""
 
     deleted: Literal[True]
     """Always true."""
 
 
-class RunFinished(_Result):
+@_result
+class RunFinished(TypedDict):
     """`finish_run`: the run is resolved."""
 
     run_id: int
@@ -355,7 +452,8 @@ class RunFinished(_Result):
     """How it ended."""
 
 
-class TaskPage(_Result):
+@_result
+class TaskPage(TypedDict):
     """`list_tasks`: one page of tasks in task-id order."""
 
     tasks: list[TaskInfo]
@@ -364,7 +462,8 @@ class TaskPage(_Result):
     """Pass it as `after_task_id` for the next page; None on the last page."""
 
 
-class OutcomeReceived(_Result):
+@_result
+class OutcomeReceived(TypedDict):
     """`outcome_ready`: the outcome is recorded (AC-CO-11)."""
 
     outcome_id: str
@@ -375,7 +474,8 @@ class OutcomeReceived(_Result):
     """Its phase now."""
 
 
-class AckQueued(_Result):
+@_result
+class AckQueued(TypedDict):
     """`coordinator_ack`: the acknowledgement is in the outcome's inbox (AC-CO-16)."""
 
     outcome_id: str
@@ -433,8 +533,8 @@ def result_adapter(command: str) -> TypeAdapter[Any]:
 
 
 def result_of(reply: Reply) -> Any:
-    """`reply.result` as its command's result model (a list of models for list queries; None when
-    claim_run found nothing).
+    """`reply.result`, validated against its command's result type (a typed dict; a list of them for list
+    queries; None when claim_run found nothing).
 
     Raises:
         ValueError: the reply is not `ok` (its error says why), or names no known command.

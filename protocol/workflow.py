@@ -39,7 +39,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from onceflow.protocol.errors import shown
+from onceflow.protocol.errors import NotFoundError, shown
 from onceflow.protocol.limits import (
     ID_PATTERN,
     INT64_MAX,
@@ -131,6 +131,9 @@ ENGINE_ACTION_TYPES = frozenset(
         "ensure_participant_seat",
     }
 )
+HOST_ACTION_TYPES = SESSION_ACTION_TYPES | {"disable_plan_mode"}
+"""Action types the host performs (through `Host.perform_session_action`) on any trigger, never an
+executor."""
 
 _EVENT_TRIGGERS = (
     Trigger.on_comment,
@@ -891,3 +894,18 @@ def load_workflow_file(
     return load_workflow_text(
         Path(path).read_text(encoding="utf-8"), os.fspath(path), allowed_actions=allowed_actions
     )
+
+
+def find_workflow(workflows: Mapping[str, Workflow], workflow_id: str) -> Workflow:
+    """The registered workflow `workflow_id`. Raises NotFoundError (field workflow_id) when there is none."""
+    try:
+        return workflows[workflow_id]
+    except KeyError:
+        raise NotFoundError(f"workflow {workflow_id!r} is not registered", field="workflow_id") from None
+
+
+def find_step(workflow: Workflow, step_id: str) -> Step:
+    """The workflow's step. Raises NotFoundError (field step_id) when it has no such step."""
+    if not workflow.has_step(step_id):
+        raise NotFoundError(f"workflow {workflow.id!r} has no step {step_id!r}", field="step_id")
+    return workflow.step(step_id)

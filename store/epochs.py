@@ -22,8 +22,9 @@ import contextvars
 import hashlib
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
+from onceflow.store.connection import Connection, scalar
 from onceflow.store.records import StepEntry
 from onceflow.store.urls import on_postgres
 
@@ -79,13 +80,21 @@ def verify_real_locks(conn: PgConnection, other: PgConnection) -> None:
         conn.execute("SELECT pg_advisory_unlock(?)", (probe,))
 
 
-def is_live(conn: Any, epoch: str) -> bool:
+class EpochSource(Protocol):
+    """What holds the runtime's current epoch (the `StoreActor`): read on the writer thread, inside the
+    transaction that claims with it, because on PostgreSQL a reconnect may have replaced it."""
+
+    @property
+    def epoch(self) -> str: ...
+
+
+def is_live(conn: Connection, epoch: str) -> bool:
     """Whether the runtime that wrote `epoch` into a marker may still be running, asked inside the
     reclaiming transaction on `conn`: never on SQLite (the file's owner is the only runtime; the caller
     has already compared with its own epoch); on PostgreSQL iff `epoch`'s lock cannot be taken now."""
     if not on_postgres(conn):
         return False
-    return not conn.scalar("SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
+    return not scalar(conn, "SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
 
 
 def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
@@ -109,18 +118,18 @@ def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
 
 
 def dead_epoch_entries(
-    conn: Any, own_epoch: str, created_before: float, limit: int
+    conn: Connection, source: EpochSource, created_before: float, limit: int
 ) -> list[tuple[StepEntry, int]]:
-    """The open entries a live runtime should finish, PostgreSQL only (issue 15, "Live runtimes periodically
-    scan for, and finish, entries whose epoch is dead"): those holding no in_progress marker of a live epoch
-    (ours, or one whose lock `is_live` finds held) and either holding one of a dead epoch, or created before
-    `created_before` (Unix seconds): a dead runtime's entry it committed but never claimed (a promotion's E3
-    entry, a dispatch that had not begun). Each comes with the greatest entry_seq of its pair, in
-    (task_id, step_id, entry_seq) order, at most `limit` of them.
+    """The open entries a live runtime should finish, PostgreSQL only: those holding no in_progress marker
+    of a live epoch (`source.epoch`, ours, or one whose lock `is_live` finds held) and either holding one of
+    a dead epoch, or created before `created_before` (Unix seconds): a dead runtime's entry it committed but
+    never claimed (a promotion's E3 entry, a dispatch that had not begun). Each comes with the greatest
+    entry_seq of its pair, in (task_id, step_id, entry_seq) order, at most `limit` of them.
 
     One statement asks which epochs holding a claim are dead (the partial index on in_progress markers),
     one reads the entries (the partial index of open entries, each marker probe by primary key).
     """
+    own_epoch = source.epoch
     held = conn.execute(
         "SELECT DISTINCT epoch FROM step_entry_markers"
         " WHERE state = 'in_progress' AND epoch IS NOT NULL AND epoch <> ?",

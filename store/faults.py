@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 
 from onceflow.protocol.errors import StorageError, StorageKind
+from onceflow.store.connection import Connection
 
 _KINDS: dict[int, StorageKind] = {
     sqlite3.SQLITE_BUSY: "busy",
@@ -53,7 +54,7 @@ def storage_kind(exc: BaseException) -> StorageKind | None:
     return None if code is None else _KINDS.get(code)
 
 
-def ends_transaction(conn: sqlite3.Connection, exc: BaseException) -> bool:
+def ends_transaction(conn: Connection, exc: BaseException) -> bool:
     """Whether the transaction on `conn` is over after `exc`: SQLite already left it (`in_transaction` is
     False), or `exc` is SQLITE_FULL, IOERR, NOMEM, CORRUPT or NOTADB, after which nothing may continue.
 

@@ -13,13 +13,14 @@ Functions run inside a store transaction (`StoreActor.transact`); times are Unix
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any, Literal
 
 import attrs
 
 from onceflow.protocol.errors import BusyError, ConflictError, NotFoundError
 from onceflow.protocol.outcome import OutcomeAcknowledgement
+from onceflow.protocol.results import OutcomeInfo
+from onceflow.store.connection import Connection
 
 Phase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
 PENDING: Phase = "pending"
@@ -42,7 +43,7 @@ _COLUMNS = (
 
 @attrs.frozen
 class OutcomeRecord:
-    """One outcome's durable state; `as_dict` is the `get_outcome` result (AC-CO-3).
+    """One outcome's durable state; `info` is the `get_outcome` result (AC-CO-3).
 
     `envelope` is the validated envelope as JSON data. `delivery_attempts` counts delivery cycles, all
     runtimes together; `delivery_ref` and `coordinator_fence` are those of the last successful delivery;
@@ -67,9 +68,24 @@ class OutcomeRecord:
     acknowledged_by: str | None
     cycle_in_flight: bool = attrs.field(converter=bool)
 
-    def as_dict(self) -> dict[str, Any]:
-        """Every field as JSON data."""
-        return attrs.asdict(self)
+    def info(self) -> OutcomeInfo:
+        """Every field, as `get_outcome` replies."""
+        return OutcomeInfo(
+            outcome_id=self.outcome_id,
+            envelope=self.envelope,
+            behavior_version=self.behavior_version,
+            phase=self.phase,
+            delivery_attempts=self.delivery_attempts,
+            duplicate_signals=self.duplicate_signals,
+            stale_acknowledgements=self.stale_acknowledgements,
+            delivery_ref=self.delivery_ref,
+            coordinator_fence=self.coordinator_fence,
+            delivered_at=self.delivered_at,
+            acknowledged_at=self.acknowledged_at,
+            last_delivery_error=self.last_delivery_error,
+            acknowledged_by=self.acknowledged_by,
+            cycle_in_flight=self.cycle_in_flight,
+        )
 
 
 @attrs.frozen
@@ -94,7 +110,7 @@ class PendingAck:
         )
 
 
-def load(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord | None:
+def load(conn: Connection, outcome_id: str) -> OutcomeRecord | None:
     """The record, or None when there is none."""
     row = conn.execute(f"SELECT {_COLUMNS} FROM outcomes WHERE outcome_id = ?", (outcome_id,)).fetchone()
     if row is None:
@@ -102,7 +118,7 @@ def load(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord | None:
     return OutcomeRecord(row[0], json.loads(row[1]), *row[2:])
 
 
-def get(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+def get(conn: Connection, outcome_id: str) -> OutcomeRecord:
     """The record. Raises NotFoundError (field outcome_id) when there is none."""
     record = load(conn, outcome_id)
     if record is None:
@@ -110,14 +126,14 @@ def get(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
     return record
 
 
-def unfinished(conn: sqlite3.Connection) -> list[str]:
+def unfinished(conn: Connection) -> list[str]:
     """Ids of every outcome not yet acknowledged, oldest first (resumed at start, AC-CO-14)."""
     rows = conn.execute("SELECT outcome_id FROM outcomes WHERE phase != ? ORDER BY rowid", (ACKNOWLEDGED,))
     return [row[0] for row in rows]
 
 
 def record_ready(
-    conn: sqlite3.Connection, outcome_id: str, envelope: dict[str, Any], behavior_version: int
+    conn: Connection, outcome_id: str, envelope: dict[str, Any], behavior_version: int
 ) -> tuple[Literal["started", "duplicate", "conflict"], OutcomeRecord]:
     """Create the outcome's record (phase pending), or count a repeat of it (AC-CO-11).
 
@@ -140,7 +156,7 @@ def record_ready(
     return "conflict", record_error(conn, outcome_id, CONFLICTING_READY)
 
 
-def begin_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+def begin_cycle(conn: Connection, outcome_id: str) -> OutcomeRecord:
     """Count one more delivery cycle, in flight; the new `delivery_attempts` is its number (AC-CO-4)."""
     conn.execute(
         "UPDATE outcomes SET delivery_attempts = delivery_attempts + 1, cycle_in_flight = 1"
@@ -151,7 +167,7 @@ def begin_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
 
 
 def record_delivery(
-    conn: sqlite3.Connection, outcome_id: str, delivery_ref: str, coordinator_fence: str, now: float
+    conn: Connection, outcome_id: str, delivery_ref: str, coordinator_fence: str, now: float
 ) -> OutcomeRecord:
     """A delivery succeeded: phase needs-coordinator-ack under its fence and ref, error cleared, the cycle
     ended (AC-CO-6). An acknowledged outcome stays as it is: acknowledged is terminal (AC-CO-3), whichever
@@ -165,19 +181,19 @@ def record_delivery(
     return get(conn, outcome_id)
 
 
-def fail_cycle(conn: sqlite3.Connection, outcome_id: str) -> OutcomeRecord:
+def fail_cycle(conn: Connection, outcome_id: str) -> OutcomeRecord:
     """The cycle in flight failed: `local-delivery-failed`, the cycle ended (AC-CO-7)."""
     conn.execute("UPDATE outcomes SET cycle_in_flight = 0 WHERE outcome_id = ?", (outcome_id,))
     return record_error(conn, outcome_id, DELIVERY_FAILED)
 
 
-def record_error(conn: sqlite3.Connection, outcome_id: str, error: str) -> OutcomeRecord:
+def record_error(conn: Connection, outcome_id: str, error: str) -> OutcomeRecord:
     """Set `last_delivery_error` (one of the spec's values above); nothing else changes."""
     conn.execute("UPDATE outcomes SET last_delivery_error = ? WHERE outcome_id = ?", (error, outcome_id))
     return get(conn, outcome_id)
 
 
-def enqueue_ack(conn: sqlite3.Connection, ack: OutcomeAcknowledgement) -> tuple[bool, OutcomeRecord]:
+def enqueue_ack(conn: Connection, ack: OutcomeAcknowledgement) -> tuple[bool, OutcomeRecord]:
     """Put an acknowledgement in the outcome's inbox; return whether it was queued, and the record.
 
     An ack for an acknowledged outcome is not queued: by the same `acknowledged_by` (or any, when the
@@ -232,7 +248,7 @@ def matches(record: OutcomeRecord, ack: PendingAck) -> bool:
     )
 
 
-def take_matching_ack(conn: sqlite3.Connection, outcome_id: str) -> PendingAck | None:
+def take_matching_ack(conn: Connection, outcome_id: str) -> PendingAck | None:
     """Drain the inbox in arrival order up to the first ack matching the current delivery (AC-CO-9).
 
     Each ack before it that does not match is removed and counted in `stale_acknowledgements` (once per
@@ -261,16 +277,14 @@ def take_matching_ack(conn: sqlite3.Connection, outcome_id: str) -> PendingAck |
     return found
 
 
-def consume_ack(conn: sqlite3.Connection, ack: PendingAck) -> OutcomeRecord:
+def consume_ack(conn: Connection, ack: PendingAck) -> OutcomeRecord:
     """Committing `ack` failed: remove one copy of it and record `canonical-acknowledgement-failed`."""
     conn.execute("UPDATE outcome_acks SET copies = copies - 1 WHERE seq = ?", (ack.seq,))
     conn.execute("DELETE FROM outcome_acks WHERE seq = ? AND copies <= 0", (ack.seq,))
     return record_error(conn, ack.outcome_id, ACK_FAILED)
 
 
-def record_acknowledged(
-    conn: sqlite3.Connection, outcome_id: str, acknowledged_by: str, now: float
-) -> OutcomeRecord:
+def record_acknowledged(conn: Connection, outcome_id: str, acknowledged_by: str, now: float) -> OutcomeRecord:
     """The acknowledgement was committed: phase acknowledged at `now` by `acknowledged_by`; the inbox is
     emptied (AC-CO-15, AC-CO-16)."""
     conn.execute(

@@ -1,10 +1,13 @@
-"""Participant rows (template-level and per-task) and the decisions recorded against them."""
+"""Participant rows (template-level and per-task), the seat rule of a fan-out, and the decisions recorded
+against them. Writer thread: every function runs inside the caller's transaction."""
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
+from onceflow.protocol.results import DecisionInfo
+from onceflow.store.connection import Connection
 from onceflow.store.records import Decision, Participant
 
 _P_COLUMNS = "id, workflow_id, step_id, task_id, role, agent_profile_id, decision_required, position"
@@ -42,7 +45,7 @@ def _decision(row: tuple[Any, ...]) -> Decision:
 
 
 def add_participant(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     workflow_id: str,
     step_id: str,
@@ -61,11 +64,11 @@ def add_participant(
     return int(cur.lastrowid or 0)
 
 
-def remove_participant(conn: sqlite3.Connection, participant_id: int) -> bool:
+def remove_participant(conn: Connection, participant_id: int) -> bool:
     return conn.execute("DELETE FROM participants WHERE id = ?", (participant_id,)).rowcount == 1
 
 
-def participants_for_task(conn: sqlite3.Connection, *, workflow_id: str, task_id: str) -> list[Participant]:
+def participants_for_task(conn: Connection, *, workflow_id: str, task_id: str) -> list[Participant]:
     """In one query: the task's per-task rows (any step) and its workflow's template rows (any step).
 
     Read once per action, so a concurrent add/remove never splits a fan-out (on-enter spec AC-F2).
@@ -78,7 +81,7 @@ def participants_for_task(conn: sqlite3.Connection, *, workflow_id: str, task_id
     return [_participant(row) for row in rows]
 
 
-def template_participants(conn: sqlite3.Connection, *, workflow_id: str, step_id: str) -> list[Participant]:
+def template_participants(conn: Connection, *, workflow_id: str, step_id: str) -> list[Participant]:
     """The template-level rows of one step in (role, position, id) order: what `participants_for_task` gives
     at that step for a task with no per-task rows."""
     rows = conn.execute(
@@ -90,7 +93,7 @@ def template_participants(conn: sqlite3.Connection, *, workflow_id: str, step_id
 
 
 def record_decision(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     step_id: str,
@@ -112,7 +115,7 @@ def record_decision(
 
 
 def decision_receipt(
-    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str
+    conn: Connection, *, task_id: str, step_id: str, external_id: str
 ) -> tuple[int, str] | None:
     """(decision row id, content) first recorded under the host's `external_id`, or None.
 
@@ -129,7 +132,7 @@ def decision_receipt(
 
 
 def add_decision_receipt(
-    conn: sqlite3.Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int, content: str
+    conn: Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int, content: str
 ) -> None:
     conn.execute(
         "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id, content)"
@@ -138,7 +141,7 @@ def add_decision_receipt(
     )
 
 
-def decisions_for(conn: sqlite3.Connection, *, task_id: str, step_id: str | None = None) -> list[Decision]:
+def decisions_for(conn: Connection, *, task_id: str, step_id: str | None = None) -> list[Decision]:
     """Decisions of a task (optionally one step), oldest first."""
     if step_id is None:
         rows = conn.execute(
@@ -152,7 +155,7 @@ def decisions_for(conn: sqlite3.Connection, *, task_id: str, step_id: str | None
     return [_decision(row) for row in rows.fetchall()]
 
 
-def clear_decisions(conn: sqlite3.Connection, *, task_id: str, step_id: str) -> int:
+def clear_decisions(conn: Connection, *, task_id: str, step_id: str) -> int:
     """Delete every decision of (task, step) in ONE statement; returns the count.
 
     A single DELETE is the linearization point against concurrent recording (on-enter spec AC-F3).
@@ -160,3 +163,73 @@ def clear_decisions(conn: sqlite3.Connection, *, task_id: str, step_id: str) -> 
     return conn.execute(
         "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task_id, step_id)
     ).rowcount
+
+
+def step_participants(
+    conn: Connection, *, workflow_id: str, task_id: str, step_id: str, role: str
+) -> list[Participant]:
+    """The merged template + per-task rows of `role` at `step_id`, in (role, position, id) order."""
+    rows = participants_for_task(conn, workflow_id=workflow_id, task_id=task_id)
+    return [p for p in rows if p.workflow_id == workflow_id and p.step_id == step_id and p.role == role]
+
+
+def seats_and_decisions(
+    conn: Connection, *, workflow_id: str, task_id: str, step_id: str
+) -> tuple[list[Participant], list[Decision]]:
+    """What a quorum guard is evaluated over: the task's participant rows and its decisions at `step_id`."""
+    rows = participants_for_task(conn, workflow_id=workflow_id, task_id=task_id)
+    return rows, decisions_for(conn, task_id=task_id, step_id=step_id)
+
+
+def dedupe_seats(rows: Iterable[Participant]) -> list[Participant]:
+    """One row per (role, agent), the per-task row winning a collision, else the first in (position, id)
+    order, kept in (role, position, id) order; rows without an agent are never merged (each is its own
+    failure). The seat rule of a fan-out (on-enter-action-dispatch.md AC-A5, AC-E2); `SEATS_SQL` is the
+    same rule inside a statement."""
+    ordered = list(rows)
+    winners: dict[tuple[str, str], Participant] = {}
+    for row in ordered:
+        pair = (row.role, row.agent_profile_id)
+        if row.agent_profile_id and (pair not in winners or (winners[pair].task_id is None and row.task_id)):
+            winners[pair] = row
+    return [
+        row for row in ordered if not row.agent_profile_id or winners[(row.role, row.agent_profile_id)] is row
+    ]
+
+
+def seats_sql(*, workflow: str, step: str, task: str, role: str) -> str:
+    """A FROM-clause fragment `participants AS p ... WHERE ...` selecting `dedupe_seats` of the rows of
+    `role` at `step` of `workflow`, template or `task`'s own, as the join partner of the preceding table
+    (`... CROSS JOIN <this>`); each argument is an SQL expression. A seat without an agent stays (its run
+    must fail the statement)."""
+    mine = f"(p.task_id IS NULL OR p.task_id = {task})"
+    theirs = f"(q.task_id IS NULL OR q.task_id = {task})"
+    return (
+        f"participants AS p ON p.workflow_id = {workflow} AND p.step_id = {step} AND p.role = {role}"
+        f" AND {mine} WHERE p.agent_profile_id = '' OR NOT EXISTS (SELECT 1 FROM participants AS q"
+        f" WHERE q.workflow_id = {workflow} AND q.step_id = {step} AND q.role = p.role"
+        f" AND q.agent_profile_id = p.agent_profile_id AND {theirs}"
+        " AND (CASE WHEN q.task_id IS NULL THEN 1 ELSE 0 END, q.position, q.id)"
+        " < (CASE WHEN p.task_id IS NULL THEN 1 ELSE 0 END, p.position, p.id))"
+    )
+
+
+def decision_info(decision: Decision) -> DecisionInfo:
+    """A recorded decision as replies show it."""
+    return DecisionInfo(
+        id=decision.id,
+        task_id=decision.task_id,
+        step_id=decision.step_id,
+        participant_id=decision.participant_id,
+        role=decision.role,
+        decider_type=decision.decider_type,
+        decider_id=decision.decider_id,
+        decision=decision.decision,
+        comment=decision.comment,
+        created_at=decision.created_at,
+    )
+
+
+def decisions_of(conn: Connection, *, task_id: str, step_id: str | None = None) -> list[DecisionInfo]:
+    """`decisions_for` as replies show them (`list_decisions`)."""
+    return [decision_info(d) for d in decisions_for(conn, task_id=task_id, step_id=step_id)]

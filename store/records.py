@@ -1,7 +1,7 @@
 """Plain, immutable rows read from the store.
 
-These are the shapes the engine reasons over. They are built inside the store's writer thread from
-SQLite rows and handed to the Trio side; nothing here touches the database.
+These are the shapes the engine reasons over. They are built on the store's writer thread from database
+rows and handed to the Trio side; nothing here touches the database.
 Timestamps are Unix seconds (float).
 """
 
@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Literal
 
 import attrs
+
+from onceflow.protocol.commands import Priority
+from onceflow.protocol.events import EntryPath
 
 DeciderType = Literal["agent", "user"]
 DecisionValue = Literal["approved", "rejected", "changes_requested"]
@@ -59,7 +62,7 @@ class Decision:
 class TaskRecord:
     """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
     `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
-    is in now (issue 16 item 3)."""
+    is in now."""
 
     id: str
     workflow_id: str
@@ -68,12 +71,15 @@ class TaskRecord:
     session_id: str | None
     primary_agent_id: str | None
     ceo_agent_id: str | None
-    priority: str
+    priority: Priority
     wip_admitted: bool
     queued_for_step_id: str | None
     created_at: float
     updated_at: float
     admissions: int = 0
+
+
+RunStatus = Literal["queued", "claimed", "finished", "failed"]
 
 
 @attrs.frozen
@@ -88,7 +94,7 @@ class RunRecord:
     payload: dict[str, object] | None
     idempotency_key: str | None
     exclude_from_coalescing: bool
-    status: str
+    status: RunStatus
     coalesced_count: int
     requested_at: float
 
@@ -102,7 +108,7 @@ class StepEntry:
     entry_seq: int
     workflow_id: str
     declaration_digest: str
-    entry_path: str
+    entry_path: EntryPath
     terminal: bool
 
 

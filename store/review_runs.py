@@ -3,14 +3,15 @@
 A row is the artifact of "a review pass was started": the task, the step as workflow_step_id, and the
 trigger `workflow_step`. It also carries the entry identity (entry_seq, declared position) so that a launch
 repeated after a crash (at-least-once, AC-A8) reuses the row, its id and counts `launches`, while a new
-entry gets a new row: the row id is the stable review-run id a host deduplicates on (issue 12 item 7).
-A start the host refused stays recorded with status `start_failed`.
+entry gets a new row: the row id is the stable review-run id a host deduplicates on. A start the host
+refused stays recorded with status `start_failed`. Writer thread: every function runs inside the caller's
+transaction.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from typing import Any
+from onceflow.protocol.results import ReviewRunInfo
+from onceflow.store.connection import Connection
 
 _FIELDS = (
     "id",
@@ -29,7 +30,7 @@ _SELECT = "SELECT " + ", ".join("workflow_step_id" if f == "step_id" else f for 
 
 
 def record_review_run(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     step_id: str,
@@ -54,16 +55,30 @@ def record_review_run(
     return int(row[0])
 
 
-def mark_start_failed(conn: sqlite3.Connection, review_run_id: int, cause: str) -> None:
+def mark_start_failed(conn: Connection, review_run_id: int, cause: str) -> None:
     conn.execute(
         "UPDATE task_review_runs SET status = 'start_failed', detail = ? WHERE id = ?", (cause, review_run_id)
     )
 
 
-def list_review_runs(conn: sqlite3.Connection, *, task_id: str | None = None) -> list[dict[str, Any]]:
-    """Review runs (of one task, or all), oldest first, as JSON-ready mappings: id (the review-run id),
-    task_id, step_id, entry_seq, position, agent_profile_id, trigger, status, detail, launches, created_at.
-    entry_seq and position are null for rows recorded before they were kept."""
+def list_review_runs(conn: Connection, *, task_id: str | None = None) -> list[ReviewRunInfo]:
+    """Review runs (of one task, or all), oldest first, as replies show them; entry_seq and position are
+    null for rows recorded before they were kept."""
     where, args = (" WHERE task_id = ?", (task_id,)) if task_id is not None else ("", ())
     rows = conn.execute(f"{_SELECT} FROM task_review_runs{where} ORDER BY id", args).fetchall()
-    return [dict(zip(_FIELDS, row, strict=True)) for row in rows]
+    return [
+        ReviewRunInfo(
+            id=row[0],
+            task_id=row[1],
+            step_id=row[2],
+            entry_seq=row[3],
+            position=row[4],
+            agent_profile_id=row[5],
+            trigger=row[6],
+            status=row[7],
+            detail=row[8],
+            launches=row[9],
+            created_at=row[10],
+        )
+        for row in rows
+    ]

@@ -14,11 +14,12 @@ items 2-4):
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any, Literal
 
 import attrs
 
+from onceflow.protocol.results import RunInfo
+from onceflow.store.connection import Connection
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
 
@@ -93,7 +94,7 @@ def key_honoured(*, status: str, seen_at: float, finished_at: float | None, now:
     )
 
 
-def enqueue_run(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult:
+def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
     """Enqueue inside the caller's transaction. `now` is Unix seconds.
 
     A key still honoured (`key_honoured`) makes the enqueue a success that changes nothing (`suppressed`,
@@ -141,7 +142,7 @@ def enqueue_run(conn: sqlite3.Connection, request: RunRequest, now: float) -> En
     return result
 
 
-def _coalesce(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult | None:
+def _coalesce(conn: Connection, request: RunRequest, now: float) -> EnqueueResult | None:
     """Merge into the newest coalescible queued run of the same task, agent and reason, or None."""
     if not should_coalesce(request):
         return None
@@ -160,14 +161,14 @@ def _coalesce(conn: sqlite3.Connection, request: RunRequest, now: float) -> Enqu
     return EnqueueResult("coalesced", row[0], row[1] + 1)
 
 
-def _queue(conn: sqlite3.Connection, request: RunRequest, now: float) -> EnqueueResult:
+def _queue(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
     queued = _insert(conn, request, now)
     assert queued is not None  # without skip_taken_key a conflict raises
     return queued
 
 
 def _insert(
-    conn: sqlite3.Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
+    conn: Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
 ) -> EnqueueResult | None:
     """Insert the run as queued. `skip_taken_key`: a key already on a run inserts nothing, returns None."""
     upsert = " ON CONFLICT (idempotency_key) DO NOTHING" if skip_taken_key else ""
@@ -188,7 +189,7 @@ def _insert(
     return EnqueueResult("queued", int(cur.lastrowid or 0)) if cur.rowcount == 1 else None
 
 
-def claim_run(conn: sqlite3.Connection, agent_profile_id: str, now: float) -> RunRecord | None:
+def claim_run(conn: Connection, agent_profile_id: str, now: float) -> RunRecord | None:
     """Claim the oldest queued run of an agent profile (queued → claimed), or None if there is none.
 
     Atomic because the select and the update share the caller's BEGIN IMMEDIATE transaction.
@@ -204,7 +205,7 @@ def claim_run(conn: sqlite3.Connection, agent_profile_id: str, now: float) -> Ru
     return attrs.evolve(_run(row), status="claimed")
 
 
-def finish_run(conn: sqlite3.Connection, run_id: int, status: str, now: float) -> bool:
+def finish_run(conn: Connection, run_id: int, status: str, now: float) -> bool:
     """Mark a claimed run finished or failed. False if no claimed run has that id."""
     cur = conn.execute(
         "UPDATE runs SET status = ?, finished_at = ? WHERE id = ? AND status = 'claimed'",
@@ -214,7 +215,7 @@ def finish_run(conn: sqlite3.Connection, run_id: int, status: str, now: float) -
 
 
 def list_runs(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str | None = None,
     agent_profile_id: str | None = None,
@@ -231,6 +232,18 @@ def list_runs(
     return [_run(row) for row in rows]
 
 
-def run_as_dict(run: RunRecord) -> dict[str, Any]:
-    """The run as a JSON-ready mapping (for replies)."""
-    return attrs.asdict(run)
+def run_info(run: RunRecord) -> RunInfo:
+    """The run as replies show it."""
+    return RunInfo(
+        id=run.id,
+        agent_profile_id=run.agent_profile_id,
+        task_id=run.task_id,
+        step_id=run.step_id,
+        reason=run.reason,
+        payload=run.payload,
+        idempotency_key=run.idempotency_key,
+        exclude_from_coalescing=run.exclude_from_coalescing,
+        status=run.status,
+        coalesced_count=run.coalesced_count,
+        requested_at=run.requested_at,
+    )

@@ -14,11 +14,12 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from onceflow.store import faults
+from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres
 
 
 @contextmanager
-def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+def savepoint(conn: Connection, name: str) -> Iterator[None]:
     """Run the block inside `SAVEPOINT name`; ROLLBACK TO and RELEASE it if the block raises, RELEASE it
     if not.
 
@@ -41,7 +42,7 @@ def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
 
 
 @contextmanager
-def undone_alone(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+def undone_alone(conn: Connection, name: str) -> Iterator[None]:
     """For a block that is atomic by itself on SQLite (one statement, or its own savepoint) whose error the
     caller catches and goes on from: nothing more on SQLite, where a failed statement undoes only itself and
     the transaction goes on; `savepoint(conn, name)` on PostgreSQL, where any error aborts the whole
@@ -75,7 +76,7 @@ class request_savepoint:  # lower case: used like the function `savepoint`
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
     def __enter__(self) -> None:

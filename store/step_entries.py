@@ -1,10 +1,12 @@
 """Durable step-entry records and their per-action markers (on-enter-action-dispatch.md, Execution model).
+Writer thread: every function runs inside the caller's transaction.
 
 An entry is identified by (task_id, step_id, entry_seq). It is allocated in the transaction that admits the
 task, so replay (no step change, no allocation) and re-entry (a fresh entry_seq) are told apart by committed
 state. A marker per (position, kind) moves absent → in_progress(epoch) → done | skipped | failed by
-compare-and-set; an in_progress marker of another epoch is stale (its runtime is gone) and may be
-re-claimed, one of the current epoch belongs to a live peer.
+compare-and-set (`decide_claim` is the one rule): an in_progress marker of our own epoch belongs to a live
+peer dispatcher, one of another epoch is stale (its runtime is gone) and may be re-claimed — unless, on
+PostgreSQL, that epoch's runtime is still live.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 
+from onceflow.protocol.results import MarkerInfo, StepEntryInfo
+from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, Step
 from onceflow.store import epochs
+from onceflow.store.connection import Connection
 from onceflow.store.records import Marker, StepEntry
 
 TERMINAL_STATES = frozenset({"done", "skipped", "failed"})
@@ -63,7 +67,7 @@ _ENTRY_NAMES = _ENTRY_COLUMNS.split(", ")
 
 
 def allocate_entry(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     step_id: str,
@@ -88,7 +92,27 @@ def allocate_entry(
     return EntryKey(task_id, step_id, int(seq))
 
 
-def get_entry(conn: sqlite3.Connection, key: EntryKey) -> StepEntry | None:
+def allocate_for(
+    conn: Connection, *, task_id: str, workflow_id: str, step: Step, path: str, now: float
+) -> EntryKey | None:
+    """Allocate the step-entry record of an admission to `step` if its on_enter declares an engine-owned
+    action (AC-E5), else None. The declaration is the caller's resolved `Step`, read once (Allocation
+    inputs): nothing here parses YAML."""
+    declaration = step.events.on_enter
+    if not any(action.type in ENGINE_ACTION_TYPES for action in declaration):
+        return None
+    return allocate_entry(
+        conn,
+        task_id=task_id,
+        step_id=step.id,
+        workflow_id=workflow_id,
+        digest=declaration_digest([action.type for action in declaration]),
+        entry_path=path,
+        now=now,
+    )
+
+
+def get_entry(conn: Connection, key: EntryKey) -> StepEntry | None:
     row = conn.execute(
         f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
         (key.task_id, key.step_id, key.entry_seq),
@@ -96,7 +120,7 @@ def get_entry(conn: sqlite3.Connection, key: EntryKey) -> StepEntry | None:
     return _entry(row) if row else None
 
 
-def entries_for_task(conn: sqlite3.Connection, task_id: str) -> list[StepEntry]:
+def entries_for_task(conn: Connection, task_id: str) -> list[StepEntry]:
     rows = conn.execute(
         f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE task_id = ? ORDER BY step_id, entry_seq", (task_id,)
     ).fetchall()
@@ -117,7 +141,7 @@ class UndecodableEntry:
     cause: str
 
 
-def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int] | UndecodableEntry]:
+def open_entries(conn: Connection) -> list[tuple[StepEntry, int] | UndecodableEntry]:
     """Every non-terminal entry with the greatest entry_seq of its (task, step) over ALL its entries,
     open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2)).
 
@@ -188,7 +212,7 @@ def _shown(value: object) -> str:
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else repr(value)
 
 
-def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:
+def markers(conn: Connection, key: EntryKey) -> dict[int, Marker]:
     """The entry's markers by position (absent positions are missing from the map)."""
     rows = conn.execute(
         "SELECT position, kind, state, epoch, detail FROM step_entry_markers"
@@ -198,35 +222,42 @@ def markers(conn: sqlite3.Connection, key: EntryKey) -> dict[int, Marker]:
     return {row[0]: Marker(row[0], row[1], row[2], row[3], row[4]) for row in rows}
 
 
-def claim_outcome(marker: Marker | None, epoch: str) -> ClaimOutcome:
-    """The compare-and-set decision for a position whose current marker is `marker` (None: absent).
+def decide_claim(conn: Connection, marker: Marker | None, epoch: str) -> ClaimOutcome:
+    """The compare-and-set decision for a position whose current marker is `marker` (None: absent), asked
+    by a runtime of `epoch` inside the claiming transaction.
 
-    "claimed": absent, or in_progress under another (dead) epoch; "terminal": done, skipped or failed;
-    "live_peer": in_progress under `epoch`, i.e. another dispatcher of this runtime holds it.
+    "claimed": absent, or in_progress under another epoch that is dead (`epochs.is_live`: always on SQLite,
+    where the file's owner is the only runtime); "terminal": done, skipped or failed; "live_peer": in_progress
+    under `epoch` (another dispatcher of this runtime holds it) or under a live runtime's epoch.
     """
     if marker is None:
         return "claimed"
     if marker.state in TERMINAL_STATES:
         return "terminal"
-    return "live_peer" if marker.epoch == epoch else "claimed"
+    if marker.epoch == epoch or (marker.epoch is not None and epochs.is_live(conn, marker.epoch)):
+        return "live_peer"
+    return "claimed"
 
 
 def claim_marker(
-    conn: sqlite3.Connection, key: EntryKey, position: int, kind: str, epoch: str, now: float
+    conn: Connection, key: EntryKey, position: int, kind: str, epoch: str, now: float
 ) -> ClaimOutcome:
     """Compare-and-set absent (or stale in_progress) → in_progress(epoch), as a durable claim.
 
-    Returns "claimed" for the winner, "terminal" when the action already reached a terminal state, and
-    "live_peer" when another dispatcher of this runtime holds it, or on PostgreSQL a runtime whose epoch is
-    still live (`epochs.is_live`, issue 15) (the caller must abandon the entry).
+    Returns `decide_claim`'s outcome: "claimed" for the winner, "terminal" when the action already reached
+    a terminal state, "live_peer" when a live dispatcher holds it (the caller must abandon the entry).
     For an action applied and finished in one transaction no durable claim is needed: decide with
-    `claim_outcome` on the markers read in that transaction.
+    `decide_claim` on the markers read in that transaction.
     """
     row = conn.execute(
         "SELECT state, epoch FROM step_entry_markers"
         " WHERE task_id = ? AND step_id = ? AND entry_seq = ? AND position = ? AND kind = ?",
         (key.task_id, key.step_id, key.entry_seq, position, kind),
     ).fetchone()
+    marker = None if row is None else Marker(position, kind, row[0], row[1], "")
+    outcome = decide_claim(conn, marker, epoch)
+    if outcome != "claimed":
+        return outcome
     if row is None:
         conn.execute(
             "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
@@ -234,11 +265,7 @@ def claim_marker(
             (key.task_id, key.step_id, key.entry_seq, position, kind, epoch, now),
         )
         return "claimed"
-    state, holder = row
-    if state in TERMINAL_STATES:
-        return "terminal"
-    if holder == epoch or epochs.is_live(conn, holder):
-        return "live_peer"
+    holder = row[1]
     cur = conn.execute(
         "UPDATE step_entry_markers SET epoch = ?, updated_at = ? WHERE task_id = ? AND step_id = ?"
         " AND entry_seq = ? AND position = ? AND kind = ? AND state = 'in_progress' AND epoch = ?",
@@ -248,7 +275,7 @@ def claim_marker(
 
 
 def finish_marker(
-    conn: sqlite3.Connection,
+    conn: Connection,
     key: EntryKey,
     position: int,
     kind: str,
@@ -267,7 +294,7 @@ def finish_marker(
     )
 
 
-def skip_claimed_markers(conn: sqlite3.Connection, key: EntryKey, reason: str, now: float) -> None:
+def skip_claimed_markers(conn: Connection, key: EntryKey, reason: str, now: float) -> None:
     """Close every in_progress marker of the entry as skipped(reason) (an entry closed without dispatch)."""
     conn.execute(
         "UPDATE step_entry_markers SET state = 'skipped', epoch = NULL, detail = ?, updated_at = ?"
@@ -276,16 +303,33 @@ def skip_claimed_markers(conn: sqlite3.Connection, key: EntryKey, reason: str, n
     )
 
 
-def mark_terminal(conn: sqlite3.Connection, key: EntryKey) -> None:
+def mark_terminal(conn: Connection, key: EntryKey) -> None:
     conn.execute(
         "UPDATE step_entries SET terminal = 1 WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
         (key.task_id, key.step_id, key.entry_seq),
     )
 
 
-def entry_as_dict(entry: StepEntry, entry_markers: dict[int, Marker]) -> dict[str, Any]:
-    """An entry and its markers as a JSON-ready mapping (for the list_step_entries query)."""
-    return {
-        **attrs.asdict(entry),
-        "markers": [attrs.asdict(entry_markers[p]) for p in sorted(entry_markers)],
-    }
+def entry_info(entry: StepEntry, entry_markers: dict[int, Marker]) -> StepEntryInfo:
+    """An entry and its markers, by position, as replies show them."""
+    return StepEntryInfo(
+        task_id=entry.task_id,
+        step_id=entry.step_id,
+        entry_seq=entry.entry_seq,
+        workflow_id=entry.workflow_id,
+        declaration_digest=entry.declaration_digest,
+        entry_path=entry.entry_path,
+        terminal=entry.terminal,
+        markers=[
+            MarkerInfo(position=m.position, kind=m.kind, state=m.state, epoch=m.epoch, detail=m.detail)
+            for m in (entry_markers[p] for p in sorted(entry_markers))
+        ],
+    )
+
+
+def entries_with_markers(conn: Connection, task_id: str) -> list[StepEntryInfo]:
+    """Every entry of the task with its markers (`entry_info`), in (step, entry_seq) order."""
+    return [
+        entry_info(entry, markers(conn, EntryKey(entry.task_id, entry.step_id, entry.entry_seq)))
+        for entry in entries_for_task(conn, task_id)
+    ]

@@ -1,14 +1,20 @@
 """Task rows: create, read, update and the compare-and-set step change.
 
-Every function takes the writer connection and runs inside the caller's transaction (see writer.py).
+Writer thread: every function runs inside the caller's transaction (store/writer.py).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
+from onceflow.protocol.commands import Priority
 from onceflow.protocol.errors import ConflictError, NotFoundError
+from onceflow.protocol.results import TaskInfo
+from onceflow.protocol.workflow import Step
+from onceflow.store import wip
+from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 
 TASK_COLUMNS = (
@@ -37,14 +43,12 @@ def task_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
     )
 
 
-def find_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord | None:
+def find_task(conn: Connection, task_id: str) -> TaskRecord | None:
     row = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
     return task_from_row(row) if row else None
 
 
-def list_tasks(
-    conn: sqlite3.Connection, *, after_task_id: str | None, limit: int
-) -> tuple[list[TaskRecord], bool]:
+def list_tasks(conn: Connection, *, after_task_id: str | None, limit: int) -> tuple[list[TaskRecord], bool]:
     """Up to `limit` tasks with ids after `after_task_id` (None: from the first), in id order, and whether
     more follow (issue 13 item 4: paged `list_tasks`)."""
     rows = conn.execute(
@@ -53,7 +57,7 @@ def list_tasks(
     return [task_from_row(row) for row in rows[:limit]], len(rows) > limit
 
 
-def get_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord:
+def get_task(conn: Connection, task_id: str) -> TaskRecord:
     """The task row. Raises NotFoundError (field task_id) when it does not exist."""
     task = find_task(conn, task_id)
     if task is None:
@@ -62,7 +66,7 @@ def get_task(conn: sqlite3.Connection, task_id: str) -> TaskRecord:
 
 
 def insert_task(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     workflow_id: str,
@@ -71,7 +75,7 @@ def insert_task(
     session_id: str | None,
     primary_agent_id: str | None,
     ceo_agent_id: str | None,
-    priority: str,
+    priority: Priority,
     now: float,
     admitted: bool = True,
     queued_for_step_id: str | None = None,
@@ -103,8 +107,46 @@ def insert_task(
     return get_task(conn, task_id)
 
 
+def create_task(
+    conn: Connection,
+    *,
+    task_id: str,
+    workflow_id: str,
+    target: Step,
+    feeder: Step | None,
+    title: str,
+    session_id: str | None,
+    primary_agent_id: str | None,
+    ceo_agent_id: str | None,
+    priority: Priority,
+    now: float,
+) -> TaskRecord:
+    """Insert a new task where `wip.place` lands it at `target` (a creation is not a step entry): admitted
+    there, queued there when it is full, or admitted at its `feeder` tagged for it.
+
+    Raises:
+        WipLimitError: `target` and its feeder are both full (field step_id).
+        ConflictError: the task id is taken (field task_id).
+    """
+    placement = wip.place(conn, workflow_id, target, feeder=feeder)
+    return insert_task(
+        conn,
+        task_id=task_id,
+        workflow_id=workflow_id,
+        step_id=placement.step_id,
+        title=title,
+        session_id=session_id,
+        primary_agent_id=primary_agent_id,
+        ceo_agent_id=ceo_agent_id,
+        priority=priority,
+        now=now,
+        admitted=placement.admitted,
+        queued_for_step_id=placement.queued_for,
+    )
+
+
 def move_task_step(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     expected_step_id: str,
@@ -148,7 +190,7 @@ _MOVE_VERSION = _MOVE + " AND workflow_id = ? AND wip_admitted = ? AND admission
 too (both spelled out once, not concatenated per call: issue 14, writer Python per entry)."""
 
 
-def update_task_fields(conn: sqlite3.Connection, task_id: str, fields: dict[str, Any], now: float) -> None:
+def update_task_fields(conn: Connection, task_id: str, fields: dict[str, Any], now: float) -> None:
     """Update plain task columns (title, priority, session_id, primary_agent_id); never the step."""
     allowed = {"title", "priority", "session_id", "primary_agent_id"}
     unknown = set(fields) - allowed
@@ -162,22 +204,39 @@ def update_task_fields(conn: sqlite3.Connection, task_id: str, fields: dict[str,
     )
 
 
-def delete_task(conn: sqlite3.Connection, task_id: str) -> bool:
+def update_task(conn: Connection, task_id: str, fields: dict[str, Any], now: float) -> None:
+    """`update_task_fields` of an existing task. Raises NotFoundError (field task_id) when it does not
+    exist."""
+    get_task(conn, task_id)
+    update_task_fields(conn, task_id, fields, now)
+
+
+def delete_task(conn: Connection, task_id: str) -> bool:
     """Delete the task; its participants, decisions, runs and step entries go with it (ON DELETE CASCADE)."""
     return conn.execute("DELETE FROM tasks WHERE id = ?", (task_id,)).rowcount == 1
 
 
-def task_as_dict(task: TaskRecord) -> dict[str, Any]:
-    """The task as a JSON-ready mapping (for query replies)."""
-    return {
-        "task_id": task.id,
-        "workflow_id": task.workflow_id,
-        "step_id": task.step_id,
-        "title": task.title,
-        "session_id": task.session_id,
-        "primary_agent_id": task.primary_agent_id,
-        "ceo_agent_id": task.ceo_agent_id,
-        "priority": task.priority,
-        "wip_admitted": task.wip_admitted,
-        "queued_for_step_id": task.queued_for_step_id,
-    }
+def task_info(task: TaskRecord) -> TaskInfo:
+    """The task as replies show it."""
+    return TaskInfo(
+        task_id=task.id,
+        workflow_id=task.workflow_id,
+        step_id=task.step_id,
+        title=task.title,
+        session_id=task.session_id,
+        primary_agent_id=task.primary_agent_id,
+        ceo_agent_id=task.ceo_agent_id,
+        priority=task.priority,
+        wip_admitted=task.wip_admitted,
+        queued_for_step_id=task.queued_for_step_id,
+    )
+
+
+def places(conn: Connection, task_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """(workflow_id, step_id) of each of `task_ids` that is a task of this runtime."""
+    found: dict[str, tuple[str, str]] = {}
+    for task_id in task_ids:
+        task = find_task(conn, task_id)
+        if task is not None:
+            found[task_id] = (task.workflow_id, task.step_id)
+    return found

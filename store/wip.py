@@ -1,21 +1,36 @@
-"""WIP-limit bookkeeping on task rows: occupancy and the promotion claims.
+"""WIP limits on task rows: where a task lands (`place`), occupancy, and the promotion claims (entry path
+E3). Writer thread: every function runs inside the caller's transaction.
 
-A slot at a step is taken by a task there with `wip_admitted` set; queued tasks take none. Every claim
-re-counts inside its transaction and updates only a row still in its expected state, so one task is never
-promoted twice. Source: kandev-engine-notes.md, "WIP limits (entry path E3)".
+A slot at a step is taken by a task there with `wip_admitted` set; queued tasks take none. A move or
+transition into a full step lands the task queued there (not an entry: no record, no on_enter). Promotion,
+run when a slot frees or a feeder gets work or at start-up, admits one task at a time into a step with
+room, each claim in its own transaction with its step-entry record (`promote_one`):
+1. a task queued in place at the step is admitted where it stands (shape (b): no step field changes);
+2. else a task admitted at the step's feeder (`pull_from_step_id`) is pulled in;
+3. else, for a full step this one feeds, a task queued there moves here to wait, admitted and still tagged
+   for its target — the record names this step, the one it actually occupies.
+Pulls do not cascade to the feeder's own feeder. Every claim re-counts inside its transaction and updates
+only a row still in its expected state, so one task is never promoted twice. Sources: kandev-engine-notes.md
+"WIP limits (entry path E3)"; on-enter-action-dispatch.md, write-site inventory sites 4-7.
 
-Several runtimes on one PostgreSQL database (issue 15, item 1 of the multi-runtime gaps): two transactions
-admitting different tasks into one step would each count the other's admission as not yet committed and
-both see room. `has_room` therefore first takes a transaction-scoped advisory lock keyed by (workflow, step)
-(`serialize_admissions`), held until the admitting transaction commits, so the count it reads includes
-every admission committed before and none can commit in between. SQLite needs none: its one writer already
-serializes every transaction.
+Several runtimes on one PostgreSQL database: two transactions admitting different tasks into one step would
+each count the other's admission as not yet committed and both see room. `has_room` therefore first takes
+a transaction-scoped advisory lock keyed by (workflow, step) (`serialize_admissions`), held until the
+admitting transaction commits, so the count it reads includes every admission committed before and none can
+commit in between. SQLite needs none: its one writer already serializes every transaction.
 """
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Iterator
 
+import attrs
+
+from onceflow.protocol.errors import WipLimitError
+from onceflow.protocol.workflow import Step, Workflow
+from onceflow.store import step_entries
+from onceflow.store.connection import Connection
+from onceflow.store.step_entries import EntryKey
 from onceflow.store.urls import on_postgres
 
 # Candidate order: position, priority critical > high > medium > low, queued_at, created_at, id.
@@ -25,9 +40,7 @@ _ORDER = (
 )
 
 
-def occupancy(
-    conn: sqlite3.Connection, workflow_id: str, step_id: str, *, excluding: str | None = None
-) -> int:
+def occupancy(conn: Connection, workflow_id: str, step_id: str, *, excluding: str | None = None) -> int:
     """Admitted tasks at the step, not counting `excluding` (a task being moved does not block itself)."""
     (count,) = conn.execute(
         "SELECT COUNT(*) FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
@@ -40,7 +53,7 @@ def occupancy(
 WIP_NAMESPACE = 0x7769  # 'wi': the first key of every step's admission lock (tasks use store.epochs' 0x6F66)
 
 
-def serialize_admissions(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> None:
+def serialize_admissions(conn: Connection, workflow_id: str, step_id: str) -> None:
     """On PostgreSQL, wait for the (workflow, step) admission lock, held until `conn`'s transaction ends;
     nothing on SQLite. Two steps whose keys hash alike share a lock, which only serializes more.
 
@@ -55,7 +68,7 @@ def serialize_admissions(conn: sqlite3.Connection, workflow_id: str, step_id: st
 
 
 def has_room(
-    conn: sqlite3.Connection,
+    conn: Connection,
     workflow_id: str,
     step_id: str,
     limit: int,
@@ -73,7 +86,7 @@ def has_room(
     return occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
 
 
-def queued_in_place(conn: sqlite3.Connection, workflow_id: str, step_id: str) -> str | None:
+def queued_in_place(conn: Connection, workflow_id: str, step_id: str) -> str | None:
     """The next task waiting at `step_id` for `step_id` itself, if any."""
     row = conn.execute(
         "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 0"
@@ -83,9 +96,7 @@ def queued_in_place(conn: sqlite3.Connection, workflow_id: str, step_id: str) ->
     return row[0] if row else None
 
 
-def feeder_candidate(
-    conn: sqlite3.Connection, workflow_id: str, feeder_id: str, target_id: str
-) -> str | None:
+def feeder_candidate(conn: Connection, workflow_id: str, feeder_id: str, target_id: str) -> str | None:
     """The next task admitted at the feeder that may be pulled into `target_id`."""
     row = conn.execute(
         "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
@@ -95,14 +106,14 @@ def feeder_candidate(
     return row[0] if row else None
 
 
-def occupied_steps(conn: sqlite3.Connection) -> set[tuple[str, str, bool]]:
+def occupied_steps(conn: Connection) -> set[tuple[str, str, bool]]:
     """Where tasks stand, one read: (workflow id, step id, admitted?) for every step holding any task."""
     rows = conn.execute("SELECT DISTINCT workflow_id, workflow_step_id, wip_admitted FROM tasks").fetchall()
     return {(workflow_id, step_id, bool(admitted)) for workflow_id, step_id, admitted in rows}
 
 
 def admit(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     task_id: str,
     from_step_id: str,
@@ -121,3 +132,85 @@ def admit(
         (step_id, queued_for_step_id, queued_for_step_id, now, task_id, from_step_id, int(expected_admitted)),
     )
     return cur.rowcount == 1
+
+
+@attrs.frozen
+class Placement:
+    """Where a task lands: at `step_id`, holding a slot there (`admitted`) or queued there for
+    `queued_for` (the full step it waits for; None when admitted where it stands)."""
+
+    step_id: str
+    admitted: bool
+    queued_for: str | None
+
+
+def place(
+    conn: Connection,
+    workflow_id: str,
+    target: Step,
+    *,
+    task_id: str | None = None,
+    feeder: Step | None = None,
+) -> Placement:
+    """Where a task sent to `target` lands (the one WIP placement rule): at `target` holding a slot when it
+    has room (`task_id`, a task being moved, does not count against itself); else queued at `target` for
+    it — or, for a new task given `target`'s `feeder` step, admitted at the feeder when it has room, tagged
+    for `target` (kandev-engine-notes.md, WIP limits).
+
+    Raises:
+        WipLimitError: given a `feeder`, `target` and the feeder are both full (field step_id).
+    """
+    if has_room(conn, workflow_id, target.id, target.wip_limit, excluding=task_id):
+        return Placement(target.id, True, None)
+    if feeder is None:
+        return Placement(target.id, False, target.id)
+    if has_room(conn, workflow_id, feeder.id, feeder.wip_limit):
+        return Placement(feeder.id, True, target.id)
+    raise WipLimitError(
+        f"step {target.id!r} is at its WIP limit {target.wip_limit}"
+        f" ({occupancy(conn, workflow_id, target.id)} admitted) and so is its feeder {feeder.id!r}",
+        field="step_id",
+    )
+
+
+@attrs.frozen
+class Promotion:
+    """A task admitted by a promotion; `key` is None when the landing step allocates no record."""
+
+    task_id: str
+    workflow_id: str
+    step_id: str
+    key: EntryKey | None
+
+
+def promote_one(conn: Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:
+    """Admit the next candidate into `step` (rules 1-3 of the module doc), with its step-entry record; None
+    when the step is full or nobody is waiting for it."""
+    if not has_room(conn, workflow.id, step.id, step.wip_limit):
+        return None
+    for task_id, from_step, admitted, tag in _claims(conn, workflow, step):
+        if task_id and admit(
+            conn,
+            task_id=task_id,
+            from_step_id=from_step,
+            expected_admitted=admitted,
+            step_id=step.id,
+            queued_for_step_id=tag,
+            now=now,
+        ):
+            key = step_entries.allocate_for(
+                conn, task_id=task_id, workflow_id=workflow.id, step=step, path="E3", now=now
+            )
+            return Promotion(task_id, workflow.id, step.id, key)
+    return None
+
+
+def _claims(conn: Connection, workflow: Workflow, step: Step) -> Iterator[tuple[str, str, bool, str | None]]:
+    """Candidates in rule order, as (task, from step, admitted there?, queued_for tag); queried lazily."""
+    yield queued_in_place(conn, workflow.id, step.id) or "", step.id, False, None
+    if step.pull_from_step_id:
+        feeder = step.pull_from_step_id
+        yield feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
+    for target in workflow.fed_by(step.id):
+        if not has_room(conn, workflow.id, target.id, target.wip_limit, serialize=False):  # admits none
+            yield queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import attrs
+
+from onceflow.store.connection import Connection
 
 
 @attrs.frozen
@@ -18,7 +18,7 @@ class StoredWorkflow:
 
 
 def save_workflow(
-    conn: sqlite3.Connection, *, workflow_id: str, name: str, stored: StoredWorkflow, now: float
+    conn: Connection, *, workflow_id: str, name: str, stored: StoredWorkflow, now: float
 ) -> None:
     """Insert or replace a workflow's template text."""
     conn.execute(
@@ -31,7 +31,7 @@ def save_workflow(
     )
 
 
-def all_workflows(conn: sqlite3.Connection) -> list[StoredWorkflow]:
+def all_workflows(conn: Connection) -> list[StoredWorkflow]:
     """Every stored workflow, by id."""
     rows = conn.execute("SELECT id, source, definition, import_path FROM workflows ORDER BY id").fetchall()
     return [StoredWorkflow(row[0], row[1], row[2], bool(row[3])) for row in rows]

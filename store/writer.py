@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import outcome
 import trio
@@ -36,6 +36,7 @@ from onceflow import metrics
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import StorageError
 from onceflow.store import epochs, faults, schema, urls
+from onceflow.store.connection import Connection
 from onceflow.store.lock import acquire_database_lock
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 DEFAULT_BUSY_TIMEOUT = 5.0  # seconds
 HEARTBEAT = 1.0  # seconds: an idle PostgreSQL writer pings at least this often (idle_session_timeout is 10 s)
@@ -73,29 +75,31 @@ class Grouped(Generic[T]):
     """What lets the writer run a request together with others of the same batch (SQLite only): requests
     whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
     request's result in order, or None when it cannot decide them all (its writes are then rolled back and
-    each request's own fn runs alone, as without a group). Issue 14: one set of statements for a batch of
-    common entries instead of one per entry. `run` follows the rules of a request's fn (plain synchronous
+    each request's own fn runs alone, as without a group): one set of statements for a batch of common
+    entries instead of one per entry. `run` follows the rules of a request's fn (plain synchronous
     code, no BEGIN/COMMIT); an exception from it that does not end the transaction counts as None."""
 
     __slots__ = ("item", "key", "run")
 
     def __init__(
-        self, key: Hashable, item: object, run: Callable[[sqlite3.Connection, list[Any]], list[T] | None]
+        self, key: Hashable, item: object, run: Callable[[Connection, list[Any]], list[T] | None]
     ) -> None:
         self.key, self.item, self.run = key, item, run
 
 
 class _Request(Generic[T]):
-    __slots__ = ("fn", "group", "result", "task_id", "waiter")
+    __slots__ = ("args", "fn", "group", "kwargs", "result", "task_id", "waiter")
 
     def __init__(
         self,
-        fn: Callable[[sqlite3.Connection], T],
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         waiter: trio.lowlevel.Task,
         task_id: str | None,
         group: Grouped[T] | None,
     ) -> None:
-        self.fn = fn
+        self.fn, self.args, self.kwargs = fn, args, kwargs  # run as fn(conn, *args, **kwargs)
         self.waiter = waiter  # the Trio task parked in `transact`, rescheduled with `result`
         self.task_id = task_id  # the task whose lock the request runs under (PostgreSQL only)
         self.group = group
@@ -135,18 +139,20 @@ class StoreActor:
         self._setup: outcome.Outcome[int] | None = None
         self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
 
-    async def transact(self, fn: Callable[[sqlite3.Connection], T], group: Grouped[T] | None = None) -> T:
-        """Run `fn(conn)` as one transaction in the writer thread and return its result.
+    async def transact(
+        self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run `fn(conn, *args, **kwargs)` as one transaction in the writer thread and return its result.
 
         `fn` runs between `BEGIN IMMEDIATE` and `COMMIT` (inside its own SAVEPOINT, which matters only when
-        several requests share a commit, see `open_store`'s `max_batch`). It must be plain synchronous code:
-        no Trio calls, no BEGIN/COMMIT/ROLLBACK of its own, and it should return plain values, not cursors.
-        The wait for the reply is shielded from cancellation: a cancelled caller still waits until its
-        transaction has committed or rolled back, gets that result here, and sees the cancellation at its
-        next checkpoint. Requests run in arrival order, except that on SQLite a request given a `group` may
-        run first, together with the batch's other requests of the same group key (`Grouped`): requests
-        that share a commit were all waiting at once, none having seen another's result, so any order of
-        them is one their callers could have observed.
+        several requests share a commit, see `open_store`'s `max_batch`). It must be plain synchronous code
+        (a store function: no Trio calls, no BEGIN/COMMIT/ROLLBACK of its own) and should return plain
+        values, not cursors. The wait for the reply is shielded from cancellation: a cancelled caller still
+        waits until its transaction has committed or rolled back, gets that result here, and sees the
+        cancellation at its next checkpoint. Requests run in arrival order, except that on SQLite a request
+        submitted with `transact_grouped` may run first, together with the batch's other requests of the
+        same group key: requests that share a commit were all waiting at once, none having seen another's
+        result, so any order of them is one their callers could have observed.
 
         Raises:
             StoreClosedError: the store is closing or closed; nothing was run.
@@ -157,9 +163,27 @@ class StoreActor:
                 failed the transaction itself (e.g. a deferred constraint at COMMIT), in which case nothing
                 of this request was committed.
         """
+        return await self._submit(fn, args, kwargs, None)
+
+    async def transact_grouped(
+        self,
+        group: Grouped[T],
+        fn: Callable[Concatenate[Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`transact`, allowing the writer to run this request with others of the same `group.key` in its
+        batch (`Grouped`); `fn` runs alone when the group cannot decide it. Raises as `transact`."""
+        return await self._submit(fn, args, kwargs, group)
+
+    async def _submit(
+        self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], group: Grouped[T] | None
+    ) -> T:
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
-        self._mailbox.put(_Request(fn, trio.lowlevel.current_task(), epochs.CURRENT_TASK.get(), group))
+        task = epochs.CURRENT_TASK.get()
+        self._mailbox.put(_Request(fn, args, kwargs, trio.lowlevel.current_task(), task, group))
         # Park until the writer answers. Refusing the abort is what shields the wait: a cancellation stays
         # pending and is delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a
         # shielded CancelScope + Event per request, which cost ~20 us each at group-commit rates.)
@@ -203,7 +227,7 @@ class StoreActor:
     # --- writer thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        conn: Any = None
+        conn: Connection | None = None
         try:
             if self.postgres:
                 from onceflow.store import postgres  # psycopg only when asked for
@@ -285,7 +309,7 @@ class StoreActor:
             raise RuntimeError("SQLite refused to enable foreign key enforcement")
         return schema.migrate(conn)
 
-    def _serve(self, conn: Any) -> Any:
+    def _serve(self, conn: Connection) -> Connection:
         """Serve the mailbox until the stop marker; return the connection in use (PostgreSQL may replace
         it)."""
         deferred: list[_Request[Any]] = []  # PostgreSQL: requests whose task lock another runtime held
@@ -299,7 +323,7 @@ class StoreActor:
                 try:
                     request = self._mailbox.get(timeout=HEARTBEAT) if self.postgres else self._mailbox.get()
                 except queue.Empty:
-                    conn = self._heartbeat(conn)
+                    conn = self._heartbeat(_pg(conn))
                     continue
                 if request is None:
                     return conn
@@ -313,16 +337,16 @@ class StoreActor:
                     stop = True
                     break
                 batch.append(queued)
-            if self.postgres and conn.broken:
+            if self.postgres and _pg(conn).broken:
                 try:
-                    conn = self._reconnect(conn)
+                    conn = self._reconnect(_pg(conn))
                 except sqlite3.Error as exc:
                     log.error("store_reconnect_failed", path=str(self.path), error=str(exc))
             self._commit(conn, batch)  # leaves in `batch` only the requests it ran
             deferred, self._deferred = self._deferred, []
             self._call_trio(self._wake, batch)
 
-    def _commit(self, conn: Any, batch: list[_Request[Any]]) -> None:
+    def _commit(self, conn: Connection, batch: list[_Request[Any]]) -> None:
         """Run `batch` as one transaction, one SAVEPOINT per request (per group first, `_run_groups`), and set
         each request's result.
 
@@ -341,10 +365,10 @@ class StoreActor:
         """
         started = time.perf_counter()
         try:
-            with conn.pipelined() if self.postgres else contextlib.nullcontext():
+            with _pg(conn).pipelined() if self.postgres else contextlib.nullcontext():
                 conn.execute("BEGIN IMMEDIATE")
                 if self.postgres:
-                    self._lock_tasks(conn, batch)
+                    self._lock_tasks(_pg(conn), batch)
                 elif len(batch) > 1:
                     self._run_groups(conn, batch)
                 for request in batch:
@@ -381,7 +405,7 @@ class StoreActor:
                 del batch[index:]
                 return
 
-    def _run_groups(self, conn: sqlite3.Connection, batch: list[_Request[Any]]) -> None:
+    def _run_groups(self, conn: Connection, batch: list[_Request[Any]]) -> None:
         """Run each group of two or more of the batch's requests (`Grouped`) in one savepoint and set their
         results; a group that returns None or raises is rolled back, its requests left to run alone.
         Raises `_TransactionEnded` for an error that ended the transaction."""
@@ -409,22 +433,22 @@ class StoreActor:
                     request.result = outcome.Value(result)
             conn.execute("RELEASE request")
 
-    def _run_request(self, conn: Any, request: _Request[Any]) -> BaseException | None:
+    def _run_request(self, conn: Connection, request: _Request[Any]) -> BaseException | None:
         """Run `request.fn(conn)` and set its result; on PostgreSQL every statement it sent without reading
         the answer is then settled, so that an error among them is this request's (its savepoint is rolled
         back, the batch goes on). Returns what it raised, if anything (inlined `outcome.capture`: once per
         request in the writer thread, issue 14)."""
         try:
-            value = request.fn(conn)
+            value = request.fn(conn, *request.args, **request.kwargs)
             if self.postgres:
-                conn.settle()
+                _pg(conn).settle()
         except BaseException as exc:
             request.result = outcome.Error(exc)
             return exc
         request.result = outcome.Value(value)
         return None
 
-    def _fail(self, conn: Any, batch: list[_Request[Any]], exc: BaseException) -> None:
+    def _fail(self, conn: Connection, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""
         if isinstance(exc, _TransactionEnded):
             cause: BaseException = exc.error or exc
@@ -467,6 +491,11 @@ def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
 def _chained(error: StorageError, cause: BaseException) -> StorageError:
     error.__cause__ = cause
     return error
+
+
+def _pg(conn: Connection) -> PgConnection:
+    """`conn` as what it is when the store is on PostgreSQL (callers check `StoreActor.postgres`)."""
+    return cast("PgConnection", conn)
 
 
 def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:

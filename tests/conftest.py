@@ -23,7 +23,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pg_support import PostgresServer, start_postgres
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.testing import RecordingHost
 
 # The project's own stand-ins for Kandev's five templates (tests/fixtures/kandev/README.md).

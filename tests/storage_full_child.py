@@ -22,7 +22,7 @@ import structlog
 import trio
 from storage_support import board, small_cache, state
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 
 # Bytes the WAL may grow by in each attempt: the transaction spills pages to the WAL as it goes (its
 # cache is kept small), so it fails at the first spill, or after a few reviewers' runs, or later.

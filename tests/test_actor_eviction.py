@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from helpers import FakeClock, create_task, move, ok, setup_office, step_of
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.testing import RecordingHost
 
 IDLE = 5.0

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from onceflow.actors.kernel.outbox import Outbox
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
 from onceflow.store import epochs

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.cli import main
 from onceflow.store.lock import acquire_database_lock
 

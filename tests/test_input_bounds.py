@@ -18,7 +18,8 @@ from helpers import FakeClock, list_runs, ok, register, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_schema, encode

@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers import FakeClock, metric_delta, metric_points, ok, register
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 
 METERED = """
 id: metered

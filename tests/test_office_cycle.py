@@ -24,7 +24,8 @@ from helpers import (
     turn_complete,
 )
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.testing import RecordingHost
 
 

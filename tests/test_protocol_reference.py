@@ -175,7 +175,7 @@ def test_issue13_onceflow_protocol_exports_the_models() -> None:
     for model in (*COMMAND_TYPES, *EVENT_TYPES):
         assert getattr(protocol, model.__name__) is model
     reply = protocol.Reply(command="get_task", ok=True, result={"task_id": "T-1"} | TASK_FIELDS)
-    assert isinstance(protocol.result_of(reply), protocol.TaskInfo)
+    assert protocol.result_of(reply) == protocol.TaskInfo(task_id="T-1", **TASK_FIELDS)  # type: ignore[typeddict-item]
 
 
 TASK_FIELDS = {

@@ -28,7 +28,8 @@ from helpers import (
     turn_complete,
 )
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.store.lock import DatabaseOwnedError

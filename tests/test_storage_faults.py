@@ -18,13 +18,14 @@ from helpers import FakeClock, ok, send
 from storage_support import REGISTER, REVIEWERS, assert_reviewed_once, board, cap_pages, state
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.engine.promotion import Promotion
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel.outbox import EventHub
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.store.wip import Promotion
 
 
 def assert_typed_full(reply: Any) -> None:

@@ -22,7 +22,7 @@ import pytest
 from helpers import FakeClock, ok, send
 from storage_support import REVIEWERS, assert_reviewed_once, board, small_cache, state
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 
 CHILD = Path(__file__).with_name("storage_full_child.py")
 

@@ -18,7 +18,8 @@ import trio
 from helpers import FakeClock, ok, send
 
 from onceflow.actors.kernel.task_rows import TaskRows
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.records import TaskRecord
 from onceflow.testing import RecordingHost
 
@@ -139,15 +140,15 @@ def test_issue14_a_cached_row_makes_a_move_one_writer_request(
             await setup(rt, "T0")
             store = rt.services.store
             calls: list[object] = []
-            transact = store.transact
+            submit = store._submit  # every request, grouped or not, goes through it
 
-            async def counted(fn: Any, group: Any = None) -> Any:
+            async def counted(fn: Any, *args: Any) -> Any:
                 calls.append(fn)
-                return await transact(fn, group)
+                return await submit(fn, *args)
 
-            store.transact = counted  # type: ignore[method-assign]
+            store._submit = counted  # type: ignore[method-assign]
             await ok(rt, {"type": "move_task", "task_id": "T0", "step_id": "done"})
-            del store.transact
+            del store._submit
             return len(calls)
 
     assert trio.run(main) == requests

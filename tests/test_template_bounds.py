@@ -16,7 +16,8 @@ import pytest
 import trio
 from helpers import ok, register, send
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.limits import (
     MAX_PAYLOAD_BYTES,
     MAX_TEMPLATE_ACTIONS,
@@ -25,7 +26,7 @@ from onceflow.protocol.limits import (
     MAX_YAML_DEPTH,
 )
 from onceflow.protocol.workflow import Step, WorkflowError, _feeder_cycles, load_workflow_text
-from onceflow.store.writer import Grouped, StoreActor
+from onceflow.store.writer import StoreActor
 
 FIXTURES = Path(__file__).parent / "fixtures" / "workflows"
 MINIMAL = (FIXTURES / "minimal.yml").read_text(encoding="utf-8")
@@ -285,15 +286,15 @@ async def test_issue11_registration_parses_in_a_worker_thread(runtime: Runtime) 
 async def count_transactions(monkeypatch: pytest.MonkeyPatch, work: Callable[[], Awaitable[None]]) -> int:
     """How many store transactions `work` runs (the real store, wrapped to count)."""
     count = 0
-    real = StoreActor.transact
+    real = StoreActor._submit  # every request, grouped or not, goes through it
 
-    async def counted(self: StoreActor, fn: Callable[[Any], T], group: Grouped[T] | None = None) -> T:
+    async def counted(self: StoreActor, *args: Any) -> Any:
         nonlocal count
         count += 1
-        return await real(self, fn, group)
+        return await real(self, *args)
 
     with monkeypatch.context() as patched:
-        patched.setattr(StoreActor, "transact", counted)
+        patched.setattr(StoreActor, "_submit", counted)
         await work()
     return count
 

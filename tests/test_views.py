@@ -14,7 +14,8 @@ from helpers import create_task, decide, ok, send, to_review
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
 from onceflow.store import schema, tasks
 from onceflow.store.lock import DatabaseOwnedError

@@ -4,19 +4,17 @@ A child is terminal when its state is COMPLETED, FAILED or CANCELLED (case-insen
 the terminal step of its workflow: the last step by position whose name is done, complete, completed or
 approved (case-insensitive). Where a child sits comes from its row (`workflow_id` + `step_id`), else from
 its own task row when it is one of this runtime's tasks; a child whose place is unknown and whose state is
-not terminal is not terminal. Source: issue 16 item 2.
+not terminal is not terminal. Pure: the rows of tasks of this runtime come from `store.tasks.places`.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.results import OpenChild
 from onceflow.protocol.workflow import Step, Workflow
-from onceflow.store import tasks
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 TERMINAL_STEP_NAMES = frozenset({"done", "complete", "completed", "approved"})
@@ -59,22 +57,12 @@ def unplaced(children: Iterable[c.ChildRow]) -> list[str]:
     return [row.task_id for row in children if not state_is_terminal(row.state) and row.step_id is None]
 
 
-def stored_places(conn: sqlite3.Connection, task_ids: Iterable[str]) -> dict[str, Place]:
-    """(workflow_id, step_id) of each of `task_ids` that is a task of this runtime."""
-    places: dict[str, Place] = {}
-    for task_id in task_ids:
-        task = tasks.find_task(conn, task_id)
-        if task is not None:
-            places[task_id] = (task.workflow_id, task.step_id)
-    return places
-
-
 def not_terminal(
     children: Sequence[c.ChildRow], stored: Mapping[str, Place], workflows: Mapping[str, Workflow]
-) -> list[dict[str, Any]]:
+) -> list[OpenChild]:
     """The children that are not terminal, as {task_id, state, workflow_id, step_id} (place None when
     unknown), in row order; empty when the set is complete. Rows must have passed `check_places`."""
-    open_rows: list[dict[str, Any]] = []
+    open_rows: list[OpenChild] = []
     for row in children:
         if state_is_terminal(row.state):
             continue
@@ -85,6 +73,6 @@ def not_terminal(
             continue
         workflow_id, step_id = place if place else (None, None)
         open_rows.append(
-            {"task_id": row.task_id, "state": row.state, "workflow_id": workflow_id, "step_id": step_id}
+            OpenChild(task_id=row.task_id, state=row.state, workflow_id=workflow_id, step_id=step_id)
         )
     return open_rows

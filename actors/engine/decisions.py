@@ -1,52 +1,17 @@
-"""Recording a decision: its receipt, the decider's role, and whether any quorum guard counts it.
-
-`record` runs inside one store transaction (the writer thread); the task actor publishes what it returns
-and re-evaluates the guards. Sources: issue 12 items 1 and 6; kandev-engine-notes.md "Quorum guards".
+"""The quorum guards a decision is counted and re-evaluated by. Trio thread (pure rules over rows): handed
+to the store's `decisions.record` as its `DecisionRules`, and read by the task actor to re-evaluate a
+step's guards after a vote. Source: kandev-engine-notes.md, "Quorum guards".
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
+from collections.abc import Sequence
 
 import attrs
 
 from onceflow.actors.engine.quorum import Threshold, parse_threshold, seat_role, why_not_counted
-from onceflow.actors.kernel.services import WorkflowRegistry, find_step
-from onceflow.protocol import commands as c
-from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.workflow import ActionDecl, MoveConfig, Step, Trigger
-from onceflow.store import participants, tasks
-from onceflow.store.records import Decision, TaskRecord
-
-
-@attrs.frozen
-class Recorded:
-    """What `record` did.
-
-    `inserted` False is a replay of the host's `decision_id`: nothing was written, `decision_id` is the row
-    first recorded, and `role` and `not_counted` are None (they were reported then). Otherwise `role` is the
-    role stored (the command's, or resolved from the decider's seat) and `not_counted` is why no quorum
-    guard of the step takes the decision now ("task_not_at_step", "no_quorum_guard", "no_matching_seat"),
-    or None when one does.
-    """
-
-    task: TaskRecord
-    decision_id: int
-    inserted: bool
-    role: str | None = None
-    not_counted: str | None = None
-
-
-def content_of(command: c.RecordDecision) -> str:
-    """The canonical JSON of what a decision says: every field but its identity (task, step, decision_id)."""
-    return json.dumps(
-        command.model_dump(
-            include={"decider_type", "decider_id", "decision", "role", "participant_id", "comment"}
-        ),
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+from onceflow.store.records import Decision, Participant
 
 
 @attrs.frozen
@@ -70,73 +35,34 @@ def quorum_guards(step: Step) -> list[GuardedMove]:
     return guarded
 
 
-def record(
-    conn: sqlite3.Connection, command: c.RecordDecision, workflows: WorkflowRegistry, now: float
-) -> Recorded:
-    """Record `command` for its task (writer thread; `now` Unix seconds).
+class QuorumRules:
+    """`store.decisions.DecisionRules` as `quorum` states them: a role-less decision takes its seat's role
+    (`quorum.seat_role`), and it counts when a guarded transition of its step takes it into account
+    (`quorum.why_not_counted`)."""
 
-    A `decision_id` already receipted for (task, step) is a replay when the content matches and nothing is
-    written — even if the task has left the step since. A decision without `role` takes the role of the
-    decider's seat (`quorum.seat_role`). A decision no guard counts — the task is not at `step_id` (a late
-    vote; the next entry's clear_decisions removes it), or it matches no guard's seat — is still recorded,
-    and `not_counted` says why.
-
-    Raises:
-        NotFoundError: the task does not exist, or its workflow has no step `step_id`.
-        ConflictError: `decision_id` was receipted with different content (field decision_id).
-    """
-    task = tasks.get_task(conn, command.task_id)
-    where = {"task_id": task.id, "step_id": command.step_id}
-    content = content_of(command)
-    if command.decision_id is not None:
-        earlier = participants.decision_receipt(conn, **where, external_id=command.decision_id)
-        if earlier is not None:
-            if earlier[1] and earlier[1] != content:
-                raise ConflictError(
-                    f"decision_id {command.decision_id!r} was already recorded for task {task.id!r} at step"
-                    f" {command.step_id!r} with different content",
-                    field="decision_id",
-                )
-            return Recorded(task, earlier[0], inserted=False)
-    step = find_step(workflows.get(task.workflow_id), command.step_id)  # an in-memory read, no Trio
-    rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
-    role = command.role or seat_role(
-        rows,
-        task_id=task.id,
-        step_id=step.id,
-        decider_type=command.decider_type,
-        decider_id=command.decider_id,
-        participant_id=command.participant_id,
-    )
-    decision = Decision(
-        id=0,
-        task_id=task.id,
-        step_id=step.id,
-        participant_id=command.participant_id,
-        role=role or "",
-        decider_type=command.decider_type,
-        decider_id=command.decider_id,
-        decision=command.decision,
-        comment=command.comment,
-        created_at=now,
-    )
-    decision_id = participants.record_decision(
-        conn,
-        **where,
-        participant_id=decision.participant_id,
-        role=decision.role,
-        decider_type=decision.decider_type,
-        decider_id=decision.decider_id,
-        decision=decision.decision,
-        comment=decision.comment,
-        now=now,
-    )
-    if command.decision_id is not None:
-        participants.add_decision_receipt(
-            conn, **where, external_id=command.decision_id, decision_id=decision_id, content=content
+    def seat_role(
+        self,
+        rows: Sequence[Participant],
+        *,
+        task_id: str,
+        step_id: str,
+        decider_type: str,
+        decider_id: str,
+        participant_id: int | None,
+    ) -> str | None:
+        return seat_role(
+            rows,
+            task_id=task_id,
+            step_id=step_id,
+            decider_type=decider_type,
+            decider_id=decider_id,
+            participant_id=participant_id,
         )
-    if task.step_id != step.id:  # a late vote: the next entry's clear_decisions (if declared) removes it
-        return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted="task_not_at_step")
-    guards = [(g.role, g.threshold) for g in quorum_guards(step)]
-    reason = why_not_counted(attrs.evolve(decision, id=decision_id), guards, rows)
-    return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted=reason)
+
+    def not_counted(self, decision: Decision, step: Step, rows: Sequence[Participant]) -> str | None:
+        guards = [(guard.role, guard.threshold) for guard in quorum_guards(step)]
+        return why_not_counted(decision, guards, rows)
+
+
+QUORUM_RULES = QuorumRules()
+"""The rules every recorded decision is judged by."""

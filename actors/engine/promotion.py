@@ -1,75 +1,20 @@
-"""WIP-limit admission and promotion: entry path E3.
-
-Admission: a move or transition into a full step lands the task queued there (not an entry: no record,
-no on_enter). Promotion, run when a slot frees or a feeder gets work or at start-up, admits one task at a
-time into a step with room, each claim in its own transaction with its step-entry record:
-1. a task queued in place at the step is admitted where it stands (shape (b): no step field changes);
-2. else a task admitted at the step's feeder (`pull_from_step_id`) is pulled in;
-3. else, for a full step this one feeds, a task queued there moves here to wait, admitted and still tagged
-   for its target — the record names this step, the one it actually occupies.
-Pulls do not cascade to the feeder's own feeder. Sources: kandev-engine-notes.md "WIP limits";
-on-enter-action-dispatch.md, write-site inventory sites 4-7 and "Allocation inputs".
+"""WIP promotion, Trio side: when to promote, and the promotion loop (entry path E3). Trio thread: each
+claim is one store transaction (`store.wip.promote_one`, which states the rules); the promoted task's actor
+dispatches the entry's on_enter. Sources: kandev-engine-notes.md "WIP limits"; on-enter-action-dispatch.md,
+write-site inventory sites 4-7.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-
-import attrs
-
-from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, Step, Workflow
-from onceflow.store import step_entries, wip
-from onceflow.store.step_entries import EntryKey
-
-
-@attrs.frozen
-class Promotion:
-    """A task admitted by a promotion; `key` is None when the landing step allocates no record."""
-
-    task_id: str
-    workflow_id: str
-    step_id: str
-    key: EntryKey | None
-
-
-def allocate_for(
-    conn: sqlite3.Connection, *, task_id: str, workflow_id: str, step: Step, path: str, now: float
-) -> EntryKey | None:
-    """Allocate the step-entry record for an admission to `step`, if its on_enter needs one (AC-E5).
-
-    The declaration is the caller's resolved `Step`, read once; nothing here parses YAML.
-    """
-    declaration = step.events.on_enter
-    if not any(action.type in ENGINE_ACTION_TYPES for action in declaration):
-        return None
-    return step_entries.allocate_entry(
-        conn,
-        task_id=task_id,
-        step_id=step.id,
-        workflow_id=workflow_id,
-        digest=step_entries.declaration_digest([action.type for action in declaration]),
-        entry_path=path,
-        now=now,
-    )
-
-
-def _claims(
-    conn: sqlite3.Connection, workflow: Workflow, step: Step
-) -> Iterator[tuple[str, str, bool, str | None]]:
-    """Candidates in rule order, as (task, from step, admitted there?, queued_for tag); queried lazily."""
-    yield wip.queued_in_place(conn, workflow.id, step.id) or "", step.id, False, None
-    if step.pull_from_step_id:
-        feeder = step.pull_from_step_id
-        yield wip.feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
-    for target in workflow.fed_by(step.id):
-        if not wip.has_room(conn, workflow.id, target.id, target.wip_limit, serialize=False):  # admits none
-            yield wip.queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id
+from onceflow.actors.kernel.services import Services
+from onceflow.protocol.workflow import Step, Workflow
+from onceflow.store import wip
+from onceflow.store.records import TaskRecord
 
 
 def may_promote(workflow: Workflow, step: Step, occupied: set[tuple[str, str, bool]]) -> bool:
-    """Whether rules 1-3 can find any candidate for `step`, given `occupied` (`store.wip.occupied_steps`:
-    (workflow, step, admitted?) triples). False means promoting the step would find nobody to admit."""
+    """Whether rules 1-3 of `store.wip` can find any candidate for `step`, given `occupied`
+    (`wip.occupied_steps`: (workflow, step, admitted?) triples). False: promoting it would admit nobody."""
 
     def holds(step_id: str, admitted: bool) -> bool:
         return (workflow.id, step_id, admitted) in occupied
@@ -81,20 +26,58 @@ def may_promote(workflow: Workflow, step: Step, occupied: set[tuple[str, str, bo
     )
 
 
-def promote_one(conn: sqlite3.Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:
-    """Admit the next candidate into `step` (rules 1-3 of the module doc) inside the caller's transaction."""
-    if not wip.has_room(conn, workflow.id, step.id, step.wip_limit):
-        return None
-    for task_id, from_step, admitted, tag in _claims(conn, workflow, step):
-        if task_id and wip.admit(
-            conn,
-            task_id=task_id,
-            from_step_id=from_step,
-            expected_admitted=admitted,
-            step_id=step.id,
-            queued_for_step_id=tag,
-            now=now,
-        ):
-            key = allocate_for(conn, task_id=task_id, workflow_id=workflow.id, step=step, path="E3", now=now)
-            return Promotion(task_id, workflow.id, step.id, key)
-    return None
+def takes_promotions(workflow: Workflow, step: Step) -> bool:
+    """Whether a freed slot at `step` can admit anyone: it has a WIP limit, a feeder, or feeds a step.
+
+    Without any of them no task can be waiting for the slot, so the promotion query is skipped (the start-up
+    promotion still covers a task queued under a limit since removed).
+    """
+    return step.wip_limit > 0 or bool(step.pull_from_step_id) or bool(workflow.fed_by(step.id))
+
+
+async def promote(services: Services, workflow: Workflow, step: Step) -> int:
+    """Admit candidates into `step` while it has room, each claim its own transaction with its step-entry
+    record, and hand each to the runtime (`Services.announce_promotion`), which routes it to the task's
+    actor. Returns how many were promoted. A cancellation leaves the claims committed so far announced."""
+    promoted = 0
+    while True:
+        promotion = await services.store.transact(wip.promote_one, workflow, step, services.now())
+        if promotion is None:
+            return promoted
+        promoted += 1
+        services.task_rows.forget(promotion.task_id)  # its row changed outside its actor
+        services.announce_promotion(promotion)
+
+
+async def promote_after_move(
+    services: Services, task: TaskRecord, workflow: Workflow, admitted_to: Step | None
+) -> None:
+    """After `task` moved from where it stood: a slot freed at its former step; a step its new step feeds
+    got work (E3)."""
+    source_workflow = services.workflows.workflows.get(task.workflow_id)
+    if source_workflow is not None and source_workflow.has_step(task.step_id) and task.wip_admitted:
+        source = source_workflow.step(task.step_id)
+        if takes_promotions(source_workflow, source):
+            await promote(services, source_workflow, source)
+    if admitted_to is not None:
+        for step in workflow.fed_by(admitted_to.id):
+            await promote(services, workflow, step)
+
+
+async def promote_all(services: Services) -> int:
+    """Start-up promotion: every step admits while it has room (E3); returns how many were promoted. Steps
+    without a WIP limit are included: a task queued at a step whose limit was since removed is admitted.
+
+    Only a step with a candidate (`may_promote`, against one read of where tasks stand) costs a
+    transaction: a 1,000-step template with few tasks restarts in one read, not 1,000.
+    """
+    occupied = await services.store.transact(wip.occupied_steps)
+    promoted = 0
+    for workflow in list(services.workflows.workflows.values()):
+        for step in workflow.ordered_steps:
+            if may_promote(workflow, step, occupied):
+                count = await promote(services, workflow, step)
+                if count:  # a task admitted here may now be pulled by a step this one feeds
+                    occupied.add((workflow.id, step.id, True))
+                promoted += count
+    return promoted

@@ -13,13 +13,12 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, Executor
-from onceflow.actors.engine.promotion import Promotion
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.task_rows import TaskRows
-from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.host import Host
-from onceflow.protocol.workflow import Step, Workflow
+from onceflow.protocol.workflow import Workflow, find_workflow
+from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.wip import Promotion
 from onceflow.store.writer import StoreActor
 
 
@@ -34,10 +33,7 @@ class WorkflowRegistry:
 
     def get(self, workflow_id: str) -> Workflow:
         """The workflow. Raises NotFoundError (field workflow_id) when none is registered under that id."""
-        try:
-            return self.workflows[workflow_id]
-        except KeyError:
-            raise NotFoundError(f"workflow {workflow_id!r} is not registered", field="workflow_id") from None
+        return find_workflow(self.workflows, workflow_id)
 
 
 @attrs.define
@@ -65,10 +61,3 @@ class Services:
         """
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             self.promotions.send_nowait(promotion)
-
-
-def find_step(workflow: Workflow, step_id: str) -> Step:
-    """The workflow's step. Raises NotFoundError (field step_id) when it has no such step."""
-    if not workflow.has_step(step_id):
-        raise NotFoundError(f"workflow {workflow.id!r} has no step {step_id!r}", field="step_id")
-    return workflow.step(step_id)

@@ -56,9 +56,7 @@ async def sweep_once(
     before = services.now() - grace
     try:
         # The epoch is read in the writer: a reconnect there may have replaced it.
-        found = await store.transact(
-            lambda conn: epochs.dead_epoch_entries(conn, store.epoch, before, SWEEP_LIMIT)
-        )
+        found = await store.transact(epochs.dead_epoch_entries, store, before, SWEEP_LIMIT)
     except Exception as exc:
         log.warning("epoch_sweep_query_failed", cause=repr(exc))
         found = []

@@ -82,7 +82,9 @@ from onceflow.protocol.outcome import (
     OutcomeEnvelope,
     OutcomeReady,
 )
+from onceflow.protocol.results import AckQueued, OutcomeInfo, OutcomeReceived
 from onceflow.store import outcome_claims, outcomes
+from onceflow.store.outcome_claims import ClaimLostError
 from onceflow.store.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
 
@@ -95,11 +97,6 @@ ACK_DURING_FAILED_REDELIVERY = 1
 """The version from which an ack is awaited while a redelivery fails (AC-CO-12; 0 = spec DefaultVersion)."""
 
 T = TypeVar("T")
-
-
-class ClaimLostError(Exception):
-    """This runtime no longer holds the outcome's claim (its connection was replaced): another runtime may
-    be delivering it, so this actor stops; what it committed stays (issue 15, store/outcome_claims.py)."""
 
 
 class OutcomeActor:
@@ -145,13 +142,7 @@ class OutcomeActor:
         for the next start.
         """
 
-        def start(conn: Any) -> OutcomeRecord | None:
-            record = outcomes.get(conn, self.outcome_id)
-            if record.phase != outcomes.ACKNOWLEDGED and not outcome_claims.claim(conn, self.outcome_id):
-                return None
-            return record
-
-        record = await self._store.transact(start)
+        record = await self._store.transact(outcome_claims.start, self.outcome_id)
         if record is None or record.phase == outcomes.ACKNOWLEDGED:
             return
         self._record = record
@@ -178,23 +169,17 @@ class OutcomeActor:
             and self._record.phase == outcomes.NEEDS_ACK
         )
 
-    async def _transact(self, fn: Callable[[Any], T]) -> T:
-        """`fn` in a store transaction, provided this runtime still holds the outcome's claim.
+    async def _transact(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` in a store transaction, provided this runtime still holds the outcome's claim.
 
         Raises:
             ClaimLostError: it does not (nothing of `fn` ran).
         """
-
-        def owned(conn: Any) -> T:
-            if not outcome_claims.held(conn, self.outcome_id):
-                raise ClaimLostError(f"outcome {self.outcome_id}: this runtime's claim is gone")
-            return fn(conn)
-
-        return await self._store.transact(owned)
+        return await self._store.transact(outcome_claims.while_held, self.outcome_id, fn, *args)
 
     async def _update(self, fn: Callable[..., OutcomeRecord], *args: Any) -> None:
         before = self._record.phase
-        self._record = await self._transact(lambda conn: fn(conn, self.outcome_id, *args))
+        self._record = await self._transact(fn, self.outcome_id, *args)
         if self._record.phase != before:
             metrics.OUTCOMES.add(1, {"phase": self._record.phase})
 
@@ -250,7 +235,7 @@ class OutcomeActor:
         return await self._take()  # acks that arrived just as the timer fired
 
     async def _take(self) -> PendingAck | None:
-        return await self._transact(lambda conn: outcomes.take_matching_ack(conn, self.outcome_id))
+        return await self._transact(outcomes.take_matching_ack, self.outcome_id)
 
     async def _complete(self, ack: PendingAck) -> bool:
         """Commit a matching ack through the host (AC-CO-10); True once acknowledged (AC-CO-15)."""
@@ -265,10 +250,10 @@ class OutcomeActor:
                 cycle_id=cycle_id,
             )
         except Exception as exc:
-            self._record = await self._transact(lambda conn: outcomes.consume_ack(conn, ack))
+            self._record = await self._transact(outcomes.consume_ack, ack)
             self._emit("warning", "outcome_acknowledgement_failed", cycle_id=cycle_id, error=repr(exc))
             return False
-        await self._update(_acknowledged_and_released, ack.acknowledged_by, self._clock())
+        await self._update(outcome_claims.acknowledge_and_release, ack.acknowledged_by, self._clock())
         self._emit(
             "info",
             "outcome_acknowledged",
@@ -303,13 +288,6 @@ async def run_cycle(policy: RetryPolicy, call: Callable[[int], Awaitable[T]], *,
                     raise
             await trio.sleep(wait)
             attempt, wait = attempt + 1, min(wait * policy.backoff_coefficient, policy.maximum_interval)
-
-
-def _acknowledged_and_released(conn: Any, outcome_id: str, acknowledged_by: str, now: float) -> OutcomeRecord:
-    """`outcomes.record_acknowledged`, and the claim given up: nobody needs to deliver it any more."""
-    record = outcomes.record_acknowledged(conn, outcome_id, acknowledged_by, now)
-    outcome_claims.release(conn, outcome_id)
-    return record
 
 
 class OutcomeSupervisor:
@@ -369,13 +347,13 @@ class OutcomeSupervisor:
 
     async def handle(
         self, command: OutcomeReady | CoordinatorAck | GetOutcome, out: Outbox
-    ) -> dict[str, Any]:
+    ) -> OutcomeReceived | AckQueued | OutcomeInfo:
         """Apply one outcome command and return its reply result.
 
         - outcome_ready -> `{outcome_id, received: started|duplicate, phase}` (AC-CO-11).
         - coordinator_ack -> `{outcome_id, queued, phase, acknowledged_by}`; queued False when already
           acknowledged by the same `acknowledged_by` (AC-CO-16).
-        - get_outcome -> the outcome's state (`OutcomeRecord.as_dict`, AC-CO-3).
+        - get_outcome -> the outcome's state (`OutcomeRecord.info`, AC-CO-3).
 
         Raises:
             ConflictError: outcome_ready with a different envelope under a known id (field envelope); the
@@ -389,7 +367,7 @@ class OutcomeSupervisor:
             case OutcomeReady(envelope=envelope):
                 data = envelope.model_dump(mode="json")
                 received, record = await store.transact(
-                    lambda conn: outcomes.record_ready(conn, envelope.outcome_id, data, BEHAVIOR_VERSION)
+                    outcomes.record_ready, envelope.outcome_id, data, BEHAVIOR_VERSION
                 )
                 if received == "started":
                     metrics.OUTCOMES.add(1, {"phase": record.phase})
@@ -404,21 +382,21 @@ class OutcomeSupervisor:
                     )
                 elif received == "started":
                     self._spawn(envelope.outcome_id)
-                return {"outcome_id": envelope.outcome_id, "received": received, "phase": record.phase}
+                return OutcomeReceived(outcome_id=envelope.outcome_id, received=received, phase=record.phase)
             case CoordinatorAck():
-                queued, record = await store.transact(lambda conn: outcomes.enqueue_ack(conn, command))
+                queued, record = await store.transact(outcomes.enqueue_ack, command)
                 actor = self._actors.get(command.outcome_id)
                 if queued and actor is not None:
                     actor.wake()
-                return {
-                    "outcome_id": command.outcome_id,
-                    "queued": queued,
-                    "phase": record.phase,
-                    "acknowledged_by": record.acknowledged_by,
-                }
+                return AckQueued(
+                    outcome_id=command.outcome_id,
+                    queued=queued,
+                    phase=record.phase,
+                    acknowledged_by=record.acknowledged_by,
+                )
             case GetOutcome():
-                found = await store.transact(lambda conn: outcomes.get(conn, command.outcome_id))
-                return found.as_dict()
+                found = await store.transact(outcomes.get, command.outcome_id)
+                return found.info()
 
     def _spawn(self, outcome_id: str) -> None:
         assert self._nursery is not None and self._coordinator is not None

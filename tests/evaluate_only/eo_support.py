@@ -15,8 +15,7 @@ import trio
 import yaml
 from helpers import ok
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.engine.core import HandleInput, HandleResult
+from onceflow.actors.engine.engine import HandleInput, HandleResult
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import WorkflowRegistry
 from onceflow.actors.runtime.supervisor import Runtime
@@ -28,6 +27,7 @@ from onceflow.protocol.workflow import (
     Workflow,
     load_workflow_text,
 )
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 from onceflow.testing import RecordingHost
 
 WF = "eo"

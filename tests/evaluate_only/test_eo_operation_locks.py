@@ -34,6 +34,7 @@ from helpers import ok
 from onceflow.actors.kernel.operation_locks import OperationLocks, TaskLocks
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.actors.task import triggers as task_triggers
 from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
 
@@ -189,9 +190,10 @@ async def test_ac_eo_13_lock_is_taken_before_the_task_is_loaded(runtime: Runtime
     assert await applied(runtime)
 
 
-def lock_tables(method: str) -> set[str]:
-    """The `self.<table>` attributes a TaskActor method acquires operation locks through (`.hold(...)`)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(TaskActor, method))))
+def lock_tables(handler: str) -> set[str]:
+    """The `ctx.locks.<table>` attributes a task trigger handler acquires operation locks through
+    (`.hold(...)`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(task_triggers, handler))))
     return {
         node.func.value.attr
         for node in ast.walk(tree)
@@ -203,6 +205,6 @@ def lock_tables(method: str) -> set[str]:
 
 
 def test_ac_eo_13_agent_error_lock_is_not_the_child_completion_lock() -> None:
-    agent_error_tables, children_tables = lock_tables("_agent_error"), lock_tables("_children_completed")
+    agent_error_tables, children_tables = lock_tables("agent_error"), lock_tables("children_completed")
     assert agent_error_tables and children_tables
     assert agent_error_tables.isdisjoint(children_tables)

@@ -20,8 +20,8 @@ PACKAGE_DIRS = ("actors", "store", "protocol", "onceflow")
 
 REGISTERED = frozenset(
     {
-        "actors/task/actor.py:TaskActor._agent_error",
-        "actors/task/actor.py:TaskActor._children_completed",  # the explicit defer_operation_mark path
+        "actors/task/triggers.py:agent_error",
+        "actors/task/triggers.py:children_completed",  # the explicit defer_operation_mark path
     }
 )
 
@@ -99,7 +99,7 @@ def scan() -> set[str]:
 def test_ac_eo_15_evaluate_only_callers_with_an_operation_id_are_registered() -> None:
     sources = package_sources()
     assert (
-        "actors/task/actor.py" in sources and "actors/engine/core.py" in sources
+        "actors/task/triggers.py" in sources and "actors/engine/engine.py" in sources
     )  # the walk sees the package
     unregistered = sorted(scan() - REGISTERED)
     assert not unregistered, REMEDIATION.format(sites=", ".join(unregistered))

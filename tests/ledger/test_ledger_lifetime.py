@@ -18,7 +18,7 @@ from flows import agent_error, children_completed, parent_task
 from helpers import list_entries, list_runs, ok, step_of
 
 from onceflow import RecordingHost, open_runtime
-from onceflow.actors.engine.core import HandleInput
+from onceflow.actors.engine.engine import HandleInput
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime import supervisor
@@ -66,7 +66,7 @@ def test_ac_t4_ac_b2_only_open_runtime_creates_a_ledger_and_reconfigure_passes_i
     from an existing ledger (a name or attribute), so no rebuild path can own a ledger of its own."""
     creations: list[str] = []
     facades: list[tuple[str, str]] = []
-    for path in [*REPO.joinpath("actors").glob("*.py"), *REPO.joinpath("onceflow").glob("*.py")]:
+    for path in [*REPO.joinpath("actors").rglob("*.py"), *REPO.joinpath("onceflow").glob("*.py")]:
         tree = ast.parse(path.read_text())
         for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:
             for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
@@ -78,9 +78,9 @@ def test_ac_t4_ac_b2_only_open_runtime_creates_a_ledger_and_reconfigure_passes_i
                     facades.append(
                         (f"{path.name}:{func.name}", ast.unparse(ledger) if ledger else "<missing>")
                     )
-    assert creations == ["supervisor.py:open_runtime"]
+    assert creations == ["startup.py:open_runtime"]
     assert sorted(facades) == [
-        ("supervisor.py:open_runtime", "ledger"),
+        ("startup.py:open_runtime", "ledger"),
         ("supervisor.py:reconfigure", "old.ledger"),
     ]
 

@@ -17,11 +17,11 @@ from typing import Any
 import trio
 from helpers import ok
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.testing import RecordingHost
 
 WF = "disp"

@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 import trio
 from helpers import START, add_participant, ok
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.actors.engine.on_enter import OnEnterDispatch
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import EntryPath, Event
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, ActionDecl, load_workflow_text
 from onceflow.store import participants, step_entries, tasks, workflows
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.workflows import StoredWorkflow
 from onceflow.store.writer import open_store

@@ -28,9 +28,9 @@ from entry_support import (
 from helpers import move, ok, step_of
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.recovery import BATCH_SIZE
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store import tasks
+from onceflow.store.recovery import BATCH_SIZE
 from onceflow.store.step_entries import EntryKey
 
 FAN_OUT = """

@@ -37,7 +37,8 @@ from entry_support import (
 from helpers import ok
 from structlog.testing import capture_logs
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
 from onceflow.store import step_entries
 from onceflow.store.step_entries import EntryKey

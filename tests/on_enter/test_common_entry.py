@@ -28,17 +28,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-import onceflow.actors.engine.core as engine
-from onceflow.actors.engine.actions import dedupe_seats, step_participants
-from onceflow.actors.engine.common import admit_common, common_plan, reason, run_key
-from onceflow.actors.engine.on_enter import dispatch_order
+import onceflow.actors.engine.entry as entry
+import onceflow.store.admission as admission
+from onceflow.actors.engine.order import dispatch_order
 from onceflow.actors.kernel.outbox import EventHub, Outbox
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, load_workflow_text
-from onceflow.store import runs, tasks, workflows
-from onceflow.store.participants import add_participant
+from onceflow.store import keys, runs, tasks, workflows
+from onceflow.store.common_entry import admit_common, common_plan
+from onceflow.store.executors import fan_out_digest, fan_out_reason
+from onceflow.store.participants import add_participant, dedupe_seats, step_participants
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
+
+
+def run_key(key: EntryKey, position: int, agent: str, action: Any) -> str:
+    """The on_enter idempotency key the fan-out `action` at `position` of entry `key` gives `agent`."""
+    digest = fan_out_digest(action, fan_out_reason(action, "on_enter"))
+    return keys.entry_key(key.task_id, key.step_id, key.entry_seq, position, agent, digest)
+
 
 TASKS = ("T0", "T1", "T2")
 ACTIONS = {
@@ -118,12 +126,12 @@ scenarios = st.fixed_dictionaries(
 @contextmanager
 def per_action_only() -> Iterator[None]:
     """The per-action path alone: no declaration qualifies for the common path."""
-    original = engine.common_order
-    engine.common_order = lambda services, step, path: None  # type: ignore[assignment]
+    original = entry.common_order
+    entry.common_order = lambda executors, step, path: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        engine.common_order = original
+        entry.common_order = original
 
 
 async def play(
@@ -309,14 +317,14 @@ def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
     """Not vacuous: an untouched entry of clears and fan-outs is admitted by the common path, in one
     savepoint holding the move, the entry, the clear, the markers and the runs."""
     calls: list[bool] = []
-    admit = engine.admit_common
+    admit = admission.admit_common
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         admitted = admit(*args, **kwargs)
         calls.append(admitted is not None)
         return admitted
 
-    engine.admit_common = counted  # type: ignore[assignment]
+    admission.admit_common = counted  # type: ignore[assignment]
     try:
         scenario = {
             "review": ["clear", "fan_out"],
@@ -327,7 +335,7 @@ def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
         scenario["commands"] = [("decide", "T0"), ("move_review", "T0")]
         replies = trio.run(play, tmp_path / "one.db", scenario)[0]
     finally:
-        engine.admit_common = admit
+        admission.admit_common = admit
     assert calls == [True]
     assert event_types(replies[-1]) == [
         "transition",
@@ -457,7 +465,15 @@ def seats_example(conn: sqlite3.Connection, step: Any, seats: list[tuple[str, st
     task = tasks.get_task(conn, "T0")
     entered = attrs.evolve(task, step_id="review")
     expected = {
-        p: dedupe_seats(step_participants(conn, entered, "review", a.config.role))
+        p: dedupe_seats(
+            step_participants(
+                conn,
+                workflow_id=entered.workflow_id,
+                task_id=entered.id,
+                step_id="review",
+                role=a.config.role,
+            )
+        )
         for p, a in order
         if a.type == "queue_run_for_each_participant"
     }
@@ -499,7 +515,7 @@ def admitted_as_expected(
             run_id,
             agent,
             key,
-            reason(actions[p]),
+            fan_out_reason(actions[p], "on_enter"),
             runs.payload_json(getattr(actions[p].config, "payload", None)),
         )
         for p, did in queued.items()

@@ -24,10 +24,12 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from test_common_entry import ACTIONS, key_in_advance, seat_message, workflow_yaml
 
-import onceflow.actors.engine.core as engine
-from onceflow.actors.engine.common import Admission, admit_common, admit_group, common_order, common_plan
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+import onceflow.store.admission as admission
+from onceflow.actors.engine.common import common_order
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store import runs, tasks
+from onceflow.store.common_entry import Admission, admit_common, admit_group, common_plan
 from onceflow.store.writer import Grouped
 
 TASKS = ("T0", "T1", "T2", "T3")
@@ -69,7 +71,7 @@ async def prepare(rt: Runtime, scenario: dict[str, Any]) -> list[Admission]:
         elif before in ("take_key", "merge_key"):
             for request in key_in_advance(before, task_id, review, seq):
                 await store.transact(lambda conn, r=request: runs.enqueue_run(conn, r, 1.0))
-    order = common_order(rt.services, review, "E1")
+    order = common_order(rt.services.executors, review, "E1")
     assert order is not None
     plan = common_plan(review, order)
     admissions = []
@@ -141,7 +143,7 @@ async def one_batch(rt: Runtime, admissions: list[Admission]) -> tuple[list[Any]
 
         async def admit(index: int, admission: Admission) -> None:
             group = Grouped((id(admission.plan), "common", "E1"), admission, group_run)
-            results[index] = await store.transact(alone(admission), group)
+            results[index] = await store.transact_grouped(group, alone(admission))
 
         for index, admission in enumerate(admissions):
             nursery.start_soon(admit, index, admission)
@@ -215,7 +217,7 @@ def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp
     """End to end through `Runtime.send`: 32 tasks moved at once are admitted by group runs (the writer's
     batches), and every entry has its markers, its clear and one run per seat; the replies carry them."""
     calls: list[int] = []
-    original = engine.admit_group
+    original = admission.admit_group
 
     def counted(conn: sqlite3.Connection, admissions: list[Admission]) -> Any:
         admitted = original(conn, admissions)
@@ -243,11 +245,11 @@ def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp
                     nursery.start_soon(move, task_id)
             return [replies[task_id] for task_id in ids]
 
-    engine.admit_group = counted  # type: ignore[assignment]
+    admission.admit_group = counted  # type: ignore[assignment]
     try:
         replies = trio.run(main)
     finally:
-        engine.admit_group = original
+        admission.admit_group = original
     assert sum(calls) >= 16 and 0 not in calls  # most entries went through groups, none declined
     for reply in replies:
         types = [event.type for event in reply.events]
@@ -283,7 +285,7 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
                 nursery.start_soon(store.transact, hold)
                 await trio.to_thread.run_sync(started.wait, 10)
                 for item in ("a", "b", "c"):
-                    nursery.start_soon(store.transact, own(item), Grouped("k", item, declines))
+                    nursery.start_soon(store.transact_grouped, Grouped("k", item, declines), own(item))
                     await trio.testing.wait_all_tasks_blocked()
                 release.set()
             rows = await store.transact(lambda conn: conn.execute("SELECT v FROM marks").fetchall())

@@ -33,9 +33,9 @@ from dispatch_support import (
 from helpers import list_review_runs, ok
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 
 # No type with a fixed position (AC-A9): the declared order is the execution order on every path.
 UNHOISTED = """

@@ -35,9 +35,10 @@ from dispatch_support import (
 from helpers import FakeClock, ok, send
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store import runs as runs_store
+from onceflow.store.executors import DEFAULT_EXECUTORS
 from onceflow.testing import RecordingHost
 
 # --- AC-A6 -------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ from dispatch_support import (
 from helpers import FakeClock, ok, send
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 
 FAN_OUT_THEN_KICK = """
 - type: queue_run_for_each_participant

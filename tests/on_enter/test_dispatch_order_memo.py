@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.actors.engine import on_enter
-from onceflow.actors.engine.on_enter import dispatch_order
+from onceflow.actors.engine import order
+from onceflow.actors.engine.order import dispatch_order
 from onceflow.protocol.workflow import ActionDecl
 
 KINDS = (
@@ -36,8 +36,8 @@ def test_issue14_the_memoized_dispatch_order_equals_planning_afresh(kinds: list[
 
 
 def test_issue14_the_dispatch_order_memo_stays_bounded() -> None:
-    on_enter._ORDERS.clear()
+    order._ORDERS.clear()
     kept = [(ActionDecl.model_construct(type="clear_decisions"),) for _ in range(4100)]
     for declaration in kept:
         dispatch_order(declaration, "E2")
-    assert 0 < len(on_enter._ORDERS) <= 4096
+    assert 0 < len(order._ORDERS) <= 4096

@@ -28,7 +28,8 @@ from dispatch_support import (
 from entry_support import CLEAR_AND_FAN_OUT, executors_with, new_task, raising, setup_entries
 from helpers import ok
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.testing import RecordingHost

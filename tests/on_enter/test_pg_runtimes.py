@@ -19,7 +19,7 @@ from entry_support import (
     states,
 )
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.cli import main
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store

@@ -41,10 +41,11 @@ from entry_support import (
 from helpers import ok
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.step_entries import EntryKey
 from onceflow.testing import RecordingHost
 

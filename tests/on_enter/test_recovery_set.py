@@ -37,14 +37,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-import onceflow.actors.engine.recovery as recovery
-import onceflow.actors.runtime.supervisor as supervisor
-from onceflow.actors.engine.actions import config_digest
+import onceflow.actors.runtime.startup as supervisor
+import onceflow.store.recovery as recovery
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store import participants, runs, tasks
+from onceflow.store.keys import config_digest
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
 
@@ -170,7 +170,7 @@ def attrs_evolve_key(request: runs.RunRequest, key: str) -> runs.RunRequest:
 def per_entry_only() -> Iterator[None]:
     """The per-entry path alone: the set path finds no common entry."""
     original = recovery.plan_common
-    recovery.plan_common = lambda conn, services, batch: {}  # type: ignore[assignment]
+    recovery.plan_common = lambda conn, plans, batch: {}  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -459,19 +459,19 @@ def small_batches(size: int) -> Iterator[list[tuple[int, int]]]:
     """`BATCH_SIZE` = `size` (three batches per request) while inside; (entries offered, entries covered)
     per store request that committed."""
     requests: list[tuple[int, int]] = []
-    original = recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request
+    original = recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery.recover_request
 
-    def recorded(*args: Any, entries: list[Any], **kwargs: Any) -> Any:
-        recovered, covered = original[2](*args, entries=entries, **kwargs)
+    def recorded(conn: Any, plans: Any, entries: list[Any], *args: Any) -> Any:
+        recovered, covered = original[2](conn, plans, entries, *args)
         requests.append((len(entries), covered))
         return recovered, covered
 
     recovery.BATCH_SIZE, recovery.REQUEST_SIZE = size, 3 * size
-    recovery._recover_request = recorded  # type: ignore[assignment]
+    recovery.recover_request = recorded  # type: ignore[assignment]
     try:
         yield requests
     finally:
-        recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery._recover_request = original
+        recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery.recover_request = original
 
 
 def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_one_by_one_ends_it(

@@ -13,7 +13,7 @@ import trio
 from entry_support import new_task, setup_entries
 from helpers import list_review_runs, ok, turn_complete
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.testing import RecordingHost
 
 REVIEW = "- type: run_code_review\n"

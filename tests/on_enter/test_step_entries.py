@@ -39,10 +39,11 @@ from entry_support import (
 from helpers import FakeClock, add_participant, events, list_entries, list_runs, ok, send
 from structlog.testing import capture_logs
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import step_entries, tasks
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 from onceflow.store.step_entries import EntryKey
 from onceflow.testing import RecordingHost
 

@@ -8,7 +8,7 @@ from helpers import FakeClock, metric_delta, metric_points, ok
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from outcome_support import ack, diagnostic, envelope, ready
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.testing import RecordingCoordinator
 
 

@@ -17,7 +17,7 @@ from helpers import FakeClock, ok, send
 from outcome_support import SHA, ack, acknowledged, state, until
 from trio.testing import MockClock
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store import schema
 from onceflow.testing import RecordingCoordinator
 

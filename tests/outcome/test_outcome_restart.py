@@ -26,7 +26,7 @@ from outcome_support import (
 from structlog.testing import capture_logs
 from trio.testing import MockClock
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.coordinator import DeliveryRequest
 from onceflow.protocol.outcome import OutcomeEnvelope
 from onceflow.store import outcomes

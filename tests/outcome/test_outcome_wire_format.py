@@ -22,7 +22,8 @@ from outcome_support import ack, diagnostic, envelope, ready, state
 from trio.testing import MockClock
 
 import onceflow
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.testing import RecordingCoordinator
 
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 import trio
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.testing import RecordingCoordinator
 
 

@@ -32,10 +32,10 @@ import test_common_entry as common
 import test_recovery_set as recovery_set
 from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
 
-import onceflow.actors.engine.core as engine
-import onceflow.actors.engine.recovery as recovery
-import onceflow.actors.runtime.supervisor as supervisor
-from onceflow.actors.runtime.supervisor import open_runtime
+import onceflow.actors.runtime.startup as supervisor
+import onceflow.store.admission as admission
+import onceflow.store.recovery as recovery
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store.writer import open_store
 
@@ -166,7 +166,7 @@ def counting(name: str, module: Any) -> tuple[list[Any], Callable[[], None]]:
 
 def test_issue15_the_common_entry_path_is_taken_on_postgres(pg_url: str) -> None:
     """Not vacuous: on PostgreSQL an untouched common entry is admitted by the one-savepoint path."""
-    calls, undo = counting("admit_common", engine)
+    calls, undo = counting("admit_common", admission)
     try:
         scenario = {
             "review": ["clear", "fan_out"],

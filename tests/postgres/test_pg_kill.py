@@ -37,7 +37,7 @@ from typing import Any
 import psycopg
 from wire_client import WireClient
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 
 TESTS = Path(__file__).resolve().parents[1]
 OFFICE = TESTS / "fixtures" / "kandev" / "office-default.yml"

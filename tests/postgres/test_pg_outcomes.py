@@ -23,7 +23,8 @@ from helpers import ok
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store import outcome_claims, postgres
 from onceflow.testing import RecordingCoordinator
 

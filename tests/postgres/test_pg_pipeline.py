@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import trio
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store import epochs, faults, postgres
 from onceflow.store.postgres import PgConnection, translate
 from onceflow.store.writer import open_store

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 
 
 async def test_issue15_runtime_opens_on_postgres(pg_url: str) -> None:

@@ -31,12 +31,12 @@ from entry_support import (
     setup_entries,
 )
 
-from onceflow.actors.engine.actions import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.actors.runtime.epoch_sweep import GRACE_INTERVALS
-from onceflow.actors.runtime.supervisor import open_runtime
+from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import tasks
+from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost

@@ -21,7 +21,8 @@ import trio
 from helpers import FakeClock, decide, ok, register, setup_office, to_review
 from pg_support import PostgresServer
 
-from onceflow.actors.runtime.supervisor import Runtime, open_runtime
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
 from onceflow.store import outcomes, schema
 from onceflow.testing import RecordingCoordinator, RecordingHost

@@ -1,27 +1,23 @@
-"""Engine-owned action effects, each run inside one store transaction (in the writer thread).
+"""The built-in executors of engine-owned actions, and what every executor is given and returns. Writer
+thread: an executor runs inside one store transaction.
 
 An effect never raises for a business failure (no target agent, a participant without a profile): it
 returns an `Effect` whose state is `failed` with a cause, plus the events and diagnostics to publish once
 the transaction has committed. Database errors do raise, rolling the whole transaction back; the fan-out
-collects one participant's database error and goes on, unless it ended the transaction (issue 11, item 4).
-Sources: on-enter-action-dispatch.md AC-A3, AC-A4, AC-A5, AC-A7, AC-C1, AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9;
-kandev-engine-notes.md "Runs queue".
+collects one participant's database error and goes on, unless the error ended the transaction (then
+nothing of it commits). Sources: on-enter-action-dispatch.md AC-A3, AC-A4, AC-A5, AC-A7, AC-C1,
+AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9; kandev-engine-notes.md "Runs queue".
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
 
-from onceflow.actors.kernel.outbox import Outbox
-from onceflow.protocol import trusted
 from onceflow.protocol.events import (
     DecisionsCleared,
     Event,
@@ -29,14 +25,14 @@ from onceflow.protocol.events import (
     RunQueued,
     RunSuppressed,
 )
-from onceflow.protocol.workflow import SESSION_ACTION_TYPES, ActionDecl
+from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import faults, runs, tasks
 from onceflow.store import participants as participant_rows
+from onceflow.store.connection import Connection
+from onceflow.store.keys import EntryScope, OperationScope, config_digest
+from onceflow.store.participants import dedupe_seats
 from onceflow.store.records import Participant, TaskRecord
 from onceflow.store.savepoint import undone_alone
-
-# Builds the idempotency key for a run from (agent_profile_id, config digest); None means no key.
-KeyFor = Callable[[str, str], str | None]
 
 
 @attrs.frozen
@@ -60,67 +56,24 @@ class Effect:
 
 @attrs.frozen
 class ActionContext:
-    """Who and where an action runs for. `trigger` names the firing trigger (its reason default)."""
+    """Who and where an action runs for. `trigger` names the firing trigger (its reason default); `keys`
+    scopes the idempotency keys of the runs it queues (None: the trigger carries no operation id, so its
+    runs have none); `now` is Unix seconds."""
 
     task: TaskRecord
     step_id: str
     step_name: str
     trigger: str
-    key_for: KeyFor
+    keys: EntryScope | OperationScope | None
     exclude_from_coalescing: bool
     now: float
 
-
-def publish_effect(
-    out: Outbox,
-    effect: Effect,
-    *,
-    task_id: str,
-    step_id: str,
-    trigger: str,
-    position: int,
-    kind: str,
-    failure: DiagnosticNote | None = None,
-) -> None:
-    """Publish a committed action's events and diagnostics, its `failure` record when it failed, then its
-    `action_outcome` event (in that order)."""
-    for event in effect.events:
-        out.emit(event)
-    for note in effect.diagnostics:
-        out.diagnostic(note.level, note.code, **note.fields)
-    if effect.state == "failed" and failure is not None:
-        out.diagnostic(failure.level, failure.code, **failure.fields)
-    outcome = trusted.action_outcome(  # the runtime's own typed values: unvalidated (issue 14)
-        task_id=task_id,
-        step_id=step_id,
-        trigger=trigger,
-        position=position,
-        kind=kind,
-        outcome=effect.state,
-        detail=effect.detail,
-    )
-    out.emit(outcome)
+    def key_for(self, agent_profile_id: str, digest: str) -> str | None:
+        """The idempotency key of this action's run for `agent_profile_id` (store/keys.py), or None."""
+        return None if self.keys is None else self.keys.key(agent_profile_id, digest)
 
 
-def config_digest(config: dict[str, Any]) -> str:
-    """16 hex of a SHA-256 over the canonical JSON (sorted keys) of an action's config (AC-H7)."""
-    try:  # a config without a payload recurs on every entry of its step: hash it once
-        return _cached_digest(tuple(sorted(config.items())))
-    except TypeError:  # an unhashable value (a payload mapping)
-        return _digest(config)
-
-
-@functools.lru_cache(maxsize=1024)
-def _cached_digest(items: tuple[tuple[str, Any], ...]) -> str:
-    return _digest(dict(items))
-
-
-def _digest(config: dict[str, Any]) -> str:
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def clear_decisions(conn: sqlite3.Connection, ctx: ActionContext) -> Effect:
+def clear_decisions(conn: Connection, ctx: ActionContext) -> Effect:
     """Delete the (task, step) decisions in one statement; a no-op clear is still done (AC-A3, AC-E4)."""
     deleted = participant_rows.clear_decisions(conn, task_id=ctx.task.id, step_id=ctx.step_id)
     return Effect(
@@ -128,33 +81,7 @@ def clear_decisions(conn: sqlite3.Connection, ctx: ActionContext) -> Effect:
     )
 
 
-def step_participants(
-    conn: sqlite3.Connection, task: TaskRecord, step_id: str, role: str
-) -> list[Participant]:
-    """The merged template + per-task rows of `role` at `step_id`, in (role, position, id) order."""
-    rows = participant_rows.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
-    return [p for p in rows if p.workflow_id == task.workflow_id and p.step_id == step_id and p.role == role]
-
-
-def dedupe_seats(rows: Iterable[Participant]) -> list[Participant]:
-    """One row per (role, agent), the per-task row winning a collision, kept in (role, position, id) order.
-
-    Rows without an agent are never merged (each is its own failure). Source: on-enter spec AC-A5, AC-E2.
-    """
-    ordered = list(rows)
-    winners: dict[tuple[str, str], Participant] = {}
-    for row in ordered:
-        pair = (row.role, row.agent_profile_id)
-        if row.agent_profile_id and (pair not in winners or (winners[pair].task_id is None and row.task_id)):
-            winners[pair] = row
-    return [
-        row for row in ordered if not row.agent_profile_id or winners[(row.role, row.agent_profile_id)] is row
-    ]
-
-
-def _enqueue(
-    conn: sqlite3.Connection, request: runs.RunRequest, now: float
-) -> tuple[runs.EnqueueResult, Event]:
+def _enqueue(conn: Connection, request: runs.RunRequest, now: float) -> tuple[runs.EnqueueResult, Event]:
     result = runs.enqueue_run(conn, request, now)
     event: Event
     if result.outcome == "suppressed":
@@ -202,14 +129,57 @@ def _participant_failed(
     )
 
 
-def queue_run_for_each_participant(
-    conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl
-) -> Effect:
+def fan_out_reason(action: ActionDecl, trigger: str) -> str:
+    """A fan-out's run reason: its config's, else the trigger's name (AC-H1)."""
+    reason: str = getattr(action.config, "reason", None) or trigger
+    return reason
+
+
+def fan_out_digest(action: ActionDecl, reason: str) -> str:
+    """The config digest in a fan-out's idempotency keys (AC-H7): over its role, reason and payload."""
+    role: str = getattr(action.config, "role", "") or ""
+    return config_digest({"role": role, "reason": reason, "payload": getattr(action.config, "payload", None)})
+
+
+def fan_out_notes(
+    task_id: str,
+    step_id: str,
+    step_name: str,
+    role: str,
+    matching: int,
+    enqueued: int,
+    suppressed: int = 0,
+) -> tuple[DiagnosticNote, ...]:
+    """What a fan-out reports besides each participant's failure: `fan_out_matched_nobody` (WARNING) when no
+    seat matched, then `fan_out_finished` (INFO) with its counts."""
+    finished = DiagnosticNote(
+        "info",
+        "fan_out_finished",
+        {
+            "task_id": task_id,
+            "step_id": step_id,
+            "role": role,
+            "matching": matching,
+            "enqueued": enqueued,
+            "suppressed": suppressed,
+        },
+    )
+    if matching:
+        return (finished,)
+    nobody = DiagnosticNote(
+        "warning",
+        "fan_out_matched_nobody",
+        {"task_id": task_id, "step_id": step_id, "step_name": step_name, "role": role},
+    )
+    return (nobody, finished)
+
+
+def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
     """Fan a run out to every participant of the configured role at the step: collect-and-continue.
 
     The participant set is read once (AC-F2); selection is by role alone (AC-H3); reason defaults to the
     trigger name (AC-H1); no payload stays NULL (AC-H2). A database error that ends the transaction (disk
-    full, I/O) is not one participant's failure: it propagates and nothing of the fan-out commits (issue 11).
+    full, I/O) is not one participant's failure: it propagates and nothing of the fan-out commits.
     """
     config = action.config
     role: str = getattr(config, "role", "") or ""
@@ -221,10 +191,14 @@ def queue_run_for_each_participant(
             {"workflow_id": task.workflow_id, "step_id": step_id, "task_id": task.id},
         )
         return Effect("skipped", "malformed", diagnostics=(note,))
-    reason: str = getattr(config, "reason", None) or ctx.trigger
+    reason = fan_out_reason(action, ctx.trigger)
     payload: dict[str, Any] | None = getattr(config, "payload", None)
-    digest = config_digest({"role": role, "reason": reason, "payload": payload})
-    matching = dedupe_seats(step_participants(conn, task, step_id, role))
+    digest = fan_out_digest(action, reason)
+    matching = dedupe_seats(
+        participant_rows.step_participants(
+            conn, workflow_id=task.workflow_id, task_id=task.id, step_id=step_id, role=role
+        )
+    )
     events: list[Event] = []
     notes: list[DiagnosticNote] = []
     enqueued = suppressed = 0
@@ -257,45 +231,28 @@ def queue_run_for_each_participant(
         events.append(event)
         enqueued += 1
         suppressed += result.outcome == "suppressed"
-    if not matching:
-        notes.append(
-            DiagnosticNote(
-                "warning",
-                "fan_out_matched_nobody",
-                {"task_id": task.id, "step_id": step_id, "step_name": ctx.step_name, "role": role},
-            )
-        )
-    notes.append(
-        DiagnosticNote(
-            "info",
-            "fan_out_finished",
-            {
-                "task_id": task.id,
-                "step_id": step_id,
-                "role": role,
-                "matching": len(matching),
-                "enqueued": enqueued,
-                "suppressed": suppressed,
-            },
-        )
-    )
+    notes.extend(fan_out_notes(task.id, step_id, ctx.step_name, role, len(matching), enqueued, suppressed))
     if failures:
         detail = f"attempted={len(matching)} failed={len(failures)} first_cause={failures[0]}"
         return Effect("failed", detail, tuple(events), tuple(notes))
     return Effect("done", events=tuple(events), diagnostics=tuple(notes))
 
 
-def resolve_targets(conn: sqlite3.Connection, task: TaskRecord, step_id: str, target: str) -> list[str]:
+def resolve_targets(conn: Connection, task: TaskRecord, step_id: str, target: str) -> list[str]:
     """The agent profiles a queue_run `target` names, in order; empty when it resolves to nobody.
 
     primary, workspace.ceo_agent and agent_profile_id:<id> name at most one agent; participant_role:<role>
     names every participant of that role at the step with an agent, one per (role, agent), per-task rows
-    winning (Kandev's engine queues one run per matching participant: issue 12 item 5). The same resolution
+    winning (Kandev's engine queues one run per matching participant). The same resolution
     serves every trigger, on_enter included (on-enter spec AC-A7).
     """
     if target.startswith("participant_role:"):
         role = target.removeprefix("participant_role:")
-        rows = dedupe_seats(step_participants(conn, task, step_id, role))
+        rows = dedupe_seats(
+            participant_rows.step_participants(
+                conn, workflow_id=task.workflow_id, task_id=task.id, step_id=step_id, role=role
+            )
+        )
         return [p.agent_profile_id for p in rows if p.agent_profile_id]
     if target == "primary":
         agent = task.primary_agent_id
@@ -306,7 +263,7 @@ def resolve_targets(conn: sqlite3.Connection, task: TaskRecord, step_id: str, ta
     return [agent] if agent else []
 
 
-def queue_run(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+def queue_run(conn: Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
     """Enqueue one run per resolved target agent, for this task or the task named by `task_id`.
 
     Each run carries its own idempotency key (the key includes the agent). Fails (a cause, nothing queued)
@@ -339,10 +296,13 @@ def queue_run(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) 
     return Effect("done", events=tuple(events))
 
 
-def ensure_participant_seat(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
+def ensure_participant_seat(conn: Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
     """Check that the step has a seat for the configured role; warn (and stay done) when it has none."""
     role: str = getattr(action.config, "role", "")
-    if step_participants(conn, ctx.task, ctx.step_id, role):
+    task = ctx.task
+    if participant_rows.step_participants(
+        conn, workflow_id=task.workflow_id, task_id=task.id, step_id=ctx.step_id, role=role
+    ):
         return Effect("done")
     note = DiagnosticNote(
         "warning", "participant_seat_missing", {"task_id": ctx.task.id, "step_id": ctx.step_id, "role": role}
@@ -350,8 +310,9 @@ def ensure_participant_seat(conn: sqlite3.Connection, ctx: ActionContext, action
     return Effect("done", "no seat for role", diagnostics=(note,))
 
 
-Executor = Callable[[sqlite3.Connection, ActionContext, ActionDecl], Effect]
-"""An engine-owned action whose effect is a database write: runs inside one store transaction."""
+Executor = Callable[[Connection, ActionContext, ActionDecl], Effect]
+"""An engine-owned action whose effect is a database write: runs on the writer thread inside one store
+transaction, given its connection, context and declaration. `open_runtime(executors=...)` takes them."""
 
 DEFAULT_EXECUTORS: Mapping[str, Executor] = MappingProxyType(
     {
@@ -362,6 +323,3 @@ DEFAULT_EXECUTORS: Mapping[str, Executor] = MappingProxyType(
     }
 )
 """The built-in executors a runtime registers unless told otherwise."""
-
-HOST_ACTION_TYPES = SESSION_ACTION_TYPES | {"disable_plan_mode"}
-"""Action types the host performs (through `Host.perform_session_action`), never an executor."""

@@ -1,4 +1,5 @@
 """The recovery scan's common case, set-oriented: many untouched open entries finished by a few statements.
+Writer thread: every function runs inside the writer's transaction, on plans handed in by the Trio side.
 
 An open entry is "common" when its task still stands at the entry's step in the entry's workflow, the entry
 is the latest of its (task, step), its recorded declaration digest is the current one, it has no marker
@@ -7,46 +8,33 @@ yet, the task has no per-task participant rows, every engine-owned action of the
 fan-out matches has an agent, and no idempotency key the fan-out would write is taken. Those entries of one
 (workflow, step) are finished together in one savepoint: one DELETE for the clears, one multi-row runs
 insert (`ON CONFLICT DO NOTHING`), one multi-row marker insert, one terminal UPDATE. The rows are built by
-SQLite from the entries' identities and the step's plan (idempotency keys included, byte for byte the keys
-`OnEnterDispatch.context` builds), so no per-run value is built in Python. Any anomaly (a row missing, a
-database error that does not end the transaction) rolls the savepoint back and leaves every entry of the
-group to the per-entry path, which decides it exactly as before; an error that ends the transaction is
-re-raised (issue 11 item 4). The effects and events are those the executors build.
-Source: issue 14 item "Recovery: set-oriented SQL for the common case"; on-enter-action-dispatch.md AC-B9.
+the database from the entries' identities and the step's plan (idempotency keys included, byte for byte
+the keys the executors build: store/keys.py), so no per-run value is built in Python. Any anomaly (a row
+missing, a database error that does not end the transaction) rolls the savepoint back and leaves every
+entry of the group to the per-entry path, which decides it exactly as before; an error that ends the
+transaction is re-raised. What each entry did is returned as data; the Trio side publishes the events the
+executors would have (actors/engine/recovery.py). Source: on-enter-action-dispatch.md AC-B9.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from onceflow import metrics
-from onceflow.actors.engine.actions import dedupe_seats
-from onceflow.actors.engine.common import (
-    Anomaly,
-    Done,
-    common_order,
-    common_result,
-    digest,
-    fan_out_notes,
-    reason,
-    run_key,
-)
-from onceflow.actors.engine.on_enter import OnEnterDispatch, SegmentResult
-from onceflow.actors.kernel.outbox import Outbox
-from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
-from onceflow.store import faults, tasks
-from onceflow.store.participants import template_participants
+from onceflow.store import faults, keys, tasks
+from onceflow.store.common_entry import Anomaly, Done
+from onceflow.store.connection import Connection
+from onceflow.store.executors import Executor, fan_out_digest, fan_out_notes, fan_out_reason
+from onceflow.store.participants import dedupe_seats, template_participants
 from onceflow.store.records import StepEntry, TaskRecord
 from onceflow.store.runs import payload_json
 from onceflow.store.savepoint import savepoint
-from onceflow.store.step_entries import EntryKey, declaration_digest
+from onceflow.store.step_entries import declaration_digest
 
 log = get_logger("onceflow.recovery")
 
@@ -63,21 +51,42 @@ entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`).
 value is read once, not once per row it joins (SQLite 3.40 parses a JSON argument again at every `->>`,
 and a `json_each` on the inner side of a join again for every outer row)."""
 
-_KEY = "'on_enter:' || e.task_id || ':' || ?1 || ':' || e.entry_seq || r.suffix"
-"""An on_enter idempotency key in SQL, for entry `e` of step ?1 and run `r`: SQLite writes an integer
-entry_seq as Python's `str` does, so the key is `run_key`'s (compared byte for byte by the tests)."""
+_KEY = keys.entry_prefix_sql("e.task_id", "?1", "e.entry_seq") + " || r.suffix"
+"""An on_enter idempotency key in SQL, for entry `e` of step ?1 and run `r` (`keys.entry_key`'s bytes: an
+integer entry_seq is written as Python's `str` writes it)."""
+
+Order = tuple[tuple[int, ActionDecl], ...]
+
+
+@attrs.frozen
+class StepPlan:
+    """What the recovery scan takes of one (workflow, step) of the loaded templates, planned on the Trio
+    side: the step, its recovery dispatch order (engine-owned actions), whether any of them waits on the
+    host (`deferred`: no executor, or run_code_review), its `common_order` on the recovery path (None: not
+    a set-path step), and the executors."""
+
+    workflow: Workflow
+    step: Step
+    order: Order
+    deferred: bool
+    common: Order | None
+    executors: Mapping[str, Executor]
+
+
+StepPlans = Mapping[tuple[str, str], StepPlan]
+"""(workflow_id, step_id) → its `StepPlan`; a pair missing from it no longer resolves."""
 
 
 @attrs.frozen
 class Group:
     """The set plan of one (workflow, step): its recovery order, per fan-out position the agents it queues
     for (template participants, deduplicated, in order), and the same as JSON parameters: `runs`, one
-    [position, key suffix (":position:agent:config digest"), agent, reason, payload JSON] per run of an
-    entry in dispatch order, and `kinds`, one [position, action type] per position. `notes`: the
-    diagnostics an entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs
-    an entry queues."""
+    [position, key suffix (`keys.entry_suffix`), agent, reason, payload JSON] per run of an entry in
+    dispatch order, and `kinds`, one [position, action type] per position. `notes`: the diagnostics an
+    entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs an entry
+    queues."""
 
-    workflow: Workflow
+    workflow_id: str
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
     agents: dict[int, tuple[str, ...]]
@@ -90,41 +99,18 @@ class Group:
 @attrs.frozen
 class SetRun:
     """Entries of `group` the set path finished in one savepoint, in batch order. `detailed`, per entry,
-    the dispatch that publishes it and what each position did (the decisions its clear deleted, an int, or
-    the runs its fan-out queued, (agent_profile_id, run_id, idempotency_key) in participant order): read
-    back only when someone could receive the events (`Outbox.has_audience` when the run was finished), else
-    empty, and every fan-out queued one run per agent of the group."""
+    its task and what each position did (the decisions its clear deleted, an int, or the runs its fan-out
+    queued, (agent_profile_id, run_id, idempotency_key) in participant order): read back only when someone
+    could receive the events (`audience` when the run was finished), else empty, and every fan-out queued
+    one run per agent of the group."""
 
     group: Group
     entries: tuple[StepEntry, ...]
-    detailed: tuple[tuple[OnEnterDispatch, Done], ...] = ()
-
-    def results(self) -> list[SegmentResult]:
-        """Per detailed entry, the `SegmentResult` the per-entry path builds: the executors' effects and
-        events."""
-        step, order = self.group.step, self.group.order
-        return [common_result(d.task.id, step, order, done) for d, done in self.detailed]
-
-    def publish(self, out: Outbox) -> int:
-        """Publish what every entry did, in order; how many entries that is. Detailed: exactly the
-        per-entry path's events and diagnostics (`results`). Else (the scan runs before `open_runtime`
-        yields, so at startup nobody can subscribe): the same diagnostics logged and the same runs counted,
-        no event built."""
-        if self.detailed:
-            for (dispatch, _), result in zip(self.detailed, self.results(), strict=True):
-                dispatch.publish_segment(result)
-            return len(self.entries)
-        notes = self.group.notes
-        for entry in self.entries:
-            for level, code, fields in notes:
-                out.log(level, code, task_id=entry.task_id, **fields)
-        if self.group.queued:
-            metrics.RUNS.add(self.group.queued * len(self.entries), {"result": "queued"})
-        return len(self.entries)
+    detailed: tuple[tuple[TaskRecord, Done], ...] = ()
 
 
 def plan_common(
-    conn: sqlite3.Connection, services: Services, batch: Sequence[tuple[StepEntry, int]]
+    conn: Connection, plans: StepPlans, batch: Sequence[tuple[StepEntry, int]]
 ) -> dict[int, Group]:
     """Which entries of `batch` the set path may finish, by index, with their group (writer thread; reads
     only, one query per (workflow, step)).
@@ -141,7 +127,7 @@ def plan_common(
     members: dict[int, Group] = {}
     any_merged = bool(groups) and _any_merged_on_enter_key(conn)
     for (workflow_id, step_id), indexes in groups.items():
-        group = _group(conn, services, workflow_id, step_id)
+        group = _group(conn, plans.get((workflow_id, step_id)))
         if group is None:
             continue
         digest = declaration_digest([a.type for a in group.step.events.on_enter])
@@ -167,12 +153,12 @@ def plan_common(
     return members
 
 
-def _any_merged_on_enter_key(conn: sqlite3.Connection) -> bool:
+def _any_merged_on_enter_key(conn: Connection) -> bool:
     """Whether coalescing merged any on_enter key into a run (one index probe; the keys start "on_enter:")."""
     return (
         conn.execute(
-            "SELECT 1 FROM coalesced_keys"
-            " WHERE idempotency_key >= 'on_enter:' AND idempotency_key < 'on_enter;' LIMIT 1"
+            "SELECT 1 FROM coalesced_keys WHERE idempotency_key >= ? AND idempotency_key < ? LIMIT 1",
+            keys.ON_ENTER_RANGE,
         ).fetchone()
         is not None
     )
@@ -183,55 +169,45 @@ def _entries(entries: Iterable[StepEntry]) -> str:
     return json.dumps([[e.task_id, e.entry_seq] for e in entries])
 
 
-def _group(conn: sqlite3.Connection, services: Services, workflow_id: str, step_id: str) -> Group | None:
-    workflow = services.workflows.workflows.get(workflow_id)
-    if workflow is None or not workflow.has_step(step_id):
+def _group(conn: Connection, plan: StepPlan | None) -> Group | None:
+    if plan is None or plan.common is None:
         return None
-    step = workflow.step(step_id)
-    order = common_order(services, step, "recovery")
-    if order is None:
-        return None
-    template = template_participants(conn, workflow_id=workflow_id, step_id=step_id)
+    step, order, workflow_id = plan.step, plan.common, plan.workflow.id
+    template = template_participants(conn, workflow_id=workflow_id, step_id=step.id)
     agents: dict[int, tuple[str, ...]] = {}
     runs: list[tuple[int, str, str, str, str | None]] = []
+    notes: list[tuple[str, str, dict[str, object]]] = []
     for position, action in order:
-        if action.type == "queue_run_for_each_participant":
-            role: str = action.config.role  # type: ignore[union-attr]
-            matching = dedupe_seats(p for p in template if p.role == role)
-            if any(not p.agent_profile_id for p in matching):
-                return None  # a participant failure: the per-entry path reports it
-            agents[position] = tuple(p.agent_profile_id for p in matching)
-            suffix, why = f":{position}:{{}}:{digest(action)}", reason(action)
-            payload = payload_json(getattr(action.config, "payload", None))
-            runs.extend((position, suffix.format(a), a, why, payload) for a in agents[position])
+        if action.type != "queue_run_for_each_participant":
+            continue
+        role: str = getattr(action.config, "role", "")
+        matching = dedupe_seats(p for p in template if p.role == role)
+        if any(not p.agent_profile_id for p in matching):
+            return None  # a participant failure: the per-entry path reports it
+        agents[position] = seated = tuple(p.agent_profile_id for p in matching)
+        why = fan_out_reason(action, "on_enter")
+        digest = fan_out_digest(action, why)
+        payload = payload_json(getattr(action.config, "payload", None))
+        runs.extend((position, keys.entry_suffix(position, a, digest), a, why, payload) for a in seated)
+        for note in fan_out_notes("", step.id, step.name, role, len(seated), len(seated)):
+            notes.append((note.level, note.code, {k: v for k, v in note.fields.items() if k != "task_id"}))
     kinds = json.dumps([[position, action.type] for position, action in order])
-    notes = tuple(
-        (note.level, note.code, {k: v for k, v in note.fields.items() if k != "task_id"})
-        for position, action in order
-        if position in agents
-        for note in fan_out_notes("", step, action, len(agents[position]))
-    )
-    return Group(workflow, step, tuple(order), agents, json.dumps(runs), kinds, notes, len(runs))
+    return Group(workflow_id, step, tuple(order), agents, json.dumps(runs), kinds, tuple(notes), len(runs))
 
 
 def finish_common(
-    conn: sqlite3.Connection,
-    services: Services,
-    group: Group,
-    entries: Sequence[StepEntry],
-    now: float,
-    out: Outbox,
+    conn: Connection, group: Group, entries: Sequence[StepEntry], now: float, audience: bool
 ) -> SetRun | None:
     """Finish `entries` (consecutive in the batch, all planned into `group`) in one savepoint; None when an
     anomaly rolled it back, leaving them to the per-entry path. What each entry did is read back (run ids,
-    clear counts, task rows) only when `out` has an audience for its events.
+    clear counts, task rows) only when the events have an `audience` (`Outbox.has_audience`).
 
     Raises:
         sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
     """
     try:
         with savepoint(conn, "recover_set"):
-            if not out.has_audience():
+            if not audience:
                 _finish(conn, group, entries, now, detailed=False)
                 return SetRun(group, tuple(entries))
             done = _finish(conn, group, entries, now, detailed=True)
@@ -240,25 +216,15 @@ def finish_common(
     except Exception as exc:
         if faults.ends_transaction(conn, exc):
             raise
+        step_id = group.step.id
         log.info(
-            "recovery_set_path_declined",
-            workflow_id=group.workflow.id,
-            step_id=group.step.id,
-            cause=repr(exc),
+            "recovery_set_path_declined", workflow_id=group.workflow_id, step_id=step_id, cause=repr(exc)
         )
         return None
-    dispatches = (
-        OnEnterDispatch(services, found[e.task_id], group.workflow, group.step, _key(e), "recovery", out)
-        for e in entries
-    )
-    return SetRun(group, tuple(entries), tuple(zip(dispatches, done, strict=True)))
+    return SetRun(group, tuple(entries), tuple(zip((found[e.task_id] for e in entries), done, strict=True)))
 
 
-def _key(entry: StepEntry) -> EntryKey:
-    return EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
-
-
-def _tasks(conn: sqlite3.Connection, entries: Sequence[StepEntry]) -> dict[str, TaskRecord]:
+def _tasks(conn: Connection, entries: Sequence[StepEntry]) -> dict[str, TaskRecord]:
     columns = ", ".join(f"t.{c.strip()}" for c in tasks.TASK_COLUMNS.split(","))
     rows = conn.execute(
         f"SELECT {columns} FROM json_each(?) AS e CROSS JOIN tasks AS t ON t.id = e.value ->> 0",
@@ -268,7 +234,7 @@ def _tasks(conn: sqlite3.Connection, entries: Sequence[StepEntry]) -> dict[str, 
 
 
 def _finish(
-    conn: sqlite3.Connection, group: Group, members: Sequence[StepEntry], now: float, *, detailed: bool
+    conn: Connection, group: Group, members: Sequence[StepEntry], now: float, *, detailed: bool
 ) -> list[Done] | None:
     """The group's actions for every member entry, set-oriented; `detailed`: what each position did, per
     member (else None).
@@ -308,15 +274,19 @@ def _finish(
             if position not in group.agents:
                 did.append((position, counts.get(m.task_id, 0)))
                 continue
-            keys = [(agent, run_key(_key(m), position, agent, action)) for agent in group.agents[position]]
-            if any(key not in ids for _, key in keys):
+            digest = fan_out_digest(action, fan_out_reason(action, "on_enter"))
+            made = [
+                (agent, keys.entry_key(m.task_id, m.step_id, m.entry_seq, position, agent, digest))
+                for agent in group.agents[position]
+            ]
+            if any(key not in ids for _, key in made):
                 raise Anomaly("a run key the set statement did not write")
-            did.append((position, tuple((agent, ids[key], key) for agent, key in keys)))
+            did.append((position, tuple((agent, ids[key], key) for agent, key in made)))
         done.append(tuple(did))
     return done
 
 
-def _clear(conn: sqlite3.Connection, step_id: str, entries: str, *, detailed: bool) -> dict[str, int]:
+def _clear(conn: Connection, step_id: str, entries: str, *, detailed: bool) -> dict[str, int]:
     """Delete the step's decisions of every entry's task in one statement; `detailed`: the count deleted
     per task (else empty)."""
     counts: dict[str, int] = {}
@@ -338,7 +308,7 @@ def _clear(conn: sqlite3.Connection, step_id: str, entries: str, *, detailed: bo
 
 
 def _insert_runs(
-    conn: sqlite3.Connection,
+    conn: Connection,
     step_id: str,
     entries: str,
     group: Group,

@@ -1,0 +1,284 @@
+"""The engine: trigger evaluation, guarded transitions and step entry. Trio thread: every database effect
+is a store request; what it committed is published here.
+
+`handle_trigger` walks the current step's actions for a trigger: the first transition whose guard passes
+(requires_approval transitions skipped) fixes the target; other actions run through their executors and
+abort on the first error (on-enter spec AC-C5). The transition commits (with its step-entry record, in one
+transaction) before on_enter dispatches, and the operation id is marked only after every effect committed.
+Sources: kandev-engine-notes.md "Trigger handling", "Quorum guards"; on-enter-action-dispatch.md AC-B7.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from onceflow.actors.engine import guards, promotion
+from onceflow.actors.engine.common import publish_common
+from onceflow.actors.engine.entry import EntryPlans, StaleRow, plan_entry
+from onceflow.actors.engine.on_enter import OnEnterDispatch
+from onceflow.actors.engine.session import request_session_action
+from onceflow.actors.engine.triggers import HandleInput, HandleResult, check_executors, run_trigger_action
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services
+from onceflow.logs import get_logger
+from onceflow.protocol import trusted
+from onceflow.protocol.errors import StorageError, TransitionFailedError, TransitionRefusedError
+from onceflow.protocol.events import EntryPath, TaskQueued
+from onceflow.protocol.host import preflight_is_noop
+from onceflow.protocol.workflow import TRANSITION_TYPES, ActionDecl, Step, Trigger, Workflow, find_step
+from onceflow.store import tasks
+from onceflow.store.admission import Entered, EntryRequest, admit, admit_together, group_key
+from onceflow.store.common_entry import Admitted
+from onceflow.store.records import TaskRecord
+from onceflow.store.segment import SegmentResult
+from onceflow.store.step_entries import EntryKey
+from onceflow.store.writer import Grouped
+
+log = get_logger("onceflow.engine")
+
+__all__ = ["Engine", "HandleInput", "HandleResult", "StaleRow"]
+
+
+@attrs.define
+class Engine:
+    """Evaluates triggers and applies transitions for tasks; stateless apart from the shared services and
+    memos of what the (immutable) workflows and the host decide (an engine is rebuilt on reconfiguration)."""
+
+    services: Services
+    _asks_preflight: bool = attrs.field(init=False)
+    _plans: EntryPlans = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._asks_preflight = not preflight_is_noop(self.services.host)
+        self._plans = EntryPlans(self.services.executors)
+
+    async def load_task(self, task_id: str) -> TaskRecord:
+        """The task's committed row. Raises NotFoundError (field task_id)."""
+        return await self.services.store.transact(tasks.get_task, task_id)
+
+    async def handle_trigger(self, inp: HandleInput, out: Outbox) -> HandleResult:
+        """Evaluate `inp.trigger` for the task's current step and apply what it decides.
+
+        The operation id (when non-empty) is checked first and marked only after every action succeeded
+        and the transition committed; it is also marked when the step declares no actions; it is never
+        marked on error, nor for a deferred transition, nor under `defer_operation_mark`
+        (evaluate-only-operation-marking.md AC-EO-1 ... AC-EO-7; operation-ledger-lifetime.md AC-S5).
+        A cancellation leaves what committed so far and the operation id unmarked: a redelivery
+        re-evaluates.
+
+        Raises:
+            NotFoundError: the task, its workflow or its step does not exist.
+            ActionNotWiredError: an operation-bearing trigger declares an action with no executor (none ran).
+            ActionError: an action failed (abort on first error, on-enter spec AC-C5); the id stays unmarked.
+        """
+        ledger = self.services.ledger
+        if inp.operation_id and not inp.defer_operation_mark and await ledger.is_applied(inp.operation_id):
+            return HandleResult(idempotent=True)
+        task = await self.load_task(inp.task_id)
+        workflow = self.services.workflows.get(task.workflow_id)
+        step = find_step(workflow, task.step_id)
+        actions = step.events.actions(inp.trigger)
+        if inp.operation_id:
+            check_executors(self.services.executors, step, inp.trigger, actions)
+        target: Step | None = None
+        for position, action in enumerate(actions):
+            if action.type in TRANSITION_TYPES:
+                if target is None:
+                    target = await self.evaluate_transition(task, workflow, step, action, out)
+                continue
+            await run_trigger_action(self.services, task, step, inp, position, action, out)
+        result = HandleResult(from_step=step.id)
+        if target is not None and target.id != step.id:
+            result = attrs.evolve(result, to_step=target.id, transitioned=True)
+            if inp.evaluate_only:
+                deferred = bool(inp.operation_id) and not inp.defer_operation_mark
+                return attrs.evolve(result, operation_mark_deferred=deferred)
+            applied = await self.enter_step(
+                task, workflow, target, path="E1", trigger=str(inp.trigger), out=out
+            )
+            result = attrs.evolve(result, applied=applied)
+        if inp.operation_id and not inp.defer_operation_mark:
+            await ledger.mark_applied(inp.operation_id)
+        return result
+
+    async def evaluate_transition(
+        self, task: TaskRecord, workflow: Workflow, step: Step, action: ActionDecl, out: Outbox
+    ) -> Step | None:
+        """The step this transition moves to, or None (`guards.evaluate_transition`)."""
+        return await guards.evaluate_transition(self.services, task, workflow, step, action, out)
+
+    async def enter_step(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        target: Step,
+        *,
+        path: EntryPath,
+        trigger: str,
+        out: Outbox,
+        cached: bool = False,
+    ) -> bool:
+        """Admit the task to `target` and dispatch its on_enter; False if the task moved meanwhile.
+
+        Three steps: plan (memory only, actors/engine/entry.py), commit (one store request,
+        store/admission.py: the compare-and-set step change, the step-entry record and, when no host action
+        comes first, the dispatch's leading segment or the whole common entry), publish (the transition, the
+        source step's on_exit host actions, step_entered or task_queued, what already ran, then the rest of
+        the dispatch and the promotions the move allows). If the commit fails nothing lands and an ERROR
+        names task and step (AC-B7); the error propagates, as TransitionFailedError or, for a storage fault,
+        as the StorageError itself. A failure of the dispatch after the commit leaves the move standing
+        (AC-C4). A cancellation after the commit leaves the entry open for the recovery scan.
+
+        `cached`: `task` came from the task-row cache (actors/kernel/task_rows.py), not a read. The
+        compare-and-set then also verifies its workflow, admitted flag and admission counter; on any
+        mismatch nothing is written and `StaleRow` is raised for the caller to read the row afresh and
+        decide again (the host's preflight, already called with the cached source step, is then called
+        again with the real one: a stale row costs an extra preflight, never a wrong commit; a refusal is
+        asked again the same way, so a refusal is only ever answered from the committed row). The admitted
+        row is cached; any other outcome forgets it.
+
+        Raises:
+            TransitionRefusedError: the host's preflight refused (field step_id); nothing was written.
+            TransitionFailedError, StorageError: the admission failed; nothing was written.
+            StaleRow: `cached`, and the row was stale; nothing was written.
+        """
+        await self._preflight(task, target, cached)
+        request, on_exit = plan_entry(self.services, self._plans, task, workflow, target, path, cached=cached)
+        entered = await self._commit(request)
+        if entered.outcome == "stale":
+            raise StaleRow(task.id)
+        if entered.outcome == "abandoned":
+            out.diagnostic(
+                "info",
+                "transition_abandoned",
+                task_id=task.id,
+                expected_step=task.step_id,
+                target_step=target.id,
+            )
+            return False
+        out.emit(  # the runtime's own typed values: unvalidated
+            trusted.transition(
+                task_id=task.id,
+                workflow_id=workflow.id,
+                from_step=task.step_id,
+                to_step=target.id,
+                trigger=trigger,
+            )
+        )
+        for position, action in enumerate(on_exit):  # it left the source step
+            await request_session_action(
+                self.services,
+                task,
+                action,
+                out,
+                step_id=task.step_id,
+                trigger=str(Trigger.on_exit),
+                position=position,
+                path=path,
+            )
+        if entered.outcome == "queued":
+            out.emit(TaskQueued(task_id=task.id, step_id=target.id))
+        else:
+            self._publish_entered(request, entered, out)
+            if not isinstance(entered.first, Admitted):
+                await self.dispatch_entry(
+                    request.entered, workflow, target, entered.key, path, out, entered.first
+                )
+        admitted_to = target if entered.outcome == "admitted" else None
+        await promotion.promote_after_move(self.services, task, workflow, admitted_to)
+        return True
+
+    async def _preflight(self, task: TaskRecord, target: Step, cached: bool) -> None:
+        """Ask the host whether the task may leave its step for `target` (skipped for a host that accepts
+        every transition). Raises TransitionRefusedError (field step_id), or StaleRow for a cached row."""
+        if not self._asks_preflight:  # the default host's preflight accepts everything: no await for it
+            return
+        try:
+            await self.services.host.preflight_transition(
+                task_id=task.id, from_step=task.step_id, to_step=target.id
+            )
+        except Exception as exc:
+            if cached:  # perhaps refused for a stale source step: ask again with the committed row
+                raise StaleRow(task.id) from exc
+            raise TransitionRefusedError(
+                f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
+            ) from exc
+
+    async def _commit(self, request: EntryRequest) -> Entered:
+        """Run the admission (grouped with the batch's other common entries of its step when the writer can),
+        and keep the task-row cache in step: the admitted row is cached, anything else forgets it."""
+        store, rows, task = self.services.store, self.services.task_rows, request.task
+        try:
+            key = group_key(request)
+            if key is None:
+                entered = await store.transact(admit, request, store)
+            else:
+                entered = await store.transact_grouped(
+                    Grouped(key, request, admit_together), admit, request, store
+                )
+        except Exception as exc:  # nothing landed: neither the step change nor its record (AC-B7)
+            rows.forget(task.id)
+            log.error(
+                "step_admission_failed",
+                task_id=task.id,
+                step_id=request.target.id,
+                entry_path=request.path,
+                cause=repr(exc),
+            )
+            if isinstance(exc, StorageError):  # the host learns the fault's kind and whether to retry
+                raise
+            raise TransitionFailedError(
+                f"moving task {task.id!r} to {request.target.id!r} failed and nothing was committed: {exc!r}",
+                field="step_id",
+            ) from exc
+        if entered.outcome == "admitted":
+            rows.put(request.entered)
+        else:
+            rows.forget(task.id)
+        return entered
+
+    def _publish_entered(self, request: EntryRequest, entered: Entered, out: Outbox) -> None:
+        """`step_entered`, then what a common entry committed whole in the admission."""
+        key = entered.key
+        out.emit(
+            trusted.step_entered(
+                task_id=request.task.id,
+                step_id=request.target.id,
+                entry_seq=key.entry_seq if key else None,
+                entry_path=request.path,
+            )
+        )
+        if isinstance(entered.first, Admitted):  # only a common plan admits so
+            assert request.common is not None
+            publish_common(out, request.task.id, request.common, entered.first.done)
+
+    async def dispatch_entry(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        step: Step,
+        key: EntryKey | None,
+        path: EntryPath,
+        out: Outbox,
+        first: SegmentResult | None = None,
+    ) -> None:
+        """Run the on_enter of a committed entry (`first`: its leading segment, already committed with the
+        admission). Never raises an error (a cancellation passes through, leaving the entry open for the
+        next recovery scan): the transition stands whatever its actions do (AC-C4), and an entry left open
+        is resumed by the next start's recovery scan. A failure (a storage fault included) is logged and
+        reported as an `on_enter_dispatch_failed` diagnostic, never silent."""
+        try:
+            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run(first)
+        except Exception as exc:
+            out.diagnostic(  # logged at ERROR too
+                "error",
+                "on_enter_dispatch_failed",
+                task_id=task.id,
+                step_id=step.id,
+                entry_seq=key.entry_seq if key else None,
+                cause=repr(exc),
+            )
+
+    async def promote(self, workflow: Workflow, step: Step) -> int:
+        """Admit candidates into `step` while it has room (`promotion.promote`); how many were promoted."""
+        return await promotion.promote(self.services, workflow, step)

@@ -1,0 +1,106 @@
+"""A step entry, Trio side: plan the admission, then publish what it committed. Trio thread: the admission
+itself is one store request (store/admission.py).
+
+Planning reads only memory: the source step's on_exit actions, and, without any, the target's common-entry
+plan on the entry's path (store/common_entry.py) or else the dispatch's leading segment, memoized per
+(source, target, path) step objects (`EntryPlans`). Publishing emits the transition, asks the host for the
+source step's on_exit actions (it left the step), emits step_entered or task_queued, and publishes what the
+admitting transaction already did. Source: on-enter-action-dispatch.md AC-B7, AC-C4, AC-E5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from onceflow.actors.engine.common import common_order
+from onceflow.actors.engine.order import leading_segment
+from onceflow.actors.kernel.services import Services
+from onceflow.protocol.events import EntryPath
+from onceflow.protocol.workflow import ActionDecl, Step, Trigger, Workflow
+from onceflow.store.admission import EntryRequest
+from onceflow.store.common_entry import Plan, common_plan
+from onceflow.store.executors import Executor
+from onceflow.store.records import TaskRecord
+from onceflow.store.segment import Order
+
+
+class StaleRow(Exception):
+    """A cached task row failed the admission's compare-and-set: nothing was written; read it afresh."""
+
+
+EntryPlan = tuple[Sequence[ActionDecl], Plan | None, tuple[Order, bool] | None]
+"""A move's source on_exit actions and, when it has none, the target's common-entry plan (or None) and the
+dispatch's leading segment (`order.leading_segment`, or None)."""
+
+_PLAN_MEMO = 4096
+"""Entry plans remembered before the memo starts over (a plan is a few references)."""
+
+
+@attrs.define
+class EntryPlans:
+    """The memo of `EntryPlan`s of one engine (its executors fixed: an engine is rebuilt on
+    reconfiguration), keyed by the (immutable) step objects themselves."""
+
+    executors: Mapping[str, Executor]
+    _plans: dict[tuple[int, int, str], tuple[Step | None, Step, EntryPlan]] = attrs.field(
+        init=False, factory=dict
+    )
+
+    def get(self, source: Step | None, target: Step, path: EntryPath) -> EntryPlan:
+        """The source step's on_exit actions and, without any, the target's common-entry plan on `path`
+        (`common_order`, `common_plan`) and leading segment."""
+        key = (id(source), id(target), path)
+        memo = self._plans.get(key)
+        if memo is not None and memo[0] is source and memo[1] is target:
+            return memo[2]
+        on_exit = source.events.actions(Trigger.on_exit) if source is not None else ()
+        order = None if on_exit else common_order(self.executors, target, path)
+        common = None if order is None else common_plan(target, order)
+        lead = None if on_exit else leading_segment(target, path, self.executors)
+        plan: EntryPlan = (on_exit, common, lead)
+        if len(self._plans) >= _PLAN_MEMO:
+            self._plans.clear()
+        self._plans[key] = (source, target, plan)  # the references keep the ids from being reused
+        return plan
+
+
+def source_step(services: Services, task: TaskRecord) -> Step | None:
+    """The step the task stands at, when its workflow still declares it."""
+    workflow = services.workflows.workflows.get(task.workflow_id)
+    if workflow is None or not workflow.has_step(task.step_id):
+        return None
+    return workflow.step(task.step_id)
+
+
+def plan_entry(
+    services: Services,
+    plans: EntryPlans,
+    task: TaskRecord,
+    workflow: Workflow,
+    target: Step,
+    path: EntryPath,
+    *,
+    cached: bool,
+) -> tuple[EntryRequest, Sequence[ActionDecl]]:
+    """The admission request of `task` to `target` (store/admission.py) and the source step's on_exit
+    actions to ask the host for once it commits. `cached`: `task` came from the task-row cache, so the
+    compare-and-set also verifies its version."""
+    now = services.now()
+    # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
+    entered = attrs.evolve(
+        task,
+        workflow_id=workflow.id,
+        step_id=target.id,
+        admissions=task.admissions + 1,
+        wip_admitted=True,
+        queued_for_step_id=None,
+        updated_at=now,
+    )
+    on_exit, common, lead = plans.get(source_step(services, task), target, path)
+    version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
+    request = EntryRequest(
+        task, entered, workflow.id, target, path, now, version, common, lead, services.executors
+    )
+    return request, on_exit

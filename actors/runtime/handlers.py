@@ -1,0 +1,160 @@
+"""The runtime-level commands: templates, template-level seats, the runs queue, the task list, review runs
+and coordinator outcomes. Trio thread: each is a store request (a template is parsed on a worker thread).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeAlias
+
+import attrs
+import trio
+
+from onceflow.actors.engine.participants import add_participant
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.runtime.outcome import OutcomeSupervisor
+from onceflow.logs import get_logger
+from onceflow.protocol import commands as c
+from onceflow.protocol.errors import NotFoundError, WorkflowInvalidError
+from onceflow.protocol.results import (
+    AckQueued,
+    OutcomeInfo,
+    OutcomeReceived,
+    ParticipantAdded,
+    ParticipantRemoved,
+    ReviewRunInfo,
+    RunFinished,
+    RunInfo,
+    TaskPage,
+    WorkflowRegistered,
+)
+from onceflow.protocol.workflow import (
+    ALLOWED_ACTIONS,
+    IMPORT_ALLOWED_ACTIONS,
+    Workflow,
+    WorkflowError,
+    load_workflow_text,
+)
+from onceflow.store import participants, review_runs, runs, tasks, workflows
+from onceflow.store.workflows import StoredWorkflow
+
+log = get_logger("onceflow.supervisor")
+
+RuntimeResult: TypeAlias = (
+    WorkflowRegistered
+    | ParticipantAdded
+    | ParticipantRemoved
+    | RunInfo
+    | RunFinished
+    | list[RunInfo]
+    | TaskPage
+    | list[ReviewRunInfo]
+    | OutcomeReceived
+    | AckQueued
+    | OutcomeInfo
+    | None
+)
+"""A runtime-level command's reply result (None: `claim_run` found no run)."""
+
+
+class Reconfigurable(Protocol):
+    """What registering a template changes: the runtime's services (its workflows), by reconfiguring."""
+
+    @property
+    def services(self) -> Services: ...
+
+    def reconfigure(self, *, workflows: WorkflowRegistry | None = None) -> None: ...
+
+
+async def handle(
+    runtime: Reconfigurable, outcomes: OutcomeSupervisor, command: c.RuntimeCommand, out: Outbox
+) -> RuntimeResult:
+    """Apply one runtime-level command; raises OnceflowError subclasses for refused ones (each handler below
+    names its own)."""
+    services = runtime.services
+    store = services.store
+    match command:
+        case c.RegisterWorkflow():
+            return await register_workflow(
+                runtime, command.yaml, command.source, import_path=command.import_path
+            )
+        case c.AddParticipant():  # template-level: a per-task one is routed to its task
+            workflow = services.workflows.get(command.workflow_id or "")
+            return await add_participant(services, command, workflow=workflow, task_id=None)
+        case c.RemoveParticipant():
+            if not await store.transact(participants.remove_participant, command.participant_id):
+                raise NotFoundError(
+                    f"participant {command.participant_id} does not exist", field="participant_id"
+                )
+            return ParticipantRemoved(removed=True)
+        case c.ClaimRun():
+            run = await store.transact(runs.claim_run, command.agent_profile_id, services.now())
+            return None if run is None else runs.run_info(run)
+        case c.FinishRun():
+            if not await store.transact(runs.finish_run, command.run_id, command.status, services.now()):
+                raise NotFoundError(f"no claimed run {command.run_id}", field="run_id")
+            return RunFinished(run_id=command.run_id, status=command.status)
+        case c.ListRuns():
+            rows = await store.transact(
+                runs.list_runs,
+                task_id=command.task_id,
+                agent_profile_id=command.agent_profile_id,
+                status=command.status,
+            )
+            return [runs.run_info(row) for row in rows]
+        case c.ListTasks():
+            page, more = await store.transact(
+                tasks.list_tasks, after_task_id=command.after_task_id, limit=command.limit
+            )
+            return TaskPage(
+                tasks=[tasks.task_info(task) for task in page],
+                next_after_task_id=page[-1].id if more else None,
+            )
+        case c.ListReviewRuns():
+            return await store.transact(review_runs.list_review_runs, task_id=command.task_id)
+        case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
+            return await outcomes.handle(command, out)
+
+
+async def register_workflow(
+    runtime: Reconfigurable, text: str, source: str, *, import_path: bool = False
+) -> WorkflowRegistered:
+    """Validate, persist and register (or replace) a workflow template: a reconfiguration (the ledger is
+    kept: operation-ledger-lifetime.md AC-L1). The text is parsed on a worker thread, never stalling the
+    other tasks. Raises WorkflowInvalidError (`field` names the offending field); a cancellation during
+    the parse leaves nothing stored."""
+    stored = StoredWorkflow("", source, text, import_path)
+    workflow = await trio.to_thread.run_sync(parse, stored)
+    services = runtime.services
+    stored = attrs.evolve(stored, workflow_id=workflow.id)
+    await services.store.transact(
+        workflows.save_workflow,
+        workflow_id=workflow.id,
+        name=workflow.name,
+        stored=stored,
+        now=services.now(),
+    )
+    registry = WorkflowRegistry(dict(services.workflows.workflows))
+    registry.put(workflow)
+    runtime.reconfigure(workflows=registry)
+    return WorkflowRegistered(workflow_id=workflow.id, steps=[step.id for step in workflow.ordered_steps])
+
+
+async def load_workflows(services: Services) -> None:
+    """Register every stored template (at start-up); one that no longer validates is logged at ERROR and
+    left out."""
+    for stored in await services.store.transact(workflows.all_workflows):
+        try:
+            services.workflows.put(await trio.to_thread.run_sync(parse, stored))
+        except WorkflowInvalidError as exc:
+            log.error("stored_workflow_invalid", workflow_id=stored.workflow_id, cause=exc.message)
+
+
+def parse(stored: StoredWorkflow) -> Workflow:
+    """The template `stored` holds (with the import path's wider allow-list when it was registered so).
+    Raises WorkflowInvalidError (field: the offending field)."""
+    allowed = IMPORT_ALLOWED_ACTIONS if stored.import_path else ALLOWED_ACTIONS
+    try:
+        return load_workflow_text(stored.definition, stored.source, allowed_actions=allowed)
+    except WorkflowError as exc:
+        raise WorkflowInvalidError(str(exc), field=exc.field or None) from None

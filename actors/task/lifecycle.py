@@ -1,0 +1,105 @@
+"""A task's life outside the workflow's triggers: creation, field updates, seats, deletion and the task's
+queries. Trio thread: each is one or two store requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onceflow.actors.engine.participants import add_participant
+from onceflow.actors.engine.promotion import promote
+from onceflow.actors.kernel.outbox import Outbox
+from onceflow.actors.task.context import TaskContext
+from onceflow.actors.task.moves import move
+from onceflow.protocol import commands as c
+from onceflow.protocol.events import TaskCreated, TaskQueued
+from onceflow.protocol.results import DecisionInfo, ParticipantAdded, StepEntryInfo, TaskDeleted, TaskInfo
+from onceflow.protocol.workflow import find_step
+from onceflow.store import participants, step_entries, tasks
+
+
+async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskInfo:
+    """Create the task where `wip.place` lands it (not an entry: no on_enter runs). Into a full step it is
+    queued there, or, when the step has a feeder with room, placed in the feeder tagged for the step
+    (kandev-engine-notes.md, WIP limits). The row is cached as committed: its first move needs no read.
+
+    Raises:
+        WipLimitError: the step and its feeder are both full (field step_id).
+        ConflictError: the task id is taken (field task_id).
+    """
+    services = ctx.services
+    workflow = services.workflows.get(command.workflow_id)
+    target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
+    feeder = workflow.step(target.pull_from_step_id) if target.pull_from_step_id else None
+    task = await ctx.store.transact(
+        tasks.create_task,
+        task_id=command.task_id,
+        workflow_id=workflow.id,
+        target=target,
+        feeder=feeder,
+        title=command.title,
+        session_id=command.session_id,
+        primary_agent_id=command.primary_agent_id,
+        ceo_agent_id=command.ceo_agent_id,
+        priority=command.priority,
+        now=services.now(),
+    )
+    services.task_rows.put(task)
+    out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
+    if not task.wip_admitted:
+        out.emit(TaskQueued(task_id=task.id, step_id=task.step_id))
+    return tasks.task_info(task)
+
+
+async def delete(ctx: TaskContext) -> TaskDeleted:
+    """Delete the task (its rows cascade); a slot it held is freed for promotion. Raises NotFoundError."""
+    task = await ctx.load()
+    await ctx.store.transact(tasks.delete_task, ctx.task_id)
+    workflow = ctx.services.workflows.workflows.get(task.workflow_id)
+    if workflow is not None and workflow.has_step(task.step_id) and task.wip_admitted:
+        await promote(ctx.services, workflow, workflow.step(task.step_id))
+    return TaskDeleted(deleted=True)
+
+
+async def update(ctx: TaskContext, command: c.UpdateTask, out: Outbox) -> TaskInfo:
+    """Update the given fields; a `step_id` then moves the task (entry path E5). Raises NotFoundError."""
+    fields: dict[str, Any] = {
+        name: value
+        for name in ("title", "priority", "session_id", "primary_agent_id")
+        if (value := getattr(command, name)) is not None
+    }
+    await ctx.store.transact(tasks.update_task, ctx.task_id, fields, ctx.services.now())
+    if command.step_id:
+        await move(ctx, command.step_id, "E5", "update_task", out)
+    return tasks.task_info(await ctx.load())
+
+
+async def start(ctx: TaskContext, command: c.StartTask, out: Outbox) -> TaskInfo:
+    """Set the session, if given; a `step_id` then moves the task (entry path E5). Raises NotFoundError."""
+    if command.session_id:
+        fields = {"session_id": command.session_id}
+        await ctx.store.transact(tasks.update_task_fields, ctx.task_id, fields, ctx.services.now())
+    if command.step_id:
+        await move(ctx, command.step_id, "E5", "start_task", out)
+    return tasks.task_info(await ctx.load())
+
+
+async def add_own_participant(ctx: TaskContext, command: c.AddParticipant) -> ParticipantAdded:
+    """Seat a participant on this task alone (`participants.add_participant` states the rule)."""
+    task = await ctx.load()
+    workflow = ctx.services.workflows.get(task.workflow_id)
+    return await add_participant(ctx.services, command, workflow=workflow, task_id=ctx.task_id)
+
+
+async def get(ctx: TaskContext) -> TaskInfo:
+    """The task as stored. Raises NotFoundError."""
+    return tasks.task_info(await ctx.load())
+
+
+async def list_decisions(ctx: TaskContext, command: c.ListDecisions) -> list[DecisionInfo]:
+    """The task's decisions (at `step_id`, when given), oldest first."""
+    return await ctx.store.transact(participants.decisions_of, task_id=ctx.task_id, step_id=command.step_id)
+
+
+async def list_step_entries(ctx: TaskContext) -> list[StepEntryInfo]:
+    """The task's step entries with their markers, in (step, entry_seq) order."""
+    return await ctx.store.transact(step_entries.entries_with_markers, ctx.task_id)

@@ -1,0 +1,147 @@
+"""Recording a decision: its receipt, the decider's role, and whether any quorum guard counts it. Writer
+thread: `record` runs inside one store transaction, with the quorum rules handed in by the Trio side
+(actors/engine/decisions.py); the task actor publishes what it returns and re-evaluates the guards.
+
+A `decision_id` is a durable receipt: the same content again is a replay that writes nothing, other content
+a conflict, in process and after a restart. Source: kandev-engine-notes.md "Quorum guards".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from onceflow.protocol import commands as c
+from onceflow.protocol.errors import ConflictError
+from onceflow.protocol.workflow import Step, Workflow, find_step, find_workflow
+from onceflow.store import participants, tasks
+from onceflow.store.connection import Connection
+from onceflow.store.records import Decision, Participant, TaskRecord
+
+
+@attrs.frozen
+class Recorded:
+    """What `record` did.
+
+    `inserted` False is a replay of the host's `decision_id`: nothing was written, `decision_id` is the row
+    first recorded, and `role` and `not_counted` are None (they were reported then). Otherwise `role` is the
+    role stored (the command's, or resolved from the decider's seat) and `not_counted` is why no quorum
+    guard of the step takes the decision now ("task_not_at_step", "no_quorum_guard", "no_matching_seat"),
+    or None when one does.
+    """
+
+    task: TaskRecord
+    decision_id: int
+    inserted: bool
+    role: str | None = None
+    not_counted: str | None = None
+
+
+def content_of(command: c.RecordDecision) -> str:
+    """The canonical JSON of what a decision says: every field but its identity (task, step, decision_id)."""
+    return json.dumps(
+        command.model_dump(
+            include={"decider_type", "decider_id", "decision", "role", "participant_id", "comment"}
+        ),
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+class DecisionRules(Protocol):
+    """The quorum rules a recorded decision is judged by (kandev-engine-notes.md, "Quorum guards")."""
+
+    def seat_role(
+        self,
+        rows: Sequence[Participant],
+        *,
+        task_id: str,
+        step_id: str,
+        decider_type: str,
+        decider_id: str,
+        participant_id: int | None,
+    ) -> str | None:
+        """The role of the decider's seat among `rows`, or None when the decider holds none."""
+        ...
+
+    def not_counted(self, decision: Decision, step: Step, rows: Sequence[Participant]) -> str | None:
+        """Why no quorum guard of `step` takes `decision` into account, or None when one does."""
+        ...
+
+
+def record(
+    conn: Connection,
+    command: c.RecordDecision,
+    workflows: Mapping[str, Workflow],
+    rules: DecisionRules,
+    now: float,
+) -> Recorded:
+    """Record `command` for its task (`now` Unix seconds).
+
+    A `decision_id` already receipted for (task, step) is a replay when the content matches and nothing is
+    written — even if the task has left the step since. A decision without `role` takes the role of the
+    decider's seat (`rules.seat_role`). A decision no guard counts — the task is not at `step_id` (a late
+    vote; the next entry's clear_decisions removes it), or it matches no guard's seat — is still recorded,
+    and `not_counted` says why.
+
+    Raises:
+        NotFoundError: the task does not exist, or its workflow has no step `step_id`.
+        ConflictError: `decision_id` was receipted with different content (field decision_id).
+    """
+    task = tasks.get_task(conn, command.task_id)
+    where = {"task_id": task.id, "step_id": command.step_id}
+    content = content_of(command)
+    if command.decision_id is not None:
+        earlier = participants.decision_receipt(conn, **where, external_id=command.decision_id)
+        if earlier is not None:
+            if earlier[1] and earlier[1] != content:
+                raise ConflictError(
+                    f"decision_id {command.decision_id!r} was already recorded for task {task.id!r} at step"
+                    f" {command.step_id!r} with different content",
+                    field="decision_id",
+                )
+            return Recorded(task, earlier[0], inserted=False)
+    step = find_step(find_workflow(workflows, task.workflow_id), command.step_id)  # in memory
+    rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
+    role = command.role or rules.seat_role(
+        rows,
+        task_id=task.id,
+        step_id=step.id,
+        decider_type=command.decider_type,
+        decider_id=command.decider_id,
+        participant_id=command.participant_id,
+    )
+    decision = Decision(
+        id=0,
+        task_id=task.id,
+        step_id=step.id,
+        participant_id=command.participant_id,
+        role=role or "",
+        decider_type=command.decider_type,
+        decider_id=command.decider_id,
+        decision=command.decision,
+        comment=command.comment,
+        created_at=now,
+    )
+    decision_id = participants.record_decision(
+        conn,
+        **where,
+        participant_id=decision.participant_id,
+        role=decision.role,
+        decider_type=decision.decider_type,
+        decider_id=decision.decider_id,
+        decision=decision.decision,
+        comment=decision.comment,
+        now=now,
+    )
+    if command.decision_id is not None:
+        participants.add_decision_receipt(
+            conn, **where, external_id=command.decision_id, decision_id=decision_id, content=content
+        )
+    if task.step_id != step.id:  # a late vote: the next entry's clear_decisions (if declared) removes it
+        return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted="task_not_at_step")
+    reason = rules.not_counted(attrs.evolve(decision, id=decision_id), step, rows)
+    return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted=reason)

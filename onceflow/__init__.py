@@ -12,7 +12,7 @@ The public API, all importable from `onceflow`:
 - the errors: `OnceflowError` and its subclasses, `DatabaseOwnedError`.
 
 `onceflow.protocol` has all of the protocol, including each command's result model; docs/protocol.md is
-its reference page. Source: issue 13 item 5.
+its reference page.
 """
 
 from onceflow.actors.runtime.supervisor import Runtime, open_runtime

@@ -1,11 +1,11 @@
 """What each command returns: the shape of `Reply.result` when `ok`, one model (or union) per command type.
 
-The handlers build plain dicts (validating a model per command would cost CPU on every step entry; issue
-14); these models document them and check them. `RESULTS` maps each command type to its result type,
-`onceflow schema` prints each as JSON Schema under `results`, docs/protocol.md lists them, and
-`result_of(reply)` turns a reply's result into the model, for a Python host that wants it typed. The suite
-validates a reply of every command type against these models (tests/test_protocol_results.py), so a
-handler that changes its shape fails there. Source: issue 13 item 5 ("`Reply.result` is typed per command").
+The handlers build plain dicts (validating a model per command would cost CPU on every step entry); these
+models document them and check them. `RESULTS` maps each command type to its result type, `onceflow schema`
+prints each as JSON Schema under `results`, docs/protocol.md lists them, and `result_of(reply)` turns a
+reply's result into the model, for a Python host that wants it typed. The suite validates a reply of every
+command type against these models (tests/test_protocol_results.py), so a handler that changes its shape fails
+there.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ class MoveResult(_Result):
 
 
 class DecisionResult(_Result):
-    """`record_decision`: whether the vote counted and what the guards did (issue 12 item 1)."""
+    """`record_decision`: whether the vote counted and what the guards did."""
 
     decision_id: int
     """The stored decision (the earlier one, for a redelivery with the same decision_id)."""

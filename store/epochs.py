@@ -1,4 +1,4 @@
-"""Epoch liveness without leases, and per-task serialization across runtimes (issue 15).
+"""Epoch liveness without leases, and per-task serialization across runtimes.
 
 SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours is dead by definition.
 
@@ -111,8 +111,8 @@ def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
 def dead_epoch_entries(
     conn: Any, own_epoch: str, created_before: float, limit: int
 ) -> list[tuple[StepEntry, int]]:
-    """The open entries a live runtime should finish, PostgreSQL only (issue 15, "Live runtimes periodically
-    scan for, and finish, entries whose epoch is dead"): those holding no in_progress marker of a live epoch
+    """The open entries a live runtime should finish, PostgreSQL only (live runtimes periodically scan
+    for, and finish, the entries whose epoch is dead): those holding no in_progress marker of a live epoch
     (ours, or one whose lock `is_live` finds held) and either holding one of a dead epoch, or created before
     `created_before` (Unix seconds): a dead runtime's entry it committed but never claimed (a promotion's E3
     entry, a dispatch that had not begun). Each comes with the greatest entry_seq of its pair, in

@@ -1,4 +1,4 @@
-"""Which runtime delivers an outcome, when several share one PostgreSQL database (issue 15, gap 2).
+"""Which runtime delivers an outcome, when several share one PostgreSQL database.
 
 coordinator-outcome-delivery.md has one workflow per outcome; onceflow runs it as one `OutcomeActor`. With
 several runtimes on one database, any of them may resume an unfinished outcome (at its start, or when the

@@ -59,7 +59,7 @@ class Decision:
 class TaskRecord:
     """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
     `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
-    is in now (issue 16 item 3)."""
+    is in now, on every step, whether or not the step allocates a step-entry record."""
 
     id: str
     workflow_id: str

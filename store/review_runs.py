@@ -3,7 +3,7 @@
 A row is the artifact of "a review pass was started": the task, the step as workflow_step_id, and the
 trigger `workflow_step`. It also carries the entry identity (entry_seq, declared position) so that a launch
 repeated after a crash (at-least-once, AC-A8) reuses the row, its id and counts `launches`, while a new
-entry gets a new row: the row id is the stable review-run id a host deduplicates on (issue 12 item 7).
+entry gets a new row: the row id is the stable review-run id a host deduplicates on.
 A start the host refused stays recorded with status `start_failed`.
 """
 

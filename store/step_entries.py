@@ -122,7 +122,7 @@ def open_entries(conn: sqlite3.Connection) -> list[tuple[StepEntry, int] | Undec
     open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2)).
 
     Rows are decoded one by one, so a row that cannot be decoded is returned as an `UndecodableEntry` in its
-    place and never fails the others (AC-B9(f); issue 11: one corrupt row stopped the scan at every start).
+    place and never fails the others (AC-B9(f); otherwise one corrupt row would stop the scan at every start).
     """
     factory = conn.text_factory
     conn.text_factory = bytes  # decoded below, per row: SQLite's own decoding fails the whole fetch
@@ -218,7 +218,7 @@ def claim_marker(
 
     Returns "claimed" for the winner, "terminal" when the action already reached a terminal state, and
     "live_peer" when another dispatcher of this runtime holds it, or on PostgreSQL a runtime whose epoch is
-    still live (`epochs.is_live`, issue 15) (the caller must abandon the entry).
+    still live (`epochs.is_live`; the caller must abandon the entry).
     For an action applied and finished in one transaction no durable claim is needed: decide with
     `claim_outcome` on the markers read in that transaction.
     """

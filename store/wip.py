@@ -4,12 +4,11 @@ A slot at a step is taken by a task there with `wip_admitted` set; queued tasks 
 re-counts inside its transaction and updates only a row still in its expected state, so one task is never
 promoted twice. Source: kandev-engine-notes.md, "WIP limits (entry path E3)".
 
-Several runtimes on one PostgreSQL database (issue 15, item 1 of the multi-runtime gaps): two transactions
-admitting different tasks into one step would each count the other's admission as not yet committed and
-both see room. `has_room` therefore first takes a transaction-scoped advisory lock keyed by (workflow, step)
-(`serialize_admissions`), held until the admitting transaction commits, so the count it reads includes
-every admission committed before and none can commit in between. SQLite needs none: its one writer already
-serializes every transaction.
+Several runtimes on one PostgreSQL database: two transactions admitting different tasks into one step would
+each count the other's admission as not yet committed and both see room. `has_room` therefore first takes a
+transaction-scoped advisory lock keyed by (workflow, step) (`serialize_admissions`), held until the admitting
+transaction commits, so the count it reads includes every admission committed before and none can commit in
+between. SQLite needs none: its one writer already serializes every transaction.
 """
 
 from __future__ import annotations

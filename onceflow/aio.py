@@ -1,5 +1,4 @@
-"""Embedding under asyncio: the Trio runtime on its own thread, driven from an asyncio loop (issue 13,
-item 2).
+"""Embedding under asyncio: the Trio runtime on its own thread, driven from an asyncio loop.
 
     async with onceflow.aio.open_runtime(db_path, host=...) as rt:
         reply = await rt.send({"type": "get_task", "task_id": "T-1"})
@@ -247,7 +246,6 @@ async def open_runtime(db_path: str | os.PathLike[str], **options: Any) -> Async
     taking commands, lets the ones submitted finish, ends every subscription, closes the store and
     joins the thread — even when the leaving task is cancelled (the cancellation is re-raised after).
     An error that stopped the runtime while open is raised on leaving.
-    Source: issue 13, item 2.
     """
     runtime = AsyncioRuntime(asyncio.get_running_loop())
     thread = threading.Thread(target=runtime._thread, args=(db_path, options), name="onceflow-trio")

@@ -23,7 +23,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
---verbose). Source: issue 11, section 6.
+--verbose).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def load_script(path: Path) -> list[Any]:
     """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
 
     A JSON line is passed to the runtime as its raw bytes, so a line that is not UTF-8 or not JSON gets its
-    own typed reply and the rest of the script still runs (issue 11).
+    own typed reply and the rest of the script still runs.
 
     Raises:
         OSError: the file cannot be read. ValueError: a YAML script is not UTF-8 or not a list (the message
@@ -190,7 +190,7 @@ def validate(paths: list[Path]) -> int:
 
 def print_schema(args: argparse.Namespace) -> int:
     """`onceflow schema`: the protocol's JSON Schema, the template format's (`--template`), or the protocol
-    reference page (`--markdown`, what docs/protocol.md holds). Source: issue 13 item 5."""
+    reference page (`--markdown`, what docs/protocol.md holds)."""
     if args.import_path and not args.template:
         say("error: --import-path goes with --template", err=True)
         return CANNOT_RUN

@@ -1,7 +1,7 @@
 """onceflow's loggers: structured records that go where the host's logging configuration says.
 
 A library must not decide where its logs go. structlog left unconfigured prints to stdout, so every module
-logs through `get_logger` instead of `structlog.get_logger` (issue 13 item 4):
+logs through `get_logger` instead of `structlog.get_logger`:
 
 - a host that configured structlog (`structlog.configure`, as the CLI does) gets onceflow's records through
   its own structlog pipeline, exactly as before;
@@ -53,8 +53,7 @@ class Logger:
         """Where a record at `level` goes; None when stdlib `logging` would drop it anyway (the level test
         `filter_by_level`, the first of `_PROCESSORS`, and then `logging` itself make), made before the
         record is built. For structlog, the bound logger its lazy proxy's `__getattr__` would bind, without
-        the failed attribute lookup first. A filtered-out diagnostic then costs ~5k instructions, not ~20k
-        (issue 14, "Events cheap to build")."""
+        the failed attribute lookup first. A filtered-out diagnostic then costs ~5k instructions, not ~20k."""
         if structlog.is_configured():
             return self._structlog.bind()
         return self._stdlib if self._logging.isEnabledFor(level) else None

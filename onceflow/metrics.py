@@ -1,4 +1,4 @@
-"""onceflow's metrics, through OpenTelemetry's API: no-ops until the host installs an SDK (issue 13 item 4).
+"""onceflow's metrics, through OpenTelemetry's API: no-ops until the host installs an SDK.
 
 The instruments come from the global meter provider under the meter name `onceflow`; a host that calls
 `opentelemetry.metrics.set_meter_provider(...)` (before or after importing onceflow) gets them exported by
@@ -52,7 +52,7 @@ OUTCOMES = _meter.create_counter(
 _RUN_RESULTS = {"run_queued": "queued", "run_coalesced": "coalesced", "run_suppressed": "suppressed"}
 
 COUNTED_EVENTS = frozenset(("step_entered", *_RUN_RESULTS))
-"""The event types `count_event` counts: an emitter may skip the call for any other (issue 14)."""
+"""The event types `count_event` counts: an emitter may skip the call for any other."""
 
 
 def count_event(event: Event) -> None:

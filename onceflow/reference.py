@@ -3,7 +3,7 @@
 Commands with their fields (type, bounds, default, description) and result, the reply, events, error codes
 (with `retryable`) and limits, all read from `onceflow.protocol` (field docstrings, JSON Schema bounds,
 `limits.py`'s documented constants), so the page cannot say what the code does not. A test keeps the
-committed page equal to `render()`. Source: issue 13 item 5 ("A protocol reference page").
+committed page equal to `render()`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`onceflow test SCENARIO.yml...`: message-level tests of a workflow template (issue 13 item 3).
+"""`onceflow test SCENARIO.yml...`: message-level tests of a workflow template.
 
 A scenario file holds one scenario (or several, as YAML documents separated by `---`):
 

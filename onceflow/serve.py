@@ -1,4 +1,4 @@
-"""`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout (issue 13, item 1).
+"""`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout.
 
 Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is ignored):
 

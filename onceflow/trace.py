@@ -28,7 +28,7 @@ def escape_controls(text: str) -> str:
     """`text` with every control character written as a backslash escape (`\\n`, `\\x1b`, `\\u202e`).
 
     For human output: an id holding a newline can no longer forge a trace line, nor an ANSI escape drive the
-    terminal (issue 11, section 6). Idempotent: the result holds no control character.
+    terminal. Idempotent: the result holds no control character.
     """
     return text.translate(_CONTROLS)
 

@@ -1,14 +1,14 @@
-"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes (issue 13 item 4).
+"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes.
 
 `onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]` reads the database
 while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that never
 writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
 committed state. A `postgresql://` URL is opened with store/postgres.py's `connect` in a read-only session
 (`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
-the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write
-(issue 15). Rows are read with the store's own query functions (`store/`), so a view shows what the
-protocol's queries return. Output is an aligned table for people (control characters escaped, times as
-UTC) or, with `--json`, one JSON object per line for scripts.
+the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
+Rows are read with the store's own query functions (`store/`), so a view shows what the protocol's queries
+return. Output is an aligned table for people (control characters escaped, times as UTC) or, with `--json`,
+one JSON object per line for scripts.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ViewError(Exception):
     """The database cannot be read. `kind` says why: `missing` (no such file or database), `not_onceflow`
     (not a database, or without onceflow's schema), `schema_version` (another version), `bad_url`,
     `unreachable` (no server answers), `credentials` (the server refused the user or password), `read`
-    (a query failed). The message is one line and never carries a password (issue 15)."""
+    (a query failed). The message is one line and never carries a password."""
 
     def __init__(self, message: str, kind: str = "read") -> None:
         super().__init__(" ".join(message.split()))
@@ -283,7 +283,7 @@ def render_table(view: str, data: list[Row]) -> str:
 def show(target: Path | str, view: str, task_id: str | None, as_json: bool, out: TextIO) -> int:
     """Print one view of the database `target` names (file or `postgresql://` URL) to `out`; return the
     exit status: 0, or `CANNOT_RUN` (2) after printing one `error: ...` line to stderr when the database
-    cannot be read (`open_read_only`, `rows`; the password never shown). Source: issue 13 item 4, issue 15."""
+    cannot be read (`open_read_only`, `rows`; the password never shown)."""
     try:
         with open_read_only(target) as conn:
             data = rows(conn, view, task_id)

@@ -4,7 +4,7 @@ Every name here is a pydantic model, an error class or a function a host may use
 ones an embedding host needs. The modules: `commands` (what a host sends), `events` (what the runtime emits,
 `Reply`, `ErrorInfo`), `results` (each command's `Reply.result`), `errors`, `outcome` (coordinator outcomes
 in Gas City's wire format), `codec` (JSON lines), `limits`, `workflow` (the template loader) and
-`template_schema`. docs/protocol.md is the reference page generated from them. Source: issue 13 item 5.
+`template_schema`. docs/protocol.md is the reference page generated from them.
 """
 
 from onceflow.protocol.codec import command_schema, decode_command, encode

@@ -4,7 +4,7 @@
 offending field; `encode` writes any protocol model as one compact JSON line (no trailing newline).
 A line is bounded before it is validated: UTF-8, at most `MAX_MESSAGE_BYTES`, nested at most
 `MAX_JSON_DEPTH` levels, no NaN/Infinity; an integer literal too long for int64 is kept as an out-of-range
-value so the field's int64 bound names it. Source: issue 11, sections 2 and 3.
+value so the field's int64 bound names it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def decode_command(data: object) -> Command:
 
 
 def parse_json(line: str | bytes) -> Any:
-    """Decode one JSON text within the protocol's bounds (issue 11 section 2); raises ProtocolError."""
+    """Decode one JSON text within the protocol's bounds; raises ProtocolError."""
     _check_size(len(line))  # a str's length in characters never exceeds its length in UTF-8 bytes
     if isinstance(line, bytes):
         try:

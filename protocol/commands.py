@@ -4,8 +4,7 @@ Every command is one JSON object on the wire (see `codec.py`). Unknown fields ar
 host never silently does nothing. Identifiers are non-empty strings; times are Unix seconds.
 Every field is bounded (`limits.py`, shown by `onceflow schema`): ids at most MAX_ID_CHARS characters without
 control characters, free text MAX_TEXT_CHARS, integers int64, lists MAX_LIST_ITEMS; a string holding a lone
-surrogate is not valid Unicode and is refused. Source: the foundation issue, "Protocol"; operation-id shapes
-from operation-ledger-lifetime.md; bounds from issue 11, "Bounded everything".
+surrogate is not valid Unicode and is refused. Operation-id shapes follow operation-ledger-lifetime.md.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ Priority = Literal["critical", "high", "medium", "low"]
 
 
 class _Command(BaseModel):
-    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
@@ -303,8 +302,8 @@ class ChildRow(_Command):
 class ChildrenCompleted(_Command):
     """on_children_completed; operation id `on_children_completed:<parent>:<sha256 of the child rows>`.
 
-    Fires only when every child is terminal (issue 16 item 2, `actors/engine/children.py`); otherwise nothing
-    runs, nothing is marked, and the reply's `not_terminal` lists the children still open.
+    Fires only when every child is terminal (`actors/engine/children.py`); otherwise nothing runs, nothing is
+    marked, and the reply's `not_terminal` lists the children still open.
     """
 
     type: Literal["children_completed"] = "children_completed"
@@ -394,7 +393,7 @@ class GetTask(_Command):
 class ListTasks(_Command):
     """A page of tasks in task-id order: those after `after_task_id` (exclusive; None = from the first), at
     most `limit` (1..1000, default 100). Result `{tasks: [get_task shape...], next_after_task_id}`, the
-    latter None on the last page, else the value to pass for the next one. Source: issue 13 item 4."""
+    latter None on the last page, else the value to pass for the next one."""
 
     type: Literal["list_tasks"] = "list_tasks"
     """The command name."""
@@ -439,7 +438,7 @@ class ListStepEntries(_Command):
 
 class ListReviewRuns(_Command):
     """Code-review passes started by run_code_review (of one task, or all): each with its review-run id and
-    entry identity, so a host can tell a launch repeated after a crash from a new entry's (issue 12 item 7).
+    entry identity, so a host can tell a launch repeated after a crash from a new entry's.
     """
 
     type: Literal["list_review_runs"] = "list_review_runs"

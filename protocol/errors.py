@@ -1,7 +1,7 @@
 """Typed errors the runtime reports to hosts; each maps onto a protocol `ErrorInfo`.
 
 A command that fails with one of these gets an error reply; nothing it had not committed is applied and
-the runtime keeps serving. Source: the foundation issue, "Protocol" (typed error naming the field).
+the runtime keeps serving.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class BusyError(OnceflowError):
 
 
 StorageKind = Literal["busy", "full", "io", "out_of_memory", "read_only", "corrupt", "aborted"]
-"""What went wrong with the database (issue 11, items 2 and 4):
+"""What went wrong with the database:
 
 - busy: another connection held the write lock past the busy timeout (SQLITE_BUSY, SQLITE_LOCKED);
 - full: the disk, a file-size limit or `max_page_count` left no room (SQLITE_FULL);
@@ -139,7 +139,7 @@ STORAGE_EXPLANATIONS: dict[StorageKind, str] = {
 
 
 class StorageError(OnceflowError):
-    """The database could not serve the command (issue 11, items 2 and 4).
+    """The database could not serve the command.
 
     None of the failing store request's writes were committed; when the fault ended the transaction (disk
     full, I/O, out of memory, corrupt) neither were those of any request sharing its group commit. An

@@ -2,7 +2,6 @@
 
 Events describe committed facts (a transition, a queued run) or requests to the host (session_action);
 `diagnostic` carries a log-worthy condition with its identifying fields as discrete keys.
-Source: the foundation issue, "Protocol".
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ EntryPath = Literal["E1", "E2", "E3", "E4", "E5", "recovery"]
 
 
 class _Event(BaseModel):
-    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
@@ -214,8 +213,9 @@ class SessionAction(_Event):
 
     `trigger` and `position` say which declaration it is (its index in that trigger's list); for on_enter,
     (task_id, step_id, entry_seq) is the entry it belongs to, `entry_seq` None when the step allocates no
-    step-entry record (and for other triggers). `admission_seq` is the task's admission counter: it names
-    the entry on every step, record or not (on_exit: the entry being left). Source: issue 16 item 3.
+    step-entry record (and for other triggers). `admission_seq` is the task's admission counter: it names the
+    entry on every step, record or not (on_exit: the entry being left), so a host can deduplicate an entry's
+    requests on it.
     """
 
     type: Literal["session_action"] = "session_action"
@@ -279,7 +279,7 @@ class ErrorInfo(BaseModel):
 
     `retryable` is True when nothing of the command was committed and sending it again unchanged may succeed
     once the condition clears: `busy`, and the storage faults `storage_busy`, `storage_full`, `storage_io`,
-    `storage_out_of_memory`, `storage_aborted` (issue 11, item 2).
+    `storage_out_of_memory`, `storage_aborted`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -3,7 +3,7 @@
 One place for the numbers; the command models (`commands.py`) and the template loader (`workflow.py`)
 declare them, so `onceflow schema` shows them as `maxLength`, `maxItems`, `minimum`/`maximum` and `pattern`.
 Anything beyond a limit is refused with a typed error naming the field, before it is stored or remembered.
-Source: issue 11, "Bounded everything" and "`Runtime.send` never raises, whatever the bytes".
+`Runtime.send` never raises, whatever the bytes: it answers with an error reply.
 """
 
 from __future__ import annotations

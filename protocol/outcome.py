@@ -135,7 +135,7 @@ def _absent_when_empty(value: object) -> object:
 
 
 class _Message(BaseModel):
-    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show (issue 13 item 5).
+    # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 

@@ -1,4 +1,4 @@
-"""Epoch liveness without leases, and per-task serialization across runtimes (issue 15).
+"""Epoch liveness without leases, and per-task serialization across runtimes.
 
 SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours is dead by definition.
 

@@ -1,4 +1,4 @@
-"""Storage faults: which sqlite3 errors they are, and which of them end the transaction (issue 11, 2 and 4).
+"""Storage faults: which sqlite3 errors they are, and which of them end the transaction.
 
 SQLite may roll a whole transaction back on SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_CORRUPT (its
 "Response To Errors Within A Transaction"); `max_page_count` hitting its cap does. Writes issued after that
@@ -59,7 +59,7 @@ def ends_transaction(conn: Connection, exc: BaseException) -> bool:
     False), or `exc` is SQLITE_FULL, IOERR, NOMEM, CORRUPT or NOTADB, after which nothing may continue.
 
     Every handler that catches a database error inside a transaction and continues must re-raise when this
-    is True (issue 11, item 4).
+    is True: writes after it would each commit on their own while the request is reported as failed.
     """
     return not conn.in_transaction or primary_code(exc) in _ENDS_TRANSACTION
 

@@ -2,10 +2,10 @@
 
 Exactly one runtime owns a database at a time; a second one fails at once rather than waiting
 (on-enter-action-dispatch.md, "Epoch": the ownership lock is what makes an epoch other than ours
-definitionally stale). Ownership is keyed by the file's identity, not its name (issue 11, section 5): a lock
-on a sidecar `<db>.lock` let a hard link to a live database open a second owner, with its own WAL, whose
-writes the first owner then lost. The lock is `flock(LOCK_EX | LOCK_NB)` on a descriptor of the database
-file itself, so every name of the file (hard link, symlink, another relative path) meets the same lock.
+definitionally stale). Ownership is keyed by the file's identity, not its name: a lock on a sidecar
+`<db>.lock` let a hard link to a live database open a second owner, with its own WAL, whose writes the first
+owner then lost. The lock is `flock(LOCK_EX | LOCK_NB)` on a descriptor of the database file itself, so every
+name of the file (hard link, symlink, another relative path) meets the same lock.
 
 Why flock and not fcntl: SQLite locks the same file with POSIX fcntl locks, and on Linux flock and fcntl
 locks are independent, so ours never blocks SQLite's. POSIX locks have one trap: closing *any* descriptor of

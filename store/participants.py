@@ -119,9 +119,9 @@ def decision_receipt(
 ) -> tuple[int, str] | None:
     """(decision row id, content) first recorded under the host's `external_id`, or None.
 
-    Receipts outlive clear_decisions, so a decision redelivered after a restart (the ledger starts empty)
-    is recognised and never counted in a later round. `content` is the canonical JSON of what was decided
-    (issue 12 item 6); '' for a receipt written before it was kept.
+    Receipts outlive clear_decisions, so a decision redelivered after a restart (the ledger starts empty) is
+    recognised and never counted in a later round. `content` is the canonical JSON of what was decided (a
+    reused id with another verdict is a conflict, not a replay); '' for a receipt written before it was kept.
     """
     row = conn.execute(
         "SELECT decision_id, content FROM decision_receipts"

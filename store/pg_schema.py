@@ -1,12 +1,11 @@
 """The PostgreSQL schema: SQLite's schema at its current version, as one script, then later migrations.
 
-A PostgreSQL database starts at `schema.SCHEMA_VERSION` in one step (issue 15: there is no older
-PostgreSQL database to upgrade). The tables, columns, keys, cascades and indexes are SQLite's
-(store/schema.py), typed for PostgreSQL: REAL timestamps are `double precision`, integer flags and counters
-`bigint`, `INTEGER PRIMARY KEY AUTOINCREMENT` an identity column; `step_entries` and `outcomes` get an
-explicit `rowid` identity column, since the store reads SQLite's implicit one. The version lives in
-`onceflow_meta`. A migration appended to store/schema.py must get its PostgreSQL form appended to
-`MIGRATIONS` here, so the two versions stay equal.
+A PostgreSQL database starts at `schema.SCHEMA_VERSION` in one step (there is no older PostgreSQL database to
+upgrade). The tables, columns, keys, cascades and indexes are SQLite's (store/schema.py), typed for
+PostgreSQL: REAL timestamps are `double precision`, integer flags and counters `bigint`, `INTEGER PRIMARY KEY
+AUTOINCREMENT` an identity column; `step_entries` and `outcomes` get an explicit `rowid` identity column,
+since the store reads SQLite's implicit one. The version lives in `onceflow_meta`. A migration appended to
+store/schema.py must get its PostgreSQL form appended to `MIGRATIONS` here, so the two versions stay equal.
 """
 
 from __future__ import annotations

@@ -2,20 +2,19 @@
 
 The store's transaction functions are written once, against the sqlite3 connection API and portable SQL
 (`ON CONFLICT`, `RETURNING`, savepoints). `PgConnection` lets the same functions drive PostgreSQL from the
-writer thread with psycopg's synchronous API (psycopg's async API is asyncio-only; issue 15): it rewrites
-what is not portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid`
-through an appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` →
-`JOIN ... ON`), reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database
-error as the sqlite3 exception class, with the SQLite result code, that the rest of the store already
-understands. So `faults.storage_kind` types PostgreSQL's faults too: a serialization failure, deadlock or
-lock timeout is `busy` (retryable), a lost connection `io` (retryable), a full disk `full`, a read-only
-transaction or missing privilege `read_only`, corruption `corrupt`; the psycopg error is the `__cause__`.
+writer thread with psycopg's synchronous API (psycopg's async API is asyncio-only): it rewrites what is not
+portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid` through an
+appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` → `JOIN ... ON`),
+reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database error as the
+sqlite3 exception class, with the SQLite result code, that the rest of the store already understands. So
+`faults.storage_kind` types PostgreSQL's faults too: a serialization failure, deadlock or lock timeout is
+`busy` (retryable), a lost connection `io` (retryable), a full disk `full`, a read-only transaction or missing
+privilege `read_only`, corruption `corrupt`; the psycopg error is the `__cause__`.
 
 The writer runs each group-commit transaction `pipelined` (psycopg's pipeline mode): statements go out
 without waiting, and a round trip is paid only where an answer is read, so a batch is not round-trip bound.
 
-Source: issue 15, "What to build" items 1, 3 and "Group commit that is not round-trip bound" (epoch
-liveness lives in store/epochs.py).
+Epoch liveness lives in store/epochs.py.
 """
 
 from __future__ import annotations
@@ -184,7 +183,7 @@ class PgConnection:
     the `sqlite3.Connection` API the store uses: `execute`, `executemany`, `in_transaction`,
     `text_factory`, `close`. Errors surface as sqlite3 exceptions carrying `sqlite_errorcode` (see the
     module docstring). `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips`
-    counts the waits for the server's answer (issue 15, group commit)."""
+    counts the waits for the server's answer."""
 
     dialect: ClassVar[str] = "postgresql"
     """What store code that must tell the backends apart reads (`urls.on_postgres`)."""
@@ -217,9 +216,7 @@ class PgConnection:
         answers: a round trip is paid only where the caller reads one (rows, rowcount, lastrowid), at
         SAVEPOINT / RELEASE after an unread statement (so an error is raised inside the savepoint that
         issued it, as on SQLite), at `settle`, and at COMMIT, which ends the pipeline. Leaving the block
-        by an exception drains the pipeline quietly (the exception propagates).
-
-        Source: issue 15, "Group commit that is not round-trip bound"."""
+        by an exception drains the pipeline quietly (the exception propagates)."""
         self._enter()
         try:
             yield
@@ -460,7 +457,7 @@ _SESSION_SETTINGS = {
 }
 PARTITION_BOUND = 10.0
 """Seconds after which the server has ended the session of a runtime cut off from it (keepalives: 2 s idle
-+ 3 x 1 s probes, tcp_user_timeout 5 s, idle_session_timeout 10 s), freeing its epoch lock (issue 15)."""
++ 3 x 1 s probes, tcp_user_timeout 5 s, idle_session_timeout 10 s), freeing its epoch lock."""
 
 
 def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.0) -> PgConnection:

@@ -1,7 +1,7 @@
 """Plain, immutable rows read from the store.
 
-These are the shapes the engine reasons over. They are built on the store's writer thread from database
-rows and handed to the Trio side; nothing here touches the database.
+These are the shapes the engine reasons over. They are built inside the store's writer thread from
+SQLite rows and handed to the Trio side; nothing here touches the database.
 Timestamps are Unix seconds (float).
 """
 
@@ -62,7 +62,7 @@ class Decision:
 class TaskRecord:
     """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
     `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
-    is in now."""
+    is in now, on every step, whether or not the step allocates a step-entry record."""
 
     id: str
     workflow_id: str

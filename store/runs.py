@@ -1,7 +1,6 @@
 """The runs queue: idempotent, coalescing enqueue; atomic claim; finish.
 
-Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9; issue 12
-items 2-4):
+Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9):
 - every idempotency key is kept with the run it produced (`runs.idempotency_key`) or, for an enqueue merged
   by coalescing, in `coalesced_keys` with the run it was merged into; while that run is unresolved, and for
   24 h after it resolves, the key makes an enqueue a success that changes nothing;
@@ -84,8 +83,8 @@ def key_honoured(*, status: str, seen_at: float, finished_at: float | None, now:
     """Whether an idempotency key still suppresses an enqueue: while the run it produced is unresolved
     (queued or claimed), and for 24 h after that run resolved (or after the key was seen, if later).
 
-    A stricter reading of AC-H6 that never produces more runs than "24 h after the key was seen" (issue 12
-    item 4): a run left queued or claimed for 25 h keeps its key. All times are Unix seconds.
+    A stricter reading of AC-H6 that never produces more runs than "24 h after the key was seen": a run left
+    queued or claimed for 25 h keeps its key. All times are Unix seconds.
     """
     if status in ("queued", "claimed"):
         return True
@@ -99,9 +98,9 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
 
     A key still honoured (`key_honoured`) makes the enqueue a success that changes nothing (`suppressed`,
     naming the run the key produced or was merged into). Otherwise the request coalesces into the newest
-    queued run of the same task, agent and reason from the last 5 s (never across tasks: issue 12 item 2),
-    recording its key in `coalesced_keys` (item 3), or is inserted under its key. A key lives in one place:
-    the run it was inserted with, or `coalesced_keys`; re-applying an expired key moves it.
+    queued run of the same task, agent and reason from the last 5 s (never across tasks), recording its key in
+    `coalesced_keys`, or is inserted under its key. A key lives in one place: the run it was inserted with, or
+    `coalesced_keys`; re-applying an expired key moves it.
 
     Atomic: an enqueue that raises leaves none of its writes behind (one write, or several in a savepoint),
     so a fan-out needs no savepoint of its own per participant.

@@ -3,7 +3,7 @@
 Used where one part of a transaction may fail on its own without undoing the rest (one action of a segment,
 a two-write enqueue). The exception still propagates; only the block's writes are undone. When the error
 ended the whole transaction (`faults.ends_transaction`) there is no savepoint left to roll back to: the
-exception propagates untouched and nothing more is executed (issue 11, item 4).
+exception propagates untouched and nothing more is executed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def undone_alone(conn: Connection, name: str) -> Iterator[None]:
     """For a block that is atomic by itself on SQLite (one statement, or its own savepoint) whose error the
     caller catches and goes on from: nothing more on SQLite, where a failed statement undoes only itself and
     the transaction goes on; `savepoint(conn, name)` on PostgreSQL, where any error aborts the whole
-    transaction until it is rolled back to a savepoint (issue 15: the same rules on both backends).
+    transaction until it is rolled back to a savepoint (so the same rules hold on both backends).
 
     Raises:
         whatever the block raised (on PostgreSQL after rolling back to the savepoint).
@@ -64,10 +64,10 @@ REQUEST_SAVEPOINT = "request"
 
 class request_savepoint:  # lower case: used like the function `savepoint`
     """Like `savepoint`, but rolling back to the writer's own per-request savepoint instead of opening one:
-    two statements fewer (issue 14, the common entry's fast path). Only for a block that is the first write
-    of its request: a rollback undoes everything the request wrote before it. The request's savepoint stays
-    open (ROLLBACK TO keeps it), so the request goes on writing after a rollback. A class, not a generator
-    context manager: it runs once per common entry in the writer thread (issue 14, writer Python per entry).
+    two statements fewer on the common entry's fast path. Only for a block that is the first write of its
+    request: a rollback undoes everything the request wrote before it. The request's savepoint stays open
+    (ROLLBACK TO keeps it), so the request goes on writing after a rollback. A class, not a generator context
+    manager: it runs once per common entry in the writer thread.
 
     Raises:
         whatever the block raised; after an error that ended the transaction, without touching `conn`.

@@ -18,9 +18,9 @@ from onceflow.protocol.outcome import derive_outcome_id
 
 
 def _gascity_envelope(old: dict[str, Any]) -> dict[str, Any]:
-    """An envelope stored before migration 8, in Gas City's format (issue 12): `producer_fence` is `fence`,
-    `run_id` is `workflow_run_id`, absent optionals are omitted, Unix-seconds `occurred_at` is RFC 3339 UTC,
-    and `outcome_id` is derived the Gas City way (the old id hashed other JSON)."""
+    """An envelope stored before migration 8, in Gas City's format (gascity-wire-format.md): `producer_fence`
+    is `fence`, `run_id` is `workflow_run_id`, absent optionals are omitted, Unix-seconds `occurred_at` is
+    RFC 3339 UTC, and `outcome_id` is derived the Gas City way (the old id hashed other JSON)."""
     at = datetime.fromtimestamp(old["occurred_at"], UTC)
     fraction = f"{at.microsecond:06d}".rstrip("0")
     new: dict[str, Any] = {
@@ -53,7 +53,7 @@ def _gascity_envelope(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def _outcomes_speak_gascity(conn: sqlite3.Connection) -> None:
-    """Migration 8 (issue 12): outcomes in Gas City's wire format.
+    """Migration 8: outcomes in Gas City's wire format (gascity-wire-format.md).
 
     Adds `acknowledged_by` and `cycle_in_flight` to `outcomes`; gives the ack inbox `acknowledged_by`. Acks
     waiting from before carry none, so they can never match (Gas City counts an invalid ack stale): they are
@@ -252,7 +252,7 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     );
     """,
     # 6: WIP occupancy and promotion candidates are looked up by step on every move; without this index each
-    # lookup scanned every task (issue 7: throughput fell as the task count grew).
+    # lookup scanned every task (throughput fell as the task count grew).
     """
     CREATE INDEX tasks_by_step ON tasks(workflow_id, workflow_step_id, wip_admitted);
     """,
@@ -262,11 +262,11 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     DROP INDEX step_entries_open;
     CREATE INDEX step_entries_open ON step_entries(task_id, step_id, entry_seq) WHERE terminal = 0;
     """,
-    # 8: coordinator outcomes speak Gas City's wire format (issue 12).
+    # 8: coordinator outcomes speak Gas City's wire format (gascity-wire-format.md).
     _outcomes_speak_gascity,
-    # 9: the idempotency key of an enqueue merged into another run by coalescing (issue 12 item 3), with
-    # that run: a redelivery of the merged operation is then a no-op like any other. The key of an inserted
-    # run stays in runs.idempotency_key; a key lives in one of the two places.
+    # 9: the idempotency key of an enqueue merged into another run by coalescing, with that run: a redelivery
+    # of the merged operation is then a no-op like any other. The key of an inserted run stays in
+    # runs.idempotency_key; a key lives in one of the two places.
     """
     CREATE TABLE coalesced_keys (
         idempotency_key TEXT PRIMARY KEY,
@@ -276,12 +276,12 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
     """,
     # 10: what a receipted decision said, so a reused decision id with another verdict is a conflict, not a
-    # silent replay (issue 12 item 6). '' = written before this column: such a receipt is a replay.
+    # silent replay. '' = written before this column: such a receipt is a replay.
     """
     ALTER TABLE decision_receipts ADD COLUMN content TEXT NOT NULL DEFAULT '';
     """,
     # 11: a review run carries its entry identity, so a launch repeated after a crash reuses its row (the
-    # stable review-run id a host deduplicates on) and a new entry gets a new one (issue 12 item 7).
+    # stable review-run id a host deduplicates on) and a new entry gets a new one.
     """
     ALTER TABLE task_review_runs ADD COLUMN entry_seq INTEGER;
     ALTER TABLE task_review_runs ADD COLUMN position INTEGER;
@@ -292,7 +292,7 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     """,
     # 12: a task's admission counter, +1 at every step entry on every path, whether or not the step
     # allocates a step-entry record, so every session-action request of an entry carries an identity a host
-    # can deduplicate on (issue 16 item 3; a step declaring only host-owned actions has no record, AC-E5).
+    # can deduplicate on (a step declaring only host-owned actions has no record, AC-E5).
     """
     ALTER TABLE tasks ADD COLUMN admissions INTEGER NOT NULL DEFAULT 0;
     """,

@@ -146,7 +146,7 @@ def open_entries(conn: Connection) -> list[tuple[StepEntry, int] | UndecodableEn
     open or not, in (task_id, step_id, entry_seq) order: one indexed query (AC-B9, AC-B9(a2)).
 
     Rows are decoded one by one, so a row that cannot be decoded is returned as an `UndecodableEntry` in its
-    place and never fails the others (AC-B9(f); issue 11: one corrupt row stopped the scan at every start).
+    place and never fails the others (AC-B9(f); otherwise one corrupt row would stop the scan at every start).
     """
     factory = conn.text_factory
     conn.text_factory = bytes  # decoded below, per row: SQLite's own decoding fails the whole fetch

@@ -50,7 +50,7 @@ def find_task(conn: Connection, task_id: str) -> TaskRecord | None:
 
 def list_tasks(conn: Connection, *, after_task_id: str | None, limit: int) -> tuple[list[TaskRecord], bool]:
     """Up to `limit` tasks with ids after `after_task_id` (None: from the first), in id order, and whether
-    more follow (issue 13 item 4: paged `list_tasks`)."""
+    more follow (a page of `list_tasks`)."""
     rows = conn.execute(
         f"SELECT {TASK_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?", (after_task_id or "", limit + 1)
     ).fetchall()
@@ -187,7 +187,7 @@ _MOVE = (
 )
 _MOVE_VERSION = _MOVE + " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
 """A cached row's compare-and-set: `_MOVE` verifying the row's workflow, admitted flag and admission count
-too (both spelled out once, not concatenated per call: issue 14, writer Python per entry)."""
+too (both spelled out once, so no call concatenates them: this runs for every entry in the writer thread)."""
 
 
 def update_task_fields(conn: Connection, task_id: str, fields: dict[str, Any], now: float) -> None:

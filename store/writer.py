@@ -1,16 +1,16 @@
 """The store actor: one writer thread owning the only SQLite connection, fed by a mailbox.
 
-aiosqlite cannot run under Trio, so the store uses stdlib sqlite3 from one dedicated thread (foundation
-issue). Every write goes through that one connection, so a single transaction can span every table
-(on-enter-action-dispatch.md, "Persistence shape": the step-entry record and its markers share the writer
-handle with tasks and decisions). A request is a whole transaction: a plain function run in the writer thread
-between `BEGIN IMMEDIATE` and `COMMIT`. The reply wakes the Trio caller through the Trio token, and the caller
-waits for it even when cancelled, so it always learns whether its transaction committed.
+aiosqlite cannot run under Trio, so the store uses stdlib sqlite3 from one dedicated thread. Every write goes
+through that one connection, so a single transaction can span every table (on-enter-action-dispatch.md,
+"Persistence shape": the step-entry record and its markers share the writer handle with tasks and decisions).
+A request is a whole transaction: a plain function run in the writer thread between `BEGIN IMMEDIATE` and
+`COMMIT`. The reply wakes the Trio caller through the Trio token, and the caller waits for it even when
+cancelled, so it always learns whether its transaction committed.
 
 Given a `postgresql://` URL instead of a file, the same actor drives PostgreSQL through psycopg 3's sync API
-(store/postgres.py; issue 15): no file lock (several runtimes share the database), the epoch held as a
-session advisory lock (store/epochs.py), each request's task locked for its transaction, a heartbeat on an
-idle connection, and a fresh epoch on a fresh connection after the old one was lost.
+(store/postgres.py): no file lock (several runtimes share the database), the epoch held as a session advisory
+lock (store/epochs.py), each request's task locked for its transaction, a heartbeat on an idle connection, and
+a fresh epoch on a fresh connection after the old one was lost.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class StoreActor:
         postgres: True when the database is PostgreSQL.
         epoch: 32 hex characters minted fresh for this runtime start; it marks the markers this runtime
             claims (on-enter-action-dispatch.md, "Epoch"). Never reused across starts; on PostgreSQL a new
-            one is minted whenever the writer had to reconnect (issue 15).
+            one is minted whenever the writer had to reconnect.
         durability: the `PRAGMA synchronous` level in force.
         max_batch: the most requests committed together in one transaction (group commit).
         busy_timeout: seconds a transaction waits for another connection's write lock before it fails
@@ -193,7 +193,7 @@ class StoreActor:
     def fenced(self) -> bool:
         """True on PostgreSQL when the writer has had no successful round trip for `FENCE_AFTER` seconds:
         the server may soon end the session and free the epoch, so the runtime must start no side effect on
-        the strength of its claims (self-fencing, issue 15). Always False on SQLite."""
+        the strength of its claims (self-fencing). Always False on SQLite."""
         return self.postgres and time.monotonic() - self._confirmed > FENCE_AFTER
 
     # --- Trio side -------------------------------------------------------------------------------------
@@ -352,16 +352,16 @@ class StoreActor:
 
         On PostgreSQL the batch first takes its tasks' locks (store/epochs.py): the first task's waits, the
         others' are only tried, and from the first request whose lock failed, the requests are moved from
-        `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait
-        on each other). The transaction runs pipelined (`PgConnection.pipelined`): a statement's answer is
-        waited for only where it is read, at each request's end and at COMMIT (issue 15, group commit).
+        `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait on
+        each other). The transaction runs pipelined (`PgConnection.pipelined`): a statement's answer is waited
+        for only where it is read, at each request's end and at COMMIT, so a batch is not round-trip bound.
 
         A request whose fn raised is rolled back to its savepoint and gets its exception. If the transaction
         itself fails (BEGIN, SAVEPOINT bookkeeping, COMMIT), every other request gets that error. If a
         request's error ends the transaction (`faults.ends_transaction`: SQLite rolled it back, or FULL,
         IOERR, NOMEM, CORRUPT), or a request returns with the transaction gone, nothing of the batch is
         committed and every request of it fails, none told it succeeded: later requests never run in
-        autocommit mode (issue 11, item 4). Storage faults reach the callers as `StorageError`.
+        autocommit mode. Storage faults reach the callers as `StorageError`.
         """
         started = time.perf_counter()
         try:
@@ -436,8 +436,8 @@ class StoreActor:
     def _run_request(self, conn: Connection, request: _Request[Any]) -> BaseException | None:
         """Run `request.fn(conn)` and set its result; on PostgreSQL every statement it sent without reading
         the answer is then settled, so that an error among them is this request's (its savepoint is rolled
-        back, the batch goes on). Returns what it raised, if anything (inlined `outcome.capture`: once per
-        request in the writer thread, issue 14)."""
+        back, the batch goes on). Returns what it raised, if anything (inlined `outcome.capture`: it runs once
+        per request in the writer thread)."""
         try:
             value = request.fn(conn, *request.args, **request.kwargs)
             if self.postgres:
@@ -512,27 +512,27 @@ async def open_store(
 ) -> AsyncIterator[StoreActor]:
     """Open the database at `path` (created if missing; its directory must exist) and yield its actor.
 
-    `path` may instead be a `postgresql://` (or `postgres://`) URL: the same actor then drives that
-    PostgreSQL database (issue 15). No file lock is taken, since several runtimes may share it; instead the
-    connection is checked for real advisory locks, holds this runtime's epoch lock, and the schema is
-    created or upgraded once across runtimes. `durability` does not apply (the server's own
-    `synchronous_commit` decides); `busy_timeout` bounds the connect and every wait for a lock (a task's
-    lock held by another runtime, a row): past it the request fails with `StorageError` kind busy.
+    `path` may instead be a `postgresql://` (or `postgres://`) URL: the same actor then drives that PostgreSQL
+    database. No file lock is taken, since several runtimes may share it; instead the connection is checked
+    for real advisory locks, holds this runtime's epoch lock, and the schema is created or upgraded once
+    across runtimes. `durability` does not apply (the server's own `synchronous_commit` decides);
+    `busy_timeout` bounds the connect and every wait for a lock (a task's lock held by another runtime, a
+    row): past it the request fails with `StorageError` kind busy.
 
     Takes the database's OS lock, starts the writer thread, and returns once the connection is configured
     (WAL, `synchronous` per `durability`, foreign keys verified on, busy timeout) and migrations are
     applied, without blocking the Trio loop. `max_batch` is how many queued requests the writer may commit
     together (group commit); 1 commits each request alone. `busy_timeout` is how many seconds a transaction
-    waits for another connection's write lock before failing with `StorageError` kind busy (issue 11). On
-    exit, new requests are refused, requests already queued still run, then the thread stops, the
-    connection closes and the lock is released; exit waits for this even when cancelled.
+    waits for another connection's write lock before failing with `StorageError` kind busy. On exit, new
+    requests are refused, requests already queued still run, then the thread stops, the connection closes and
+    the lock is released; exit waits for this even when cancelled.
 
     Raises:
         DatabaseOwnedError: another onceflow runtime owns the database file, under any of its names (at once,
             without waiting). Never for PostgreSQL.
         AdvisoryLocksUnsupportedError: the PostgreSQL-compatible engine's advisory locks are stubs.
-        OSError: the file cannot be opened: its directory is missing (issue 11: a typo in a path must not
-            create folders), it is a directory, or permission is denied.
+        OSError: the file cannot be opened: its directory is missing (a typo in a path must not create
+            folders), it is a directory, or permission is denied.
         ValueError: `durability` is not a `Durability`, `max_batch` < 1, or `busy_timeout` is not a finite
             number of seconds > 0.
         sqlite3.Error, RuntimeError: the connection could not be set up or migrated (the thread has exited).

@@ -1,4 +1,5 @@
-"""onceflow: an embeddable Trio runtime that dispatches workflow-step triggers exactly once.
+"""onceflow: an embeddable Trio runtime that dispatches workflow-step triggers exactly once. The runtime
+runs on the thread that opens it (a Trio run), with the store's writer thread beside it.
 
 The public API, all importable from `onceflow`:
 

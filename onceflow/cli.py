@@ -1,4 +1,5 @@
-"""The `onceflow` command: demo, run, validate, schema, serve, test and the read-only views.
+"""The `onceflow` command: demo, run, validate, schema, serve, test and the read-only views. Main thread: each
+subcommand runs its own Trio run.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
   onceflow run --workflow FILE --script FILE [--db PATH] [--json]

@@ -1,4 +1,5 @@
-"""The main job's walkthrough: the bundled office example, end to end, with a rejection and a restart.
+"""The main job's walkthrough: the bundled office example, end to end, with a rejection and a restart. Main
+thread, one Trio run.
 
 Everything goes through protocol messages, exactly as a host would send them. The runtime is closed and
 reopened on the same SQLite file half-way (a simulated restart); the task carries on from committed state.

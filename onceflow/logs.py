@@ -1,4 +1,5 @@
-"""onceflow's loggers: structured records that go where the host's logging configuration says.
+"""onceflow's loggers: structured records that go where the host's logging configuration says. Any thread (the
+writer logs too).
 
 A library must not decide where its logs go. structlog left unconfigured prints to stdout, so every module
 logs through `get_logger` instead of `structlog.get_logger`:

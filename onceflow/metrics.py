@@ -1,4 +1,5 @@
-"""onceflow's metrics, through OpenTelemetry's API: no-ops until the host installs an SDK.
+"""onceflow's metrics, through OpenTelemetry's API: no-ops until the host installs an SDK. Any thread (the
+writer records commit metrics).
 
 The instruments come from the global meter provider under the meter name `onceflow`; a host that calls
 `opentelemetry.metrics.set_meter_provider(...)` (before or after importing onceflow) gets them exported by

@@ -1,4 +1,5 @@
 """The protocol reference page (docs/protocol.md), generated from the models: `onceflow schema --markdown`.
+Pure.
 
 Commands with their fields (type, bounds, default, description) and result, the reply, events, error codes
 (with `retryable`) and limits, all read from `onceflow.protocol` (field docstrings, JSON Schema bounds,

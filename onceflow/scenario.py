@@ -1,4 +1,5 @@
-"""`onceflow test SCENARIO.yml...`: message-level tests of a workflow template.
+"""`onceflow test SCENARIO.yml...`: message-level tests of a workflow template. Main thread, one Trio run per
+scenario.
 
 A scenario file holds one scenario (or several, as YAML documents separated by `---`):
 

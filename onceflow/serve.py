@@ -1,4 +1,5 @@
-"""`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout.
+"""`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout. Trio thread: one
+Trio run owning the runtime and every connection.
 
 Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is ignored):
 

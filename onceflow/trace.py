@@ -1,4 +1,4 @@
-"""One readable line per protocol event (the CLI's trace output)."""
+"""One readable line per protocol event (the CLI's trace output). Pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes.
+"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes. Main thread, its own
+read-only connection (never the writer's).
 
 `onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]` reads the database
 while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that never

@@ -1,4 +1,5 @@
-"""The protocol a host speaks: commands, replies and their results, events, errors, the template format.
+"""The protocol a host speaks: commands, replies and their results, events, errors, the template format. Pure:
+no thread, no machinery; it imports nothing of `onceflow.actors` or `onceflow.store`.
 
 Every name here is a pydantic model, an error class or a function a host may use; `onceflow` re-exports the
 ones an embedding host needs. The modules: `commands` (what a host sends), `events` (what the runtime emits,

@@ -1,4 +1,4 @@
-"""JSON-lines codec: one command or event per line.
+"""JSON-lines codec: one command or event per line. Pure.
 
 `decode_command` turns a line (or a mapping) into a typed command or raises `ProtocolError` naming the
 offending field; `encode` writes any protocol model as one compact JSON line (no trailing newline).

@@ -1,4 +1,5 @@
-"""Commands a host sends to the runtime, as pydantic v2 models discriminated on `type`.
+"""Commands a host sends to the runtime, as pydantic v2 models discriminated on `type`. Pure: the wire, no
+thread.
 
 Every command is one JSON object on the wire (see `codec.py`). Unknown fields are rejected so a typo in a
 host never silently does nothing. Identifiers are non-empty strings; times are Unix seconds.

@@ -1,4 +1,4 @@
-"""Typed errors the runtime reports to hosts; each maps onto a protocol `ErrorInfo`.
+"""Typed errors the runtime reports to hosts; each maps onto a protocol `ErrorInfo`. Pure.
 
 A command that fails with one of these gets an error reply; nothing it had not committed is applied and
 the runtime keeps serving.

@@ -1,4 +1,5 @@
 """Events the runtime emits, and the reply to each command, as pydantic v2 models discriminated on `type`.
+Pure: the wire, no thread.
 
 Events describe committed facts (a transition, a queued run) or requests to the host (session_action);
 `diagnostic` carries a log-worthy condition with its identifying fields as discrete keys.

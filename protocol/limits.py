@@ -1,4 +1,4 @@
-"""Limits a host can rely on: every size and range the protocol and the template loader accept.
+"""Limits a host can rely on: every size and range the protocol and the template loader accept. Pure.
 
 One place for the numbers; the command models (`commands.py`) and the template loader (`workflow.py`)
 declare them, so `onceflow schema` shows them as `maxLength`, `maxItems`, `minimum`/`maximum` and `pattern`.

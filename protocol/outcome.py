@@ -1,4 +1,5 @@
-"""Coordinator outcomes in Gas City's wire format: envelope, delivery request, receipt, acknowledgement.
+"""Coordinator outcomes in Gas City's wire format: envelope, delivery request, receipt, acknowledgement. Pure:
+the wire, no thread.
 
 The objects and rules are those of Gas City's producers and coordinators (gascity-wire-format.md), so a Go
 producer's JSON is accepted as it is and what onceflow hands a coordinator is what a Gas City coordinator

@@ -1,4 +1,4 @@
-"""The JSON Schema of the workflow template format, for an editor's YAML language server.
+"""The JSON Schema of the workflow template format, for an editor's YAML language server. Pure.
 
 Generated from the loader's models (`workflow.py`), then sharpened where the loader checks more than the
 models' types say: each action is one variant per action type (`type` a constant, `config` that type's model,
@@ -12,7 +12,7 @@ against it.
 It is written in JSON Schema draft-07, the dialect the YAML language server (redhat-developer's, used by VS
 Code and other editors) ships with; it warns on 2020-12 schemas. So the models' `$defs` become
 `definitions`, and a `$ref` with sibling keywords (ignored beside `$ref` in draft-07) is wrapped in an
-`allOf`. Source: issue 13 item 5 ("A JSON Schema for the template format").
+`allOf`.
 """
 
 from __future__ import annotations

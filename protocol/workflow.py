@@ -1,4 +1,5 @@
-"""Workflow templates: the typed, immutable model of a Kandev template and its strict loader.
+"""Workflow templates: the typed, immutable model of a Kandev template and its strict loader. Pure (CPU-bound:
+the runtime parses on a worker thread).
 
 Source: kandev-engine-notes.md, "Template format" (the files in shared/kandev-workflows/). The loader accepts
 that format strictly: an unknown key anywhere is an error, every action type must be allowed for its trigger,
@@ -64,7 +65,7 @@ class WorkflowError(ValueError):
     "office.yml: step 'review': field 'events.on_enter[1].type': action 'move_to_next' is not allowed for
     trigger on_enter" -- inside a step, the field is shown relative to it. `others` are the further problems
     found in the same pass, in document order: every field error at once (a template-wide check, such as
-    unique ids, runs only once the fields are valid). Source: issue 11, section 6.
+    unique ids, runs only once the fields are valid).
     """
 
     def __init__(
@@ -182,13 +183,13 @@ _QUEUE_TARGET = re.compile(QUEUE_TARGET_PATTERN)
 
 
 class _Model(BaseModel):
-    # Field docstrings are the descriptions `onceflow schema --template` shows in an editor (issue 13 item 5).
+    # Field docstrings are the descriptions `onceflow schema --template` shows in an editor.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
 
 def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:
     """A payload must encode as canonical JSON (string keys, no NaN) within MAX_PAYLOAD_BYTES: it is
-    stored and hashed at every entry of its step, so its cost is paid at load time (issue 11)."""
+    stored and hashed at every entry of its step, so its cost is paid at load time."""
     if value is None:
         return None
     try:
@@ -762,7 +763,7 @@ _INT_TEXT_LIMIT = 70  # an int64 in any YAML 1.1 form ("0b" + 64 binary digits, 
 class _StrictLoader(yaml.SafeLoader):
     """yaml.SafeLoader that rejects a key repeated within one mapping, as Kandev's Go decoder does.
 
-    Bounded for untrusted text (issue 11, "Bounded everything"): aliases are refused (no Kandev template
+    Bounded for untrusted text: aliases are refused (no Kandev template
     uses one, and an alias bomb expands exponentially); mappings and sequences nest at most MAX_YAML_DEPTH
     levels (the composer recurses per level); a scalar YAML 1.1 reads as a timestamp stays its text, as
     Kandev's Go decoder keeps it (a date object, or `2001-13-45`'s ValueError, never escapes); an integer
@@ -863,7 +864,7 @@ def load_workflow_text(
 ) -> Workflow:
     """Parse YAML `text` (safe loader, repeated keys rejected) into a Workflow.
 
-    Bounded (issue 11): at most MAX_TEMPLATE_BYTES of UTF-8, no aliases, nesting at most MAX_YAML_DEPTH,
+    Bounded: at most MAX_TEMPLATE_BYTES of UTF-8, no aliases, nesting at most MAX_YAML_DEPTH,
     payloads at most MAX_PAYLOAD_BYTES, at most MAX_TEMPLATE_STEPS steps; the cost is linear in the text,
     so an oversized or hostile file is refused in milliseconds. CPU-bound: an async caller runs it in a
     worker thread.

@@ -1,4 +1,5 @@
-"""Epoch liveness without leases, and per-task serialization across runtimes.
+"""Epoch liveness without leases, and per-task serialization across runtimes. Writer thread (but
+`CURRENT_TASK`, which the Trio side sets).
 
 SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours is dead by definition.
 

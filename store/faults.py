@@ -1,4 +1,5 @@
-"""Storage faults: which sqlite3 errors they are, and which of them end the transaction.
+"""Storage faults: which sqlite3 errors they are, and which of them end the transaction. Pure: asked on the
+writer thread.
 
 SQLite may roll a whole transaction back on SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_CORRUPT (its
 "Response To Errors Within A Transaction"); `max_page_count` hitting its cap does. Writes issued after that

@@ -1,4 +1,5 @@
-"""The OS lock that makes one onceflow runtime the sole owner of a database file, whatever its name.
+"""The OS lock that makes one onceflow runtime the sole owner of a database file, whatever its name. Either
+thread: taken by `open_store` before the writer starts.
 
 Exactly one runtime owns a database at a time; a second one fails at once rather than waiting
 (on-enter-action-dispatch.md, "Epoch": the ownership lock is what makes an epoch other than ours

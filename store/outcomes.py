@@ -1,4 +1,5 @@
-"""The durable outcome record and its acknowledgement inbox (coordinator-outcome-delivery.md).
+"""The durable outcome record and its acknowledgement inbox (coordinator-outcome-delivery.md). Writer thread:
+every function runs inside the caller's transaction.
 
 One `outcomes` row per outcome holds its whole queryable state (the spec's `CoordinatorOutcomeState`) as
 counters, never a row per attempt, so a record does not grow with the number of attempts (AC-CO-13, the

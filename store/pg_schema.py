@@ -1,4 +1,5 @@
-"""The PostgreSQL schema: SQLite's schema at its current version, as one script, then later migrations.
+"""The PostgreSQL schema: SQLite's schema at its current version, as one script, then later migrations. Writer
+thread.
 
 A PostgreSQL database starts at `schema.SCHEMA_VERSION` in one step (there is no older PostgreSQL database to
 upgrade). The tables, columns, keys, cascades and indexes are SQLite's (store/schema.py), typed for

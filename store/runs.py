@@ -1,4 +1,5 @@
-"""The runs queue: idempotent, coalescing enqueue; atomic claim; finish.
+"""The runs queue: idempotent, coalescing enqueue; atomic claim; finish. Writer thread: every function runs
+inside the caller's transaction.
 
 Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9):
 - every idempotency key is kept with the run it produced (`runs.idempotency_key`) or, for an enqueue merged

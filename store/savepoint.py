@@ -1,4 +1,4 @@
-"""A named SAVEPOINT as a context manager: the block's writes are rolled back if it raises.
+"""A named SAVEPOINT as a context manager: the block's writes are rolled back if it raises. Writer thread.
 
 Used where one part of a transaction may fail on its own without undoing the rest (one action of a segment,
 a two-write enqueue). The exception still propagates; only the block's writes are undone. When the error

@@ -1,4 +1,5 @@
-"""The database schema, as ordered migrations keyed by `PRAGMA user_version`.
+"""The database schema, as ordered migrations keyed by `PRAGMA user_version`. Writer thread (and the read-only
+views' own connection).
 
 Migration N (1-based) brings a database from user_version N-1 to N: an SQL script, or a function for a
 change SQL cannot express. Append new migrations; never edit one that has shipped. Every task-scoped

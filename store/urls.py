@@ -1,4 +1,4 @@
-"""What names a database: a SQLite file path, or a `postgresql://` URL; and which one a connection is.
+"""What names a database: a SQLite file path, or a `postgresql://` URL; and which one a connection is. Pure.
 
 Kept apart from store/postgres.py so that telling the two apart never imports psycopg: a SQLite runtime
 never loads it.

@@ -1,4 +1,5 @@
-"""Registered workflow templates, kept as their source YAML so a restart re-validates them."""
+"""Registered workflow templates, kept as their source YAML so a restart re-validates them. Writer thread:
+every function runs inside the caller's transaction."""
 
 from __future__ import annotations
 

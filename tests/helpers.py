@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,13 @@ async def ok(rt: Runtime, message: dict[str, Any] | str) -> Reply:
     return reply
 
 
-async def register(rt: Runtime, yaml_text: str, source: str = "test.yml") -> Reply:
-    return await ok(rt, {"type": "register_workflow", "yaml": yaml_text, "source": source})
+async def register(
+    rt: Runtime, yaml_text: str, source: str = "test.yml", *, import_path: bool = False
+) -> Reply:
+    """Register a template (`import_path`: through the import path, so run_code_review and
+    configure_session may be declared, and transitions under event triggers)."""
+    message = {"type": "register_workflow", "yaml": yaml_text, "source": source, "import_path": import_path}
+    return await ok(rt, message)
 
 
 async def add_participant(rt: Runtime, workflow_id: str, step_id: str, role: str, agent: str) -> int:
@@ -127,6 +133,11 @@ async def to_review(rt: Runtime, task_id: str) -> Reply:
     await create_task(rt, task_id)
     await move(rt, task_id, "work")
     return await turn_complete(rt, task_id)
+
+
+def of_type(events: Iterable[Any], type_: str) -> list[Any]:
+    """The events of one type, in order."""
+    return [event for event in events if event.type == type_]
 
 
 def events(reply: Reply, type_: str) -> list[Any]:

@@ -210,8 +210,8 @@ class OnEnterDispatch:
         The agent must not resume on a context that was never cleared, so configure_session, plan mode,
         session mode and auto_start_agent of this entry are not asked for; engine-owned actions still run
         (AC-A10, AC-C3). Nothing durable is written: session actions hold no marker and recovery never
-        requests them (AC-B8), so a skipped one cannot come back for this entry. Source: issue 16 item 1,
-        resolving AC-D1 (reset before auto_start, Kandev stops at a failed reset) against AC-C3.
+        requests them (AC-B8), so a skipped one cannot come back for this entry. This resolves AC-D1 (reset
+        before auto_start, Kandev stops at a failed reset) against AC-C3.
         """
         skipped = [
             {"position": p, "action": a.type}
@@ -240,7 +240,7 @@ class OnEnterDispatch:
         """Claim first, act outside the database, then complete.
 
         run_code_review records its review-run row with the claim, then asks the host to start the pass with
-        the entry identity and the row's id (a re-claim after a crash reuses the row: issue 12 item 7); a
+        the entry identity and the row's id (a re-claim after a crash reuses the row); a
         failed start is recorded on the row and warned, and neither blocks the entry nor fails the action
         (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
         warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
@@ -251,7 +251,7 @@ class OnEnterDispatch:
         outcome, review_run = await store.transact(claim_external, key, position, action, store, now)
         if outcome != "claimed":
             return "stop" if outcome == "live_peer" else "next"  # the stop rule; a terminal one never re-runs
-        if store.fenced:  # self-fencing (issue 15): our epoch may be declared dead before the host acts
+        if store.fenced:  # self-fencing: our epoch may be declared dead before the host acts
             return "stop"  # the claim stays; a live runtime finishes it once this epoch is dead
         effect = Effect("skipped", "no_executor", diagnostics=(self.not_executed(action, "no_executor"),))
         start_failure: str | None = None

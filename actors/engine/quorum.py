@@ -1,4 +1,4 @@
-"""Quorum guard evaluation: pure functions over participant and decision rows.
+"""Quorum guard evaluation: pure functions over participant and decision rows. Pure.
 
 Contract: kandev-engine-notes.md, "Quorum guards". Nothing here touches the store; callers pass the rows in.
 """
@@ -246,8 +246,8 @@ def seat_role(
     at `step_id`) with decision_required. The decider's row is the one named by `participant_id`, else, for
     an agent decider, a row whose agent_profile_id is `decider_id`; a user decider without a participant id
     holds no seat. Among several, a per-task row beats a template row, then the row at `step_id` beats a
-    row at another step, then the lowest id. Source: issue 12 item 1 (Kandev resolves the decider's role
-    from the seat); kandev-engine-notes.md, Quorum guards.
+    row at another step, then the lowest id (Kandev resolves the decider's role from the seat).
+    Source: kandev-engine-notes.md, Quorum guards.
     """
     candidates = [
         p
@@ -272,7 +272,7 @@ def why_not_counted(
     `guards` are the (role, threshold) pairs of the step's guarded transitions. A guard takes a decision into
     account as `evaluate_quorum` does: any_reject every user decision and an agent decision of its role;
     every other kind a decision that maps to one of its seats. Returns "no_quorum_guard" when the step has no
-    guard, "no_matching_seat" when no guard takes it. Source: issue 12 item 1.
+    guard, "no_matching_seat" when no guard takes it.
     """
     guards = list(guards)
     if not guards:

@@ -1,4 +1,5 @@
-"""Asking the host to perform one session-scoped action, with its outcome as events and diagnostics."""
+"""Asking the host to perform one session-scoped action, with its outcome as events and diagnostics. Trio
+thread."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ async def request_session_action(
     path: EntryPath | None = None,
 ) -> SessionOutcome:
     """Send `action` (declared at `position` of `step_id`'s `trigger` list) to the host for the task's
-    live session; the request and the `session_action` event carry that identity (issue 16 item 3).
+    live session; the request and the `session_action` event carry that identity.
 
     With no live session the action is skipped (info diagnostic, "no_session") and nothing durable is
     recorded (on-enter-action-dispatch.md AC-A10, AC-B8); a host that raises gets an ERROR diagnostic

@@ -1,0 +1,2 @@
+"""The actor machinery (Trio thread): mailboxes, the ledger actor, operation locks, the outbox and what actors
+share."""

@@ -1,8 +1,8 @@
-"""Exception groups at the edges: a single cause surfaces as itself.
+"""Exception groups at the edges: a single cause surfaces as itself. Pure.
 
 Trio's nurseries wrap whatever ends them in an ExceptionGroup (strict exception groups), so one failure
 inside the runtime's two nurseries reached the host as a group nested two deep, a 40-line traceback around
-one line of cause (issue 11, section 5). The public edges (`open_runtime`, the command line) unwrap a group
+one line of cause. The public edges (`open_runtime`, the command line) unwrap a group
 holding exactly one exception; a group of several stays a group, so no cause is ever dropped.
 """
 

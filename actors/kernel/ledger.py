@@ -1,4 +1,4 @@
-"""The ledger actor: the process-lifetime set of applied operation ids.
+"""The ledger actor: the process-lifetime set of applied operation ids. Trio thread.
 
 A memo, not a mutex: `is_applied` / `mark_applied`, no check-and-set, no clear. Keys compare by exact
 bytes; the empty id is never stored and never reported applied; marking is idempotent. It lives exactly as

@@ -5,8 +5,7 @@
 
 Built on a deque and Trio's low-level park/reschedule rather than a memory channel and an Event per reply:
 a task actor gets a fresh mailbox for almost every message (it is evicted once idle), and a channel pair
-plus an Event cost ~25 us per message, a tenth of an entry's Trio-side CPU (issue 14 item "No per-message
-actor churn").
+plus an Event cost ~25 us per message, a tenth of an entry's Trio-side CPU. Trio thread.
 """
 
 from __future__ import annotations

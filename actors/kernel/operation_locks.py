@@ -1,4 +1,5 @@
-"""Per-operation-id locks: created on first acquire, ref-counted, removed when the last holder releases.
+"""Per-operation-id locks: created on first acquire, ref-counted, removed when the last holder releases. Trio
+thread.
 
 A caller that commits a deferred transition and then marks its operation id holds the id's lock from before
 it loads the task until after the mark, so a concurrent delivery of the same id waits and then sees the

@@ -1,4 +1,4 @@
-"""Where events go: the reply of the command that caused them, and every subscriber's stream.
+"""Where events go: the reply of the command that caused them, and every subscriber's stream. Trio thread.
 
 Each command gets its own Outbox; `emit` appends to it and fans the event out to subscribers at once.
 Diagnostics are also written to the structured log with their fields as discrete keys.
@@ -81,7 +81,7 @@ class Outbox:
     def reply(self, command: str, *, result: Any = None, error: ErrorInfo | None = None) -> Reply:
         """The `Reply` to `command` carrying these events: `ok` with `result` when `error` is None, else not
         `ok` with `error`. Built without re-validating the events, each already a model the runtime built
-        (issue 14, "built once, not re-validated when put in a `Reply`"); it equals and serializes as
+        (built once, never re-validated when put in a `Reply`); it equals and serializes as
         `Reply(command=..., ok=..., result=... | error=..., events=...)` (tests/test_trusted.py)."""
         # a copy, as validation made: an event emitted later does not reach this reply
         return trusted.reply(command, list(self.events), result=result, error=error)
@@ -89,7 +89,7 @@ class Outbox:
     def has_audience(self) -> bool:
         """Whether an event emitted now could be received: a reply will carry it, or the hub has a subscriber.
         The recovery scan runs before `open_runtime` yields, so at startup it has neither and may log and
-        count instead of building events nobody receives (issue 14)."""
+        count instead of building events nobody receives."""
         return self._reply or self._hub.has_subscribers()
 
     def log(self, level: str, code: str, **fields: Any) -> None:

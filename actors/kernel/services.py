@@ -1,4 +1,5 @@
-"""What every actor of one runtime shares: the store, the ledger, the workflow registry and the host.
+"""What every actor of one runtime shares: the store, the ledger, the workflow registry and the host. Trio
+thread.
 
 The ledger is a required constructor argument, so a rebuilt facade can never be missing it or hold a
 different one (operation-ledger-lifetime.md: reconfiguration never replaces the ledger).

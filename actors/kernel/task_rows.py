@@ -12,7 +12,7 @@ Only a runtime on SQLite enables it: it owns its file (flock), so every write to
 process's, and each one outside the admission forgets the row (the task actor's other commands, a WIP
 promotion of another task). On PostgreSQL other runtimes write rows too, so the cache is off there.
 The cache lives in `Services` (a reconfiguration keeps it), never in a task actor, which is evicted after
-each message. Source: issue 14 item "A cached task row" (lead's design: bounded LRU, SQLite only).
+each message. A bounded LRU, on SQLite only. Trio thread.
 """
 
 from __future__ import annotations

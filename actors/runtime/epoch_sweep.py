@@ -1,4 +1,4 @@
-"""The periodic sweep of entries whose epoch is dead, on PostgreSQL (issue 15, "Epoch liveness").
+"""The periodic sweep of entries whose epoch is dead, on PostgreSQL. Trio thread.
 
 On SQLite the start-up recovery scan is enough: the runtime owning the file is the only one, and what a
 dead one left is finished when the file is next opened. On PostgreSQL the runtime that left an entry open
@@ -51,7 +51,7 @@ async def sweep_once(
 ) -> int:
     """Finish, once, the open entries of dead epochs and the claimless ones created more than `grace`
     seconds ago (at most `SWEEP_LIMIT`), then run `promote` (the start-up promotion); returns how many
-    entries were re-dispatched. Never raises: a failure is logged at WARNING (issue 15)."""
+    entries were re-dispatched. Never raises: a failure is logged at WARNING."""
     store = services.store
     before = services.now() - grace
     try:

@@ -1,4 +1,5 @@
-"""Durable coordinator outcome delivery: one actor per outcome, and the supervisor that runs them.
+"""Durable coordinator outcome delivery: one actor per outcome, and the supervisor that runs them. Trio
+thread: every database effect is a store request (store/outcomes.py, store/outcome_claims.py).
 
 Gas City's `CoordinatorOutcomeWorkflow` (coordinator-outcome-delivery.md) without a Temporal server: the
 state lives in one SQLite row per outcome (`onceflow.store.outcomes`), the signals are the `outcome_ready`
@@ -46,7 +47,7 @@ ids the code and tests use:
 Without a `Coordinator` the runtime still accepts and stores outcomes (phase pending, a warning diagnostic)
 as Temporal accepts a workflow no worker polls yet; the next runtime opened with a coordinator delivers them.
 
-Several runtimes on one PostgreSQL database (issue 15): an actor delivers only while its runtime holds the
+Several runtimes on one PostgreSQL database: an actor delivers only while its runtime holds the
 outcome's claim (store/outcome_claims.py), checked in each of its transactions, so one outcome is never
 delivered or acknowledged by two runtimes at once; every SWEEP_INTERVAL seconds each runtime resumes the
 unfinished outcomes nobody claims (their runtime died), from their stored state as at a start (AC-CO-14,
@@ -321,7 +322,7 @@ class OutcomeSupervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume every unfinished outcome no other runtime claims (AC-CO-14), report started, and run actors
         until `close`; on PostgreSQL, resume the unclaimed ones again every SWEEP_INTERVAL seconds (their
-        runtime died: issue 15)."""
+        runtime died)."""
         with self._cancel:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

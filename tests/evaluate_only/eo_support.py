@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 import yaml
-from helpers import ok
+from helpers import of_type, ok, register
 
 from onceflow.actors.engine.engine import HandleInput, HandleResult
 from onceflow.actors.kernel.outbox import EventHub, Outbox
@@ -67,10 +67,6 @@ def parse(text: str) -> Workflow:
     return load_workflow_text(text, "reload.yml", allowed_actions=IMPORT_ALLOWED_ACTIONS)
 
 
-async def register(rt: Runtime, text: str) -> Reply:
-    return await ok(rt, {"type": "register_workflow", "yaml": text, "source": "eo.yml", "import_path": True})
-
-
 async def create(
     rt: Runtime, step_id: str, *, workflow_id: str = WF, task_id: str = TASK, **fields: Any
 ) -> None:
@@ -80,7 +76,7 @@ async def create(
 
 async def setup(rt: Runtime, step_id: str = "work", text: str | None = None) -> None:
     """Register the workflow (default: STEPS) and create TASK at `step_id`."""
-    await register(rt, text or workflow_yaml())
+    await register(rt, text or workflow_yaml(), import_path=True)
     await create(rt, step_id)
 
 
@@ -94,10 +90,6 @@ async def step_of(rt: Runtime, task_id: str = TASK) -> str:
 
 async def runs_for(rt: Runtime, agent: str) -> list[dict[str, Any]]:
     return list((await ok(rt, {"type": "list_runs", "agent_profile_id": agent})).result)
-
-
-def of_type(events: list[Any], type_: str) -> list[Any]:
-    return [event for event in events if event.type == type_]
 
 
 def callbacks(events: list[Any]) -> list[tuple[str, str, str]]:

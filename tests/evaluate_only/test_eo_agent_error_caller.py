@@ -18,9 +18,7 @@ from eo_support import (
     evaluate,
     move_to,
     moves,
-    of_type,
     queue,
-    register,
     reload_during_evaluation,
     run_sql,
     runs_for,
@@ -28,7 +26,7 @@ from eo_support import (
     step_of,
     workflow_yaml,
 )
-from helpers import ok
+from helpers import of_type, ok, register
 
 from onceflow.actors.runtime.supervisor import Runtime
 
@@ -70,7 +68,7 @@ class Fault:
 
     async def clear(self, rt: Runtime, host: ScriptedHost) -> None:
         if self.name in ("target-missing", "source-missing"):
-            await register(rt, workflow_yaml())  # the full template is registered again
+            await register(rt, workflow_yaml(), import_path=True)  # the full template is registered again
         elif self.name == "preflight-refused":
             host.refuse = False
         else:

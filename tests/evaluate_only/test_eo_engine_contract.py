@@ -18,14 +18,13 @@ from eo_support import (
     create,
     evaluate,
     move_to,
-    register,
     runs_for,
     setup,
     spy_ledger,
     step_of,
     workflow_yaml,
 )
-from helpers import ok
+from helpers import ok, register
 
 from onceflow.actors.engine.engine import HandleResult
 from onceflow.actors.runtime.supervisor import Runtime
@@ -148,7 +147,7 @@ def test_ac_eo_4_the_zero_result_claims_no_ownership() -> None:
 async def test_ac_eo_4_ac_eo_5_action_failure_returns_no_result_and_leaves_the_id_unmarked(
     runtime: Runtime, monkeypatch, evaluate_only: bool
 ) -> None:
-    await register(runtime, FAILING)
+    await register(runtime, FAILING, import_path=True)
     await create(runtime, "boom", workflow_id="eo-fail")  # no primary agent: queue_run target fails
     spy = spy_ledger(monkeypatch, runtime)
     for _ in range(2):  # a redelivery is not short-circuited: it runs (and fails) again
@@ -161,7 +160,7 @@ async def test_ac_eo_4_ac_eo_5_action_failure_returns_no_result_and_leaves_the_i
 
 
 async def test_ac_eo_5_failed_operation_succeeds_once_the_fault_is_gone(runtime: Runtime) -> None:
-    await register(runtime, FAILING)
+    await register(runtime, FAILING, import_path=True)
     await create(runtime, "boom", workflow_id="eo-fail")
     with pytest.raises(ActionError):
         await evaluate(runtime, evaluate_only=False)

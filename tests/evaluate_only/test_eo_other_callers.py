@@ -16,13 +16,12 @@ from eo_support import (
     move_to,
     moves,
     queue,
-    register,
     runs_for,
     spy_ledger,
     step_of,
     workflow_yaml,
 )
-from helpers import ok
+from helpers import ok, register
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import commands as c
@@ -56,7 +55,7 @@ DECISION_OP = f"decision:{TASK}:review:d1"
 
 
 async def setup_review(rt: Runtime) -> None:
-    await register(rt, REVIEW)
+    await register(rt, REVIEW, import_path=True)
     await ok(
         rt,
         {
@@ -132,7 +131,7 @@ TURNS = workflow_yaml(
 async def test_ac_eo_16_turn_triggers_carry_no_operation_id_and_commit_in_call(
     runtime: Runtime, monkeypatch
 ) -> None:
-    await register(runtime, TURNS)
+    await register(runtime, TURNS, import_path=True)
     await create(runtime, "a", workflow_id="eo-turns")
     spy = spy_ledger(monkeypatch, runtime)
     for command, expected in [("turn_complete", ("a", "b")), ("turn_start", ("b", "a"))] * 2:
@@ -169,7 +168,7 @@ async def children_completed(rt: Runtime, children: list[dict[str, Any]] = CHILD
 
 
 async def setup_parent(rt: Runtime) -> None:
-    await register(rt, PARENT)
+    await register(rt, PARENT, import_path=True)
     await create(rt, "waiting", workflow_id="eo-parent")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
-from helpers import ok
+from helpers import ok, register
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
@@ -91,11 +91,6 @@ def disp_yaml(review: str, *, wip_limit: int = 0, work_extra: str = "") -> str:
     return _DISP.format(review=block(review), wip_limit=wip_limit, work_extra=work_extra)
 
 
-async def register(rt: Runtime, yaml_text: str) -> None:
-    """Register through the import path, so run_code_review and configure_session may be declared."""
-    await ok(rt, {"type": "register_workflow", "yaml": yaml_text, "source": "t.yml", "import_path": True})
-
-
 async def setup(
     rt: Runtime,
     review: str,
@@ -108,8 +103,10 @@ async def setup(
 
     For E3 review gets a WIP limit of one, so the entering task can be made to wait for a slot.
     """
-    await register(rt, disp_yaml(review, wip_limit=1 if path == "E3" else 0, work_extra=work_extra))
-    await register(rt, _SIDE)
+    await register(
+        rt, disp_yaml(review, wip_limit=1 if path == "E3" else 0, work_extra=work_extra), import_path=True
+    )
+    await register(rt, _SIDE, import_path=True)
     for agent in reviewers:
         await seat(rt, "reviewer", agent)
 
@@ -387,10 +384,6 @@ def diags(events: list[Event], code: str | None = None, level: str | None = None
 def loud(events: list[Event]) -> list[tuple[str, str]]:
     """(level, code) of every warning or error diagnostic."""
     return [(e.level, e.code) for e in diags(events) if e.level in ("warning", "error")]
-
-
-def of_type(events: list[Event], type_: str) -> list[Any]:
-    return [e for e in events if e.type == type_]
 
 
 def records(logs: list[dict[str, Any]], event: str, level: str | None = None) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from helpers import START, add_participant, ok
+from helpers import START, add_participant, of_type, ok, register
 
 from onceflow.actors.engine.on_enter import OnEnterDispatch
 from onceflow.actors.kernel.outbox import EventHub, Outbox
@@ -111,10 +111,6 @@ def kinds_of(yaml_text: str, step_id: str) -> list[str]:
     return [action.type for action in workflow.step(step_id).events.on_enter]
 
 
-async def register(rt: Runtime, yaml_text: str) -> None:
-    await ok(rt, {"type": "register_workflow", "yaml": yaml_text, "source": "test.yml", "import_path": True})
-
-
 async def setup_entries(
     rt: Runtime,
     review: str,
@@ -124,7 +120,7 @@ async def setup_entries(
     seat_at: Iterable[str] = ("review",),
 ) -> None:
     """Register `entries` and seat `reviewers` (template-level, role reviewer) at each step of `seat_at`."""
-    await register(rt, entries_yaml(review, work))
+    await register(rt, entries_yaml(review, work), import_path=True)
     for step_id in seat_at:
         for reviewer in reviewers:
             await add_participant(rt, WF, step_id, "reviewer", reviewer)
@@ -316,10 +312,6 @@ async def dispatcher(
     out = Outbox(EventHub())
     dispatch = OnEnterDispatch(rt.services, task, workflow, workflow.step(key.step_id), key, path, out)
     return dispatch, out.events
-
-
-def of_type(events: Iterable[Event], type_: str) -> list[Any]:
-    return [event for event in events if event.type == type_]
 
 
 def loud(events: Iterable[Event]) -> list[Any]:

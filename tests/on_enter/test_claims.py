@@ -28,13 +28,11 @@ from entry_support import (
     loud,
     mark,
     new_task,
-    of_type,
-    register,
     run_rows,
     setup_entries,
     states,
 )
-from helpers import ok
+from helpers import of_type, ok, register
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
@@ -215,7 +213,7 @@ async def test_declaration_read_once_a_dispatch_finishes_against_the_declaration
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ok, rt, {"type": "move_task", "task_id": "T1", "step_id": "review"})
                 await host.entered.wait()  # T1's dispatch is between positions 0 and 1
-                await register(rt, entries_yaml(after))  # a sync lands mid-dispatch
+                await register(rt, entries_yaml(after), import_path=True)  # a sync lands mid-dispatch
                 host.release.set()
         await ok(rt, {"type": "move_task", "task_id": "T2", "step_id": "review"})
 

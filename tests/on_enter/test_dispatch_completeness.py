@@ -22,15 +22,13 @@ from dispatch_support import (
     key_seq,
     loud,
     markers,
-    of_type,
     records,
-    register,
     runs,
     seat,
     setup,
     spy_on,
 )
-from helpers import list_review_runs, ok
+from helpers import list_review_runs, of_type, ok, register
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.supervisor import Runtime
@@ -416,7 +414,7 @@ async def test_ac_a4_a_per_task_seat_at_a_same_named_step_of_another_workflow_ge
     runtime: Runtime,
 ) -> None:
     await setup(runtime, "- type: clear_decisions", reviewers=())
-    await register(runtime, ALT)
+    await register(runtime, ALT, import_path=True)
     await ok(
         runtime,
         {

@@ -17,11 +17,11 @@ from dispatch_support import (
     enter,
     entries,
     loud,
-    of_type,
     runs,
     setup,
     spy_on,
 )
+from helpers import of_type
 
 from onceflow.actors.runtime.supervisor import Runtime
 

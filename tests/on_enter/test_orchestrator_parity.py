@@ -12,21 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dispatch_support import (
-    CONFIGURE,
-    HOISTING_PATHS,
-    PATHS,
-    STEP,
-    Spy,
-    diags,
-    enter,
-    of_type,
-    runs,
-    setup,
-    spy_on,
-)
+from dispatch_support import CONFIGURE, HOISTING_PATHS, PATHS, STEP, Spy, diags, enter, runs, setup, spy_on
 from entry_support import CLEAR_AND_FAN_OUT, executors_with, new_task, raising, setup_entries
-from helpers import ok
+from helpers import of_type, ok
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime

@@ -32,13 +32,12 @@ from entry_support import (
     new_task,
     on_disk,
     raising,
-    register,
     run_rows,
     save_yaml,
     setup_entries,
     states,
 )
-from helpers import ok
+from helpers import ok, register
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
@@ -320,7 +319,9 @@ async def test_ac_b9_d_a_config_change_with_kinds_and_order_unchanged_keeps_the_
         await setup_entries(rt, old)
         await new_task(rt, "T1")
         await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "review"})  # clear done, fan-out open
-        await register(rt, entries_yaml(new))  # the template is re-registered with another reason
+        await register(
+            rt, entries_yaml(new), import_path=True
+        )  # the template is re-registered with another reason
 
     logs: list[dict[str, Any]] = []
     async with restart(db_path, logs) as rt:

@@ -30,13 +30,11 @@ from entry_support import (
     logged,
     loud,
     new_task,
-    of_type,
     other_yaml,
-    register,
     setup_entries,
     states,
 )
-from helpers import FakeClock, add_participant, events, list_entries, list_runs, ok, send
+from helpers import FakeClock, add_participant, events, list_entries, list_runs, of_type, ok, register, send
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
@@ -131,7 +129,7 @@ PATH_IDS = [p.name for p in PATHS]
 async def setup_paths(rt: Runtime, declaration: str = TARGET, intake: str = INTAKE) -> None:
     """`entries` with `declaration` at work and review, `other` with `intake`; reviewers at all three."""
     await setup_entries(rt, declaration, work=declaration, seat_at=("work", "review"))
-    await register(rt, other_yaml(intake))
+    await register(rt, other_yaml(intake), import_path=True)
     for reviewer in REVIEWERS:
         await add_participant(rt, OTHER, "intake", "reviewer", reviewer)
 

@@ -1,6 +1,6 @@
 """The Trio side of the runtime (every module runs on the Trio thread): actors, the engine, supervision. No
-function here takes a database connection and no SQL lives here (store/ owns both; tests/test_layout.py keeps
-it so).
+function here takes a database connection and no SQL lives here (store/ owns both; tests/facade/test_layout.py
+keeps it so).
 
 - `kernel/`: the actor machinery: mailboxes, the ledger actor, operation locks, the outbox, services.
 - `engine/`: what a trigger, a step entry, on_enter, a quorum guard, a WIP promotion and the recovery

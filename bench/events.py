@@ -23,13 +23,15 @@ from typing import Any
 import structlog
 from dispatch import WORKFLOW  # bench/ is on sys.path when run as a script: the same review step
 
-from onceflow.actors.engine.common import common_order, common_plan, common_result, publish_common
+from onceflow.actors.engine.common import common_order, common_result, publish_common
 from onceflow.actors.engine.on_enter import OnEnterDispatch
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol import trusted
 from onceflow.protocol.events import RunQueued
 from onceflow.protocol.workflow import load_workflow_text
+from onceflow.store.common_entry import common_plan
+from onceflow.store.executors import DEFAULT_EXECUTORS
 from onceflow.store.records import TaskRecord
 from onceflow.store.step_entries import EntryKey
 
@@ -39,7 +41,7 @@ def scenario() -> dict[str, Callable[[], Any]]:
     workflow = load_workflow_text(WORKFLOW)
     step = workflow.steps[1]
     services: Any = Services(None, None, None, None, None)  # type: ignore[arg-type]
-    order = common_order(services, step, "E2")
+    order = common_order(DEFAULT_EXECUTORS, step, "E2")
     assert order is not None
     task = TaskRecord("t-1", "bench", "review", "", None, None, None, "medium", True, None, 0.0, 0.0, 1)
     key = EntryKey("t-1", "review", 1)

@@ -29,7 +29,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.limits import MAX_TEMPLATE_STEPS
 from onceflow.protocol.workflow import load_workflow_text
-from onceflow.store.writer import Grouped, StoreActor
+from onceflow.store.writer import StoreActor
 
 T = TypeVar("T")
 
@@ -90,20 +90,20 @@ async def measure(kind: str, n: int, tasks: int, directory: Path) -> bool:
                 rt, {"type": "create_task", "task_id": f"T{i}", "workflow_id": "cost", "step_id": last}
             )
     commits = 0
-    original = StoreActor.transact
+    original = StoreActor._submit  # every request, grouped or not, goes through it
 
-    async def counting(self: StoreActor, fn: Callable[..., T], group: Grouped[T] | None = None) -> T:
+    async def counting(self: StoreActor, *args: Any) -> Any:
         nonlocal commits
         commits += 1
-        return await original(self, fn, group)
+        return await original(self, *args)
 
-    StoreActor.transact = counting  # type: ignore[method-assign]
+    StoreActor._submit = counting  # type: ignore[method-assign]
     try:
         started = time.perf_counter()
         async with open_runtime(db):
             restart = time.perf_counter() - started
     finally:
-        StoreActor.transact = original  # type: ignore[method-assign]
+        StoreActor._submit = original  # type: ignore[method-assign]
     print(
         f"{kind:>5} n={n:,} bytes={len(text):,}: parse+validate {parse * 1000:.0f} ms, register "
         f"{register * 1000:.0f} ms (longest Trio stall {gap * 1000:.1f} ms), restart with {tasks} tasks "

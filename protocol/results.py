@@ -5,7 +5,7 @@ reply carries them as they are, plain JSON, at no validation cost. `RESULTS` map
 result type, `onceflow schema` prints each as JSON Schema under `results` (field descriptions from the
 attribute docstrings below), docs/protocol.md lists them, and `result_of(reply)` validates a reply's result
 against its type, for a host that wants it checked. The suite validates a reply of every command type
-(tests/test_protocol_results.py). Pure: no thread.
+(tests/protocol/test_protocol_results.py). Pure: no thread.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Events and replies built from the runtime's own typed values without pydantic validation (pure).
 
-A validated event costs ~20k instructions (~2-3 us here); one built here ~10k, and a `Reply` built here
-keeps its events as they are instead of re-validating each (~50k instructions for 9 events; ~11k here).
-Each builder takes exactly its model's fields (bar `type`), typed as the model types them, so mypy checks
-every call; the instance it returns equals the validated `Model(**same_arguments)`: the same `__dict__` in
-declaration order, the same `model_fields_set`, the same `model_dump()` and JSON. tests/test_trusted.py pins
-that per builder (hypothesis) and that each builder's parameters are still its model's fields.
-Values are NOT checked: pass only what the runtime itself produced and typed (an `int` for an `int`
-field, a plain `str` for a `str`); anything from outside goes through the models. A `dict` or `list` value
-is kept as given where validation would copy it: pass one nobody mutates afterwards.
-An event is built once and never re-validated when it is put in a `Reply`.
+A validated event costs ~20k instructions (~2-3 us here); one built here ~10k, and a `Reply` built here keeps
+its events as they are instead of re-validating each (~50k instructions for 9 events; ~11k here). Each builder
+takes exactly its model's fields (bar `type`), typed as the model types them, so mypy checks every call; the
+instance it returns equals the validated `Model(**same_arguments)`: the same `__dict__` in declaration order,
+the same `model_fields_set`, the same `model_dump()` and JSON. tests/protocol/test_trusted.py pins that per
+builder (hypothesis) and that each builder's parameters are still its model's fields. Values are NOT checked:
+pass only what the runtime itself produced and typed (an `int` for an `int` field, a plain `str` for a `str`);
+anything from outside goes through the models. A `dict` or `list` value is kept as given where validation
+would copy it: pass one nobody mutates afterwards. An event is built once and never re-validated when it is
+put in a `Reply`.
 """
 
 from __future__ import annotations

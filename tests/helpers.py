@@ -11,7 +11,12 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 from onceflow.testing import START, FakeClock
 
-__all__ = ["START", "FakeClock"]  # re-exported: the suite imports them from here
+__all__ = ["FIXTURES", "REPO", "START", "TESTS", "FakeClock"]  # re-exported: the suite imports them from here
+
+TESTS = Path(__file__).resolve().parent
+"""The tests folder (fixtures/, scripts/ and the support modules live here)."""
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
 
 OFFICE = "office-default"
 REVIEWERS = ("rev-a", "rev-b")

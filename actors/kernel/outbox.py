@@ -82,7 +82,7 @@ class Outbox:
         """The `Reply` to `command` carrying these events: `ok` with `result` when `error` is None, else not
         `ok` with `error`. Built without re-validating the events, each already a model the runtime built
         (built once, never re-validated when put in a `Reply`); it equals and serializes as
-        `Reply(command=..., ok=..., result=... | error=..., events=...)` (tests/test_trusted.py)."""
+        `Reply(command=..., ok=..., result=... | error=..., events=...)` (tests/protocol/test_trusted.py)."""
         # a copy, as validation made: an event emitted later does not reach this reply
         return trusted.reply(command, list(self.events), result=result, error=error)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import structlog
-from helpers import FakeClock, list_runs, ok, register, send
+from helpers import FIXTURES, FakeClock, list_runs, ok, register, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +34,7 @@ from onceflow.protocol.limits import (
 )
 from onceflow.testing import RecordingHost
 
-MINIMAL = (Path(__file__).parent / "fixtures" / "workflows" / "minimal.yml").read_text(encoding="utf-8")
+MINIMAL = (FIXTURES / "workflows" / "minimal.yml").read_text(encoding="utf-8")
 WF = "fixture"  # minimal.yml: todo, work (start), review (fans out to reviewers), done
 
 

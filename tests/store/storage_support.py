@@ -1,6 +1,6 @@
 """The board the storage-fault tests share: 40 reviewers fanned out on entering Review (issue 11, item 4).
 
-Used by tests/test_storage_faults.py, tests/test_storage_full_disk.py and its child process.
+Used by tests/store/test_storage_faults.py, tests/store/test_storage_full_disk.py and its child process.
 """
 
 from __future__ import annotations

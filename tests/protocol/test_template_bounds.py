@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from helpers import ok, register, send
+from helpers import FIXTURES, ok, register, send
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -28,9 +28,9 @@ from onceflow.protocol.limits import (
 from onceflow.protocol.workflow import Step, WorkflowError, _feeder_cycles, load_workflow_text
 from onceflow.store.writer import StoreActor
 
-FIXTURES = Path(__file__).parent / "fixtures" / "workflows"
-MINIMAL = (FIXTURES / "minimal.yml").read_text(encoding="utf-8")
-WIP = (FIXTURES / "wip.yml").read_text(encoding="utf-8")
+WORKFLOWS = FIXTURES / "workflows"
+MINIMAL = (WORKFLOWS / "minimal.yml").read_text(encoding="utf-8")
+WIP = (WORKFLOWS / "wip.yml").read_text(encoding="utf-8")
 T = TypeVar("T")
 
 

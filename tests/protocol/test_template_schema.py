@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from helpers import REPO
 
 from onceflow.cli import main
 from onceflow.protocol.template_schema import template_schema
@@ -25,8 +26,6 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-
-REPO = Path(__file__).resolve().parent.parent
 
 BASE: dict[str, Any] = {
     "id": "board",

@@ -1,5 +1,5 @@
 """A client of `onceflow serve` using only the standard library's socket and json (no onceflow imports),
-as a host in another language would talk to it. Imported by tests/test_serve.py, and run on its own
+as a host in another language would talk to it. Imported by tests/facade/test_serve.py, and run on its own
 (`python -I wire_client.py SOCKET PREFIX COUNT`) as a separate client process: it creates COUNT tasks
 named PREFIX-n, moves each to `work`, and prints one JSON object with what it saw.
 """

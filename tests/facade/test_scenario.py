@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import TESTS
 
 from onceflow.cli import main
 from onceflow.scenario import ScenarioError, load_scenarios, matches, run_files
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 OFFICE_CYCLE = HERE / "fixtures" / "scenarios" / "office-default-cycle.yml"
 OFFICE_DEFAULT = HERE / "fixtures" / "kandev" / "office-default.yml"
 

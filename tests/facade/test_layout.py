@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CONNECTION_NAMES = {"conn", "connection", "cursor", "cur"}
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b", re.S | re.I)
 LEAVES = {"onceflow.logs", "onceflow.metrics"}

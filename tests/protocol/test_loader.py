@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import FIXTURES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,14 +32,14 @@ from onceflow.protocol.workflow import (
     workflow_from_dict,
 )
 
-KANDEV_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "kandev"
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "workflows"
+KANDEV_TEMPLATES = FIXTURES / "kandev"
+WORKFLOWS = FIXTURES / "workflows"
 
 Mutation = Callable[[dict[str, Any]], None]
 
 
 def _base() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((FIXTURES / "minimal.yml").read_text(encoding="utf-8"))
+    data: dict[str, Any] = yaml.safe_load((WORKFLOWS / "minimal.yml").read_text(encoding="utf-8"))
     return data
 
 
@@ -168,7 +169,7 @@ def test_kanban_navigation_by_position() -> None:
 
 
 def test_minimal_fixture_if_guard_form() -> None:
-    workflow = load_workflow_file(FIXTURES / "minimal.yml")
+    workflow = load_workflow_file(WORKFLOWS / "minimal.yml")
     back = workflow.step("review").events.actions(Trigger.on_turn_complete)[1].config
     assert isinstance(back, MoveConfig)
     assert back.wait_for_quorum is None
@@ -178,7 +179,7 @@ def test_minimal_fixture_if_guard_form() -> None:
 
 
 def test_wip_extension_keys_accepted() -> None:
-    workflow = load_workflow_file(FIXTURES / "wip.yml")
+    workflow = load_workflow_file(WORKFLOWS / "wip.yml")
     assert (workflow.step("work").wip_limit, workflow.step("work").pull_from_step_id) == (2, "backlog")
     assert (workflow.step("review").wip_limit, workflow.step("review").pull_from_step_id) == (1, "work")
     assert (workflow.step("done").wip_limit, workflow.step("done").pull_from_step_id) == (0, None)

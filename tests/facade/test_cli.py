@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import trio
+from helpers import REPO
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.cli import main
 from onceflow.store.lock import acquire_database_lock
 
-REPO = Path(__file__).resolve().parents[1]
 KANDEV = REPO / "tests" / "fixtures" / "kandev"
 SCRIPT = REPO / "tests" / "scripts" / "office-default-rejection.jsonl"
 

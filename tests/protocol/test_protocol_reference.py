@@ -10,10 +10,10 @@ import difflib
 import re
 import typing
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 
 import onceflow
 import onceflow.protocol
@@ -25,7 +25,6 @@ from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event
 from onceflow.protocol.template_schema import template_schema
 
-REPO = Path(__file__).resolve().parent.parent
 EVENT_TYPES = typing.get_args(typing.get_args(Event)[0])
 
 

@@ -1,5 +1,5 @@
 """README's examples stay true: the embedding snippet and the `onceflow run` example run as written,
-from any folder, with nothing beside the clone (issue 11, item 1)."""
+from any folder, with nothing beside the clone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
 

@@ -14,13 +14,14 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import TESTS
 
 from onceflow.cli import main
 from onceflow.protocol.workflow import load_workflow_file
 
 ENV = "ONCEFLOW_KANDEV_WORKFLOWS"
 NAMED = os.environ.get(ENV)
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "office-default-rejection.jsonl"
+SCRIPT = TESTS / "scripts" / "office-default-rejection.jsonl"
 
 pytestmark = pytest.mark.skipif(not NAMED, reason=f"{ENV} names no folder of Kandev templates")
 

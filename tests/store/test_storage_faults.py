@@ -3,7 +3,7 @@
 A full database is made in-process with a capped `PRAGMA max_page_count` on the writer's own connection
 (SQLite then answers SQLITE_FULL and rolls the whole transaction back, as a full disk can); a busy one by a
 second, plain sqlite3 connection holding `BEGIN IMMEDIATE` past the runtime's busy timeout. A real full disk
-is exercised in tests/test_storage_full_disk.py.
+is exercised in tests/store/test_storage_full_disk.py.
 """
 
 from __future__ import annotations

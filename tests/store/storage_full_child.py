@@ -1,4 +1,4 @@
-"""Child process of tests/test_storage_full_disk.py: the board's fan-out under a real file-size limit.
+"""Child process of tests/store/test_storage_full_disk.py: the board's fan-out under a real file-size limit.
 
 Usage: python storage_full_child.py DB_PATH. Prints one JSON object: the state before; for each of
 `HEADROOMS`, the reply of a turn_complete sent while every file write more than that many bytes past the

@@ -2,7 +2,7 @@
 
 Two real limits: a file-size limit (`RLIMIT_FSIZE`) in a child process, which every OS user can set, and,
 where the test may mount one (root), a size-capped tmpfs volume filled to the last byte. The in-process
-variant with `max_page_count` is in tests/test_storage_faults.py.
+variant with `max_page_count` is in tests/store/test_storage_faults.py.
 """
 
 from __future__ import annotations

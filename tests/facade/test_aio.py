@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from helpers import FIXTURES
 
 import onceflow.aio
 from onceflow.protocol.events import Event
@@ -20,7 +21,7 @@ from onceflow.protocol.host import SessionActionRequest
 from onceflow.store.lock import DatabaseOwnedError
 from onceflow.testing import RecordingHost
 
-WORKFLOW = Path(__file__).resolve().parent / "fixtures" / "workflows" / "minimal.yml"
+WORKFLOW = FIXTURES / "workflows" / "minimal.yml"
 
 
 @attrs.define

@@ -1,7 +1,7 @@
-"""`onceflow serve` (issue 13, item 1) driven from other processes over the socket with raw JSON.
+"""`onceflow serve` driven from other processes over the socket with raw JSON.
 
-The server runs as a subprocess (`python -m onceflow.cli serve`); clients are tests/wire_client.py, which
-imports nothing of onceflow (it also runs as its own `python -I` process). The wire format is in
+The server runs as a subprocess (`python -m onceflow.cli serve`); clients are tests/facade/wire_client.py,
+which imports nothing of onceflow (it also runs as its own `python -I` process). The wire format is in
 onceflow/serve.py's docstring.
 """
 
@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 import trio
+from helpers import TESTS
 from hypothesis import given
 from hypothesis import strategies as st
 from wire_client import WireClient
 
 from onceflow.serve import OVERLONG, Request, _LineReader, split_request
 
-TESTS = Path(__file__).resolve().parent
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"
 CLIENT = TESTS / "wire_client.py"
 

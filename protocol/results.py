@@ -48,12 +48,14 @@ EnvelopeData = Annotated[dict[str, Any], _AsEnvelope]
 
 def _result(cls: R) -> R:
     """Declare `cls` a result: unknown keys refused, and its (and its bases') attribute docstrings the
-    descriptions of its JSON Schema's properties (pydantic reads them from models, not typed dicts)."""
+    descriptions of its JSON Schema's properties (pydantic reads them from models, not typed dicts). The
+    docstrings are read when a schema is first built, never at import."""
     docs: dict[str, str] = {}
-    for klass in reversed(_lineage(cls)):
-        docs.update(_attribute_docs(klass))
 
     def describe(schema: dict[str, Any]) -> None:
+        if not docs:
+            for klass in reversed(_lineage(cls)):
+                docs.update(_attribute_docs(klass))
         for name, prop in schema.get("properties", {}).items():
             if name in docs:
                 prop["description"] = docs[name]

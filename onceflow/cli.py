@@ -13,6 +13,7 @@ subcommand runs its own Trio run.
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]
                                                               read-only views (onceflow.views)
+  onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
   onceflow --version
 
 Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 when the
@@ -47,7 +48,7 @@ import structlog
 import trio
 import yaml
 
-from onceflow import reference, scenario, serve, views
+from onceflow import prune, reference, scenario, serve, views
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.demo import run_demo
@@ -280,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
         "--import-path", action="store_true", help="with --template: the import path's allow-lists"
     )
     views.add_commands(sub)
+    prune.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)
     return parser

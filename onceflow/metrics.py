@@ -13,6 +13,11 @@ its own readers. Names and units (README, "Metrics"):
 | `onceflow.store.commit.batch_size` | histogram | `{transaction}` | | store requests sharing that commit |
 | `onceflow.recovery.open_entries` | counter | `{entry}` | | open entries the startup scan found |
 | `onceflow.outcomes` | counter | `{outcome}` | `phase` | outcomes entering each delivery phase |
+| `onceflow.run_changes` | counter | `{run}` | `change` | a run's life after its enqueue (1) |
+| `onceflow.retention.deleted` | counter | `{row}` | `kind` | rows retention deleted (2) |
+
+(1) `change`: claimed, finished, retry_scheduled, failed, cancelled, lease_expired.
+(2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes (store/retention.py).
 """
 
 from __future__ import annotations
@@ -50,16 +55,36 @@ OUTCOMES = _meter.create_counter(
     description="Coordinator outcomes entering a phase: pending, needs-coordinator-ack, acknowledged.",
 )
 
+RUN_CHANGES = _meter.create_counter(
+    "onceflow.run_changes",
+    unit="{run}",
+    description="Runs claimed, finished, retried, failed, cancelled, or whose lease expired.",
+)
+RETENTION_DELETED = _meter.create_counter(
+    "onceflow.retention.deleted", unit="{row}", description="Rows retention deleted, by kind."
+)
+
 _RUN_RESULTS = {"run_queued": "queued", "run_coalesced": "coalesced", "run_suppressed": "suppressed"}
 
-COUNTED_EVENTS = frozenset(("step_entered", *_RUN_RESULTS))
+_RUN_CHANGES = {
+    "run_claimed": "claimed",
+    "run_finished": "finished",
+    "run_retry_scheduled": "retry_scheduled",
+    "run_failed": "failed",
+    "run_cancelled": "cancelled",
+    "run_lease_expired": "lease_expired",
+}
+
+COUNTED_EVENTS = frozenset(("step_entered", *_RUN_RESULTS, *_RUN_CHANGES))
 """The event types `count_event` counts: an emitter may skip the call for any other."""
 
 
 def count_event(event: Event) -> None:
-    """Count a committed event: a step entry or a run enqueue. Called for every event the runtime emits;
-    other events count nothing."""
+    """Count a committed event: a step entry, a run enqueue or a change of a run. Called for every event
+    the runtime emits; other events count nothing."""
     if event.type == "step_entered":
         STEP_ENTRIES.add(1, {"entry_path": event.entry_path})
     elif event.type in _RUN_RESULTS:
         RUNS.add(1, {"result": _RUN_RESULTS[event.type]})
+    elif event.type in _RUN_CHANGES:
+        RUN_CHANGES.add(1, {"change": _RUN_CHANGES[event.type]})

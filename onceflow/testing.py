@@ -1,5 +1,6 @@
 """Test doubles for hosts that embed onceflow, and for onceflow's own tests: a recording host, a settable
-wall clock and a scriptable coordinator. Trio side: every call is made on the runtime's Trio thread.
+wall clock (and one that follows Trio's clock) and a scriptable coordinator. Trio side: every call is made
+on the runtime's Trio thread.
 
     from onceflow.testing import FakeClock, RecordingCoordinator, RecordingHost
 
@@ -38,6 +39,18 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         """Move the clock `seconds` forward."""
         self.now += seconds
+
+
+@attrs.frozen
+class TrioWallClock:
+    """A wall clock for `open_runtime(clock=...)` that follows Trio's clock: `start` plus
+    `trio.current_time()`, in Unix seconds. Under `trio.testing.MockClock` persisted times (leases, retry
+    times, ages) and Trio's timers (a waiting claim, the lease sweep) move together."""
+
+    start: float = START
+
+    def __call__(self) -> float:
+        return self.start + trio.current_time()
 
 
 @attrs.define

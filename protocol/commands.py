@@ -234,24 +234,79 @@ class DeleteTask(_Command):
     """The task to delete."""
 
 
+Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+"""A duration in seconds, finite and positive, at most a day."""
+
+
 class ClaimRun(_Command):
-    """Atomically claim the oldest queued run for an agent profile (reply result is the run or null)."""
+    """Claim the oldest eligible run of an agent profile (reply result: the run with its `claim_token` and
+    lease, or null): a queued run whose retry time has come, or a claimed one whose lease expired. Each
+    claim mints a new `claim_token` (the fencing token `renew_run` and `finish_run` take) and counts an
+    attempt. A run past its age limit is cancelled on the way (`run_cancelled`, reason `run_too_old`), never
+    handed out; a run of a step entry its task has left was cancelled when it left (`entry_left`)."""
 
     type: Literal["claim_run"] = "claim_run"
     """The command name."""
     agent_profile_id: Id
     """The agent profile claiming work."""
+    lease_seconds: Seconds | None = None
+    """How long the claim holds before the run returns to the queue unless renewed; None: the runtime's
+    `RunPolicy.lease` (at most its `max_lease`)."""
+    wait_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0
+    """When no run is eligible, wait up to this many seconds for one (a long poll; no busy polling) before
+    answering null. A wait that is cancelled (the client went away) claims nothing."""
+
+
+class RenewRun(_Command):
+    """Extend a claim's lease: a compare-and-set on the current `claim_token` (a stale token, after the
+    lease expired and the run was claimed again, or after it was cancelled, is a `conflict` naming
+    `claim_token`, and changes nothing)."""
+
+    type: Literal["renew_run"] = "renew_run"
+    """The command name."""
+    run_id: Int64
+    """The claimed run."""
+    claim_token: Id
+    """The token its claim returned."""
+    lease_seconds: Seconds | None = None
+    """The new lease from now; None: the runtime's `RunPolicy.lease`."""
 
 
 class FinishRun(_Command):
-    """Resolve a claimed run (`not_found` unless it is claimed)."""
+    """Resolve a claimed run: a compare-and-set on the current `claim_token`. `finished` ends it; `failed`
+    with `retryable` and retries left queues it again for later (`run_retry_scheduled`: backoff, or
+    `retry_at` when the host knows when, e.g. a rate limit's reset), else fails it for good (`run_failed`),
+    queuing an `agent_error` run for the task's CEO agent when it has one. The same finish again with the
+    same token is an idempotent replay; a stale token is a `conflict` naming `claim_token`. Without a
+    token (deprecated, for one release) it resolves a claimed run unfenced."""
 
     type: Literal["finish_run"] = "finish_run"
     """The command name."""
     run_id: Int64
     """The claimed run."""
     status: Literal["finished", "failed"] = "finished"
-    """How it ended."""
+    """How the attempt ended."""
+    claim_token: Id | None = None
+    """The token its claim returned (None: unfenced, deprecated)."""
+    error: Text | None = None
+    """Why it failed (kept as the run's `last_error`)."""
+    retryable: bool = True
+    """False: a failure retrying cannot cure (the agent's own); the run fails at once."""
+    retry_at: Annotated[float, Field(ge=0, le=INT64_MAX, allow_inf_nan=False)] | None = None
+    """Unix seconds to retry at, instead of the backoff (a rate limit's reset time)."""
+
+
+class CancelRun(_Command):
+    """Cancel a queued or claimed run (a compare-and-set on its status, `run_cancelled`); a claimed one's
+    holder then gets a `conflict` naming `claim_token` from `renew_run` and `finish_run`. Cancelling a
+    finished or failed run is a `conflict` naming `run_id`; cancelling a cancelled one is a no-op."""
+
+    type: Literal["cancel_run"] = "cancel_run"
+    """The command name."""
+    run_id: Int64
+    """The run."""
+    reason: Name = "cancelled_by_host"
+    """Why (the `run_cancelled` event carries it)."""
 
 
 # --- event triggers: each carries what its operation id is built from -----------------------------
@@ -413,7 +468,7 @@ class ListRuns(_Command):
     """Only this task's runs."""
     agent_profile_id: Name | None = None
     """Only runs for this agent profile."""
-    status: Literal["queued", "claimed", "finished", "failed"] | None = None
+    status: Literal["queued", "claimed", "finished", "failed", "cancelled"] | None = None
     """Only runs in this status."""
 
 
@@ -472,7 +527,9 @@ Command = Annotated[
     | StartTask
     | DeleteTask
     | ClaimRun
+    | RenewRun
     | FinishRun
+    | CancelRun
     | TaskComment
     | BlockersResolved
     | ChildrenCompleted
@@ -520,7 +577,9 @@ RuntimeCommand = (
     | AddParticipant
     | RemoveParticipant
     | ClaimRun
+    | RenewRun
     | FinishRun
+    | CancelRun
     | ListTasks
     | ListRuns
     | ListReviewRuns

@@ -177,6 +177,78 @@ class RunCoalesced(_Event):
     """How many enqueues the run now stands for, beyond the first."""
 
 
+class _RunChange(_Event):
+    run_id: int
+    """The run."""
+    task_id: str | None
+    """The task it is for."""
+    agent_profile_id: str
+    """The agent profile it is for."""
+    attempt: int
+    """Claims it has had so far."""
+
+
+class RunClaimed(_RunChange):
+    """A host claimed a run (committed): it holds it until `lease_expires_at` unless it renews."""
+
+    type: Literal["run_claimed"] = "run_claimed"
+    """The event name."""
+    lease_expires_at: float
+    """When the lease ends, in Unix seconds."""
+
+
+class RunFinished(_RunChange):
+    """A run finished (committed)."""
+
+    type: Literal["run_finished"] = "run_finished"
+    """The event name."""
+    superseded: bool
+    """True when its step entry had been left meanwhile (its work may no longer be wanted)."""
+
+
+class RunRetryScheduled(_RunChange):
+    """A failed attempt will be retried (committed): the run is queued again, eligible from `retry_at`."""
+
+    type: Literal["run_retry_scheduled"] = "run_retry_scheduled"
+    """The event name."""
+    retry_at: float
+    """When it may be claimed again, in Unix seconds (the backoff, or the host's `retry_at`)."""
+    retries: int
+    """Failed attempts retried so far, this one included."""
+    error: str | None
+    """What the host reported."""
+
+
+class RunFailed(_RunChange):
+    """A run failed for good (committed)."""
+
+    type: Literal["run_failed"] = "run_failed"
+    """The event name."""
+    reason: str
+    """not_retryable (the host said so), retries_exhausted, or too_many_attempts (leases kept expiring)."""
+    error: str | None
+    """What the host last reported."""
+    escalated_run_id: int | None
+    """The `agent_error` run queued for the task's CEO agent, if it has one."""
+
+
+class RunCancelled(_RunChange):
+    """A queued or claimed run was cancelled (committed); it is never handed out again."""
+
+    type: Literal["run_cancelled"] = "run_cancelled"
+    """The event name."""
+    reason: str
+    """entry_left (its task left the step entry that queued it: Kandev's workflow_step_changed, applied at
+    once), run_too_old (past the age limit), task_deleted, or the host's reason (`cancel_run`)."""
+
+
+class RunLeaseExpired(_RunChange):
+    """A claimed run's lease ran out (committed): it is queued again for another claim."""
+
+    type: Literal["run_lease_expired"] = "run_lease_expired"
+    """The event name."""
+
+
 class DecisionRecorded(_Event):
     """A decision was stored. `role` is the one recorded: the command's, or resolved from the seat."""
 
@@ -267,6 +339,12 @@ Event = Annotated[
     | RunQueued
     | RunSuppressed
     | RunCoalesced
+    | RunClaimed
+    | RunFinished
+    | RunRetryScheduled
+    | RunFailed
+    | RunCancelled
+    | RunLeaseExpired
     | DecisionRecorded
     | DecisionsCleared
     | SessionAction

@@ -124,32 +124,89 @@ class TaskInfo(TypedDict):
     """The full step it waits for (at that step, or in its feeder step); None when admitted where it is."""
 
 
+RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
+
+
 @_result
 class RunInfo(TypedDict):
-    """A row of the runs queue (`claim_run`, `list_runs`)."""
+    """A row of the runs queue (`list_runs`; `claim_run` adds its claim)."""
 
     id: int
-    """The run id (`finish_run` takes it)."""
+    """The run id (`renew_run`, `finish_run` and `cancel_run` take it)."""
     agent_profile_id: str
     """The agent profile the run is for."""
     task_id: str | None
     """The task it is for."""
     step_id: str | None
     """The step whose action queued it."""
+    trigger: str | None
+    """The trigger whose action queued it (on_enter, on_comment, ...; None for runs from before it was
+    kept)."""
+    entry_seq: int | None
+    """For an on_enter run, the step entry that queued it (with task_id and step_id)."""
+    admission_seq: int | None
+    """The task's admission counter when it was queued: the step entry of the task it belongs to (None: it
+    belongs to no entry of its task, e.g. queued for another task)."""
     reason: str
     """Why it was queued (the action's reason, default its trigger)."""
     payload: dict[str, Any] | None
     """The action's payload (the latest one, when enqueues were coalesced into it)."""
     idempotency_key: str | None
-    """The key that deduplicates it for 24 hours after it resolves (None: not deduplicated)."""
+    """The key that deduplicates it while it is unresolved and 24 hours after it resolves (None: not
+    deduplicated)."""
     exclude_from_coalescing: bool
     """True when later enqueues never merge into it."""
-    status: Literal["queued", "claimed", "finished", "failed"]
+    status: RunStatus
     """Where it is in its life."""
     coalesced_count: int
     """How many later enqueues were merged into it."""
     requested_at: float
     """When it was queued, in Unix seconds."""
+    attempt: int
+    """Claims it has had so far."""
+    retries: int
+    """Failed attempts retried so far."""
+    lease_expires_at: float | None
+    """While claimed, when the lease ends (Unix seconds)."""
+    retry_at: float | None
+    """While queued for a retry, when it becomes eligible (Unix seconds)."""
+    superseded: bool
+    """Its task has left the step entry that queued it (a claimed run's work may no longer be wanted)."""
+    outcome_reason: str | None
+    """Why it was failed, cancelled or queued again (run_too_old, entry_left, lease_expired, ...)."""
+    last_error: str | None
+    """What the host last reported when an attempt failed."""
+
+
+@_result
+class ClaimedRun(RunInfo):
+    """`claim_run`: the run as claimed (status `claimed`, `lease_expires_at` set), with the claim its holder
+    fences every later call with."""
+
+    claim_token: str
+    """The fencing token `renew_run` and `finish_run` take; a later claim mints another."""
+
+
+@_result
+class RunRenewed(TypedDict):
+    """`renew_run`: the lease extended."""
+
+    run_id: int
+    """The run."""
+    lease_expires_at: float
+    """When the lease now ends, in Unix seconds."""
+    superseded: bool
+    """True when its task has left the step entry that queued it: the agent may stop."""
+
+
+@_result
+class RunCancelledResult(TypedDict):
+    """`cancel_run`: the run is cancelled."""
+
+    run_id: int
+    """The run."""
+    cancelled: bool
+    """False when it was already cancelled (a no-op)."""
 
 
 @_result
@@ -445,13 +502,22 @@ class TaskDeleted(TypedDict):
 
 
 @_result
-class RunFinished(TypedDict):
-    """`finish_run`: the run is resolved."""
+class FinishOutcome(TypedDict):
+    """`finish_run`: what the attempt's end made of the run."""
 
     run_id: int
     """The run."""
-    status: Literal["finished", "failed"]
-    """How it ended."""
+    status: RunStatus
+    """finished; failed (for good); queued (a retry is scheduled at `retry_at`); cancelled (past its age
+    limit, `run_too_old`)."""
+    retry_at: float | None
+    """When a scheduled retry makes it eligible again, in Unix seconds."""
+    superseded: bool
+    """True when its task had left the step entry that queued it."""
+    replay: bool
+    """True when this finish repeats the one already recorded for this claim (nothing changed)."""
+    escalated_run_id: int | None
+    """The `agent_error` run queued for the task's CEO agent when the run failed for good."""
 
 
 @_result
@@ -504,8 +570,10 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "update_task": TaskInfo,
         "start_task": TaskInfo,
         "delete_task": TaskDeleted,
-        "claim_run": RunInfo | None,
-        "finish_run": RunFinished,
+        "claim_run": ClaimedRun | None,
+        "renew_run": RunRenewed,
+        "finish_run": FinishOutcome,
+        "cancel_run": RunCancelledResult,
         "task_comment": TriggerResult,
         "blockers_resolved": TriggerResult,
         "children_completed": ChildrenCompletedResult | ChildrenNotTerminal | AlreadyApplied,

@@ -21,12 +21,13 @@ import attrs
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import Step
-from onceflow.store import faults, step_entries, tasks, wip
+from onceflow.store import faults, runs, step_entries, tasks, wip
 from onceflow.store.common_entry import Admission, Admitted, Plan, admit_common, admit_group
 from onceflow.store.connection import Connection
 from onceflow.store.epochs import EpochSource
 from onceflow.store.executors import Executor
 from onceflow.store.records import TaskRecord
+from onceflow.store.runs import Change
 from onceflow.store.savepoint import savepoint
 from onceflow.store.segment import Order, Segment, SegmentResult, run_segment
 from onceflow.store.step_entries import EntryKey
@@ -62,12 +63,14 @@ class EntryRequest:
 
 @attrs.frozen
 class Entered:
-    """What an admission did: its outcome, the entry's key (None: no record), and what ran in the
-    admitting transaction (the leading segment's result, the whole common entry, or nothing)."""
+    """What an admission did: its outcome, the entry's key (None: no record), what ran in the admitting
+    transaction (the leading segment's result, the whole common entry, or nothing), and the runs of the
+    entry the task left (`runs.leave_entries`: cancelled, or superseded when claimed)."""
 
     outcome: Outcome
     key: EntryKey | None = None
     first: SegmentResult | Admitted | None = None
+    left: tuple[Change, ...] = ()
 
 
 def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Entered:
@@ -89,7 +92,7 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
             version=request.version,
         )
         if fast is not None:
-            return Entered("admitted", fast.key, fast)
+            return Entered("admitted", fast.key, fast, fast.left)
     placement = wip.place(conn, request.workflow_id, target, task_id=task.id)
     moved = tasks.move_task_step(
         conn,
@@ -103,8 +106,9 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
     )
     if not moved:
         return Entered("stale" if request.version is not None else "abandoned")
+    left = tuple(runs.leave_entries(conn, [task.id], request.now))
     if not placement.admitted:  # a queued placement: not an entry, nothing allocated
-        return Entered("queued")
+        return Entered("queued", left=left)
     # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
     key = step_entries.allocate_for(
         conn,
@@ -115,19 +119,19 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         now=request.now,
     )
     if key is None or request.lead is None:
-        return Entered("admitted", key)
+        return Entered("admitted", key, left=left)
     actions, finish = request.lead
     segment = Segment(
         request.entered, target, key, actions, request.executors, check_digest=False, finish=finish
     )
     try:
         with savepoint(conn, "dispatch"):
-            return Entered("admitted", key, run_segment(conn, segment, source, request.now))
+            return Entered("admitted", key, run_segment(conn, segment, source, request.now), left)
     except Exception as exc:  # the move stands; the dispatch runs on its own after the commit
         if faults.ends_transaction(conn, exc):  # unless the transaction itself is gone
             raise
         log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
-    return Entered("admitted", key)
+    return Entered("admitted", key, left=left)
 
 
 def group_key(request: EntryRequest) -> tuple[int, str, str] | None:
@@ -151,4 +155,4 @@ def admit_together(conn: Connection, requests: list[EntryRequest]) -> list[Enter
             )
         )
     admitted = admit_group(conn, admissions)
-    return None if admitted is None else [Entered("admitted", entry.key, entry) for entry in admitted]
+    return None if admitted is None else [Entered("admitted", e.key, e, e.left) for e in admitted]

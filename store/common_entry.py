@@ -28,12 +28,12 @@ import attrs
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store import faults, keys, tasks, wip
+from onceflow.store import faults, keys, runs, tasks, wip
 from onceflow.store.connection import Connection
 from onceflow.store.executors import fan_out_digest, fan_out_reason
 from onceflow.store.participants import seats_sql
 from onceflow.store.records import TaskRecord
-from onceflow.store.runs import payload_json
+from onceflow.store.runs import Change, payload_json
 from onceflow.store.savepoint import request_savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
 
@@ -54,10 +54,12 @@ class Anomaly(Exception):
 
 @attrs.frozen
 class Admitted:
-    """A common entry admitted and finished in one savepoint: its key and what each position did."""
+    """A common entry admitted and finished in one savepoint: its key, what each position did, and the runs
+    of the entry it left (cancelled, or superseded when claimed)."""
 
     key: EntryKey
     done: Done
+    left: tuple[Change, ...] = ()
 
 
 @attrs.frozen
@@ -129,7 +131,7 @@ def admit_common(
 
 _RUNS = (
     "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, requested_at)"
+    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
     " WITH a (n, role, position, digest, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?6)),"
     " s (n, agent, reason, payload, k, position, id) AS"
@@ -137,7 +139,8 @@ _RUNS = (
     f" ?5 || {keys.entry_suffix_sql('a.position', 'p.agent_profile_id', 'a.digest')}, p.position, p.id"
     f" FROM a CROSS JOIN {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
     " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, s.k, 1, ?3"
+    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, s.k, 1, ?3,"
+    " 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
     " FROM s ORDER BY s.n, s.position, s.id"
     " RETURNING id, agent_profile_id, idempotency_key"
 )
@@ -175,6 +178,7 @@ def _admit(
     )
     if not moved:
         raise Anomaly("the task moved")
+    left = runs.leave_entries(conn, [task.id], now)
     (seq,) = conn.execute(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
         " terminal, created_at) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3, ?4, ?5, 1, ?6"
@@ -195,11 +199,12 @@ def _admit(
     prefix = keys.entry_prefix(task.id, step.id, seq)
     queued: dict[int, list[tuple[str, int, str]]] = {}
     if plan.fan_outs:
-        returned = conn.execute(_RUNS, (task.id, step.id, now, workflow_id, prefix, plan.fan_outs)).fetchall()
+        params = (task.id, step.id, now, workflow_id, prefix, plan.fan_outs, seq)
+        returned = conn.execute(_RUNS, params).fetchall()
         returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
         for run_id, agent, run in returned:
             queued.setdefault(keys.position_in(run, prefix), []).append((agent, run_id, run))
-    return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued))
+    return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued), tuple(left))
 
 
 @attrs.frozen
@@ -266,18 +271,19 @@ largest run id so far (every run the group queues has a larger one: AUTOINCREMEN
 
 _RUNS_GROUP = (
     "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, requested_at)"
-    " WITH e (i, task, prefix, now) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 3, value ->> 2 FROM json_each(?1)),"
+    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+    " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
+    " (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM json_each(?1)),"
     " a (n, role, position, digest, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?4)),"
-    " s (i, task, now, n, agent, reason, payload, k, position, id) AS"
-    " (SELECT e.i, e.task, e.now, a.n, p.agent_profile_id, a.reason, a.payload,"
+    " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
+    " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
     f" e.prefix || {keys.entry_suffix_sql('a.position', 'p.agent_profile_id', 'a.digest')}, p.position, p.id"
     f" FROM e CROSS JOIN a CROSS JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
     " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
     " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
-    " s.now FROM s ORDER BY s.i, s.n, s.position, s.id"
+    " s.now, 'on_enter', s.seq, (SELECT admissions FROM tasks WHERE id = s.task)"
+    " FROM s ORDER BY s.i, s.n, s.position, s.id"
 )
 """`_RUNS` for every entry of ?1 ([[task id, seq, now, key prefix], ...]) in entry order: the run ids are
 those the entries get one after another. Its rows are read back by id (`_QUEUED_GROUP`), not RETURNING: one
@@ -307,6 +313,11 @@ def _admit_group(
     members = json.dumps([_member(admission) for admission in admissions])
     if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
+    left: dict[str | None, list[Change]] = {}
+    for change in runs.leave_entries(
+        conn, [admission.task.id for admission in admissions], admissions[0].now
+    ):
+        left.setdefault(change.task_id, []).append(change)
     conn.execute(_ENTRIES_GROUP, (step.id, workflow_id, plan.declaration, path, members))
     seqs, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = []
@@ -335,7 +346,11 @@ def _admit_group(
             position = keys.position_in(run, prefixes[task_id])
             queued.setdefault(task_id, {}).setdefault(position, []).append((agent, run_id, run))
     return [
-        Admitted(EntryKey(task_id, step.id, seq), _done(plan, deleted, queued.get(task_id, {})))
+        Admitted(
+            EntryKey(task_id, step.id, seq),
+            _done(plan, deleted, queued.get(task_id, {})),
+            tuple(left.get(task_id, ())),
+        )
         for task_id, seq, _, _, deleted in entries
     ]
 

@@ -139,7 +139,7 @@ def record(
     )
     if command.decision_id is not None:
         participants.add_decision_receipt(
-            conn, **where, external_id=command.decision_id, decision_id=decision_id, content=content
+            conn, **where, external_id=command.decision_id, decision_id=decision_id, content=content, now=now
         )
     if task.step_id != step.id:  # a late vote: the next entry's clear_decisions (if declared) removes it
         return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted="task_not_at_step")

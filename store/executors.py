@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import attrs
 
@@ -71,6 +71,25 @@ class ActionContext:
     def key_for(self, agent_profile_id: str, digest: str) -> str | None:
         """The idempotency key of this action's run for `agent_profile_id` (store/keys.py), or None."""
         return None if self.keys is None else self.keys.key(agent_profile_id, digest)
+
+    def origin(self, task: TaskRecord) -> RunOrigin:
+        """Where a run this action queues for `task` comes from: the trigger, the step entry (on_enter), and
+        the entry of its task it belongs to (none when `task` is another task than this action's, or waits
+        for a WIP slot: it is in no entry then)."""
+        own_entry = task.id == self.task.id and task.wip_admitted
+        return RunOrigin(
+            trigger=self.trigger,
+            entry_seq=self.keys.entry_seq if isinstance(self.keys, EntryScope) else None,
+            admission_seq=task.admissions if own_entry else None,
+        )
+
+
+class RunOrigin(TypedDict):
+    """`RunRequest`'s origin fields (`ActionContext.origin`)."""
+
+    trigger: str
+    entry_seq: int | None
+    admission_seq: int | None
 
 
 def clear_decisions(conn: Connection, ctx: ActionContext) -> Effect:
@@ -218,6 +237,7 @@ def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action:
             payload=payload,
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
+            **ctx.origin(task),
         )
         try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
             with undone_alone(conn, "participant"):
@@ -291,6 +311,7 @@ def queue_run(conn: Connection, ctx: ActionContext, action: ActionDecl) -> Effec
             payload=payload,
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
+            **ctx.origin(task),
         )
         events.append(_enqueue(conn, request, ctx.now)[1])
     return Effect("done", events=tuple(events))

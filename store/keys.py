@@ -114,6 +114,12 @@ def operation_key(operation_id: str, step_id: str, task_id: str, agent_profile_i
     return f"{operation_id}:{encode(step_id)}:{encode(task_id)}:{encode(agent_profile_id)}:{digest}"
 
 
+def escalation_key(run_id: int) -> str:
+    """The idempotency key of the `agent_error` run a failed run `run_id` queues for a CEO agent: one per
+    failed run, so a replayed failure never escalates twice."""
+    return f"escalation:{run_id}"
+
+
 # --- scopes: what an executor's context builds its keys from -------------------------------------------
 
 

@@ -132,12 +132,21 @@ def decision_receipt(
 
 
 def add_decision_receipt(
-    conn: Connection, *, task_id: str, step_id: str, external_id: str, decision_id: int, content: str
+    conn: Connection,
+    *,
+    task_id: str,
+    step_id: str,
+    external_id: str,
+    decision_id: int,
+    content: str,
+    now: float,
 ) -> None:
+    """Keep the receipt of a decision the host sent under `external_id` (recorded at `now`, Unix seconds:
+    retention deletes it once older than the retention, store/retention.py)."""
     conn.execute(
-        "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id, content)"
-        " VALUES (?, ?, ?, ?, ?)",
-        (task_id, step_id, external_id, decision_id, content),
+        "INSERT INTO decision_receipts (task_id, step_id, external_id, decision_id, content, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (task_id, step_id, external_id, decision_id, content, now),
     )
 
 

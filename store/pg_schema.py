@@ -189,7 +189,36 @@ CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
 BASELINE_VERSION = 12
 """The store/schema.py version `BASELINE` equals."""
 
-MIGRATIONS: tuple[str, ...] = ()
+MIGRATIONS: tuple[str, ...] = (
+    # 13: runs are work (store/schema.py's migration 13).
+    """
+    ALTER TABLE runs DROP CONSTRAINT runs_status_check;
+    ALTER TABLE runs ADD CONSTRAINT runs_status_check
+        CHECK (status IN ('queued', 'claimed', 'finished', 'failed', 'cancelled'));
+    ALTER TABLE runs ADD COLUMN trigger TEXT;
+    ALTER TABLE runs ADD COLUMN entry_seq BIGINT;
+    ALTER TABLE runs ADD COLUMN admission_seq BIGINT;
+    ALTER TABLE runs ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN claim_token TEXT;
+    ALTER TABLE runs ADD COLUMN lease_expires_at DOUBLE PRECISION;
+    ALTER TABLE runs ADD COLUMN retry_at DOUBLE PRECISION;
+    ALTER TABLE runs ADD COLUMN superseded BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN outcome_reason TEXT;
+    ALTER TABLE runs ADD COLUMN last_error TEXT;
+    UPDATE runs SET attempt = 1 WHERE claimed_at IS NOT NULL;
+    DROP INDEX runs_queued_by_agent;
+    CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
+        WHERE status IN ('queued', 'claimed');
+    CREATE INDEX runs_by_task ON runs(task_id, status);
+    CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
+    CREATE INDEX runs_resolved ON runs(finished_at) WHERE status IN ('finished', 'failed', 'cancelled');
+    ALTER TABLE decision_receipts ADD COLUMN created_at DOUBLE PRECISION;
+    UPDATE decision_receipts SET created_at = EXTRACT(EPOCH FROM now());
+    CREATE INDEX decision_receipts_by_age ON decision_receipts(created_at);
+    CREATE INDEX step_entries_by_age ON step_entries(created_at) WHERE terminal = 1;
+    """,
+)
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 
 SCHEMA_VERSION = BASELINE_VERSION + len(MIGRATIONS)

@@ -79,12 +79,13 @@ class TaskRecord:
     admissions: int = 0
 
 
-RunStatus = Literal["queued", "claimed", "finished", "failed"]
+RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
 
 
 @attrs.frozen
 class RunRecord:
-    """A row of the runs queue. `payload` is the decoded JSON object or None (SQL NULL)."""
+    """A row of the runs queue. `payload` is the decoded JSON object or None (SQL NULL); times are Unix
+    seconds; `claim_token` is the current (or last) claim's fencing token."""
 
     id: int
     agent_profile_id: str
@@ -97,6 +98,18 @@ class RunRecord:
     status: RunStatus
     coalesced_count: int
     requested_at: float
+    trigger: str | None = None
+    entry_seq: int | None = None
+    admission_seq: int | None = None
+    attempt: int = 0
+    retries: int = 0
+    claim_token: str | None = None
+    lease_expires_at: float | None = None
+    retry_at: float | None = None
+    superseded: bool = False
+    outcome_reason: str | None = None
+    last_error: str | None = None
+    finished_at: float | None = None
 
 
 @attrs.frozen

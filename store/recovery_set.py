@@ -326,8 +326,11 @@ def _insert_runs(
     expected = members * sum(len(agents) for agents in group.agents.values())
     cursor = conn.execute(
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at)" + _WITH + f"SELECT r.agent, e.task_id, ?1, r.reason,"
-        f" r.payload, {_KEY}, 1, ?4 FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
+        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        + _WITH
+        + f"SELECT r.agent, e.task_id, ?1, r.reason, r.payload, {_KEY}, 1, ?4, 'on_enter', e.entry_seq,"
+        " (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
         " ON CONFLICT (idempotency_key) DO NOTHING" + (" RETURNING idempotency_key, id" if detailed else ""),
         (step_id, entries, group.runs, now),
     )

@@ -1,5 +1,6 @@
-"""The runs queue: idempotent, coalescing enqueue; atomic claim; finish. Writer thread: every function runs
-inside the caller's transaction.
+"""The runs queue: idempotent, coalescing enqueue; where a run comes from; cancelling the runs of a step
+entry its task left. Writer thread: every function runs inside the caller's transaction. A run's claims,
+leases and retries are store/run_claims.py's.
 
 Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9):
 - every idempotency key is kept with the run it produced (`runs.idempotency_key`) or, for an enqueue merged
@@ -26,15 +27,25 @@ from onceflow.store.savepoint import savepoint
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 COALESCE_WINDOW_SECONDS = 5.0
 
-_COLUMNS = (
+COLUMNS = (
     "id, agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, status, coalesced_count, requested_at"
+    " exclude_from_coalescing, status, coalesced_count, requested_at, trigger, entry_seq, admission_seq,"
+    " attempt, retries, claim_token, lease_expires_at, retry_at, superseded, outcome_reason, last_error,"
+    " finished_at"
 )
+"""Every column a `RunRecord` is read from, in `run_from_row` order."""
+
+UNRESOLVED = ("queued", "claimed")
+"""The statuses of a run still to be done: its key is honoured whatever its age."""
 
 
 @attrs.frozen
 class RunRequest:
-    """What to enqueue. `payload` None is stored as SQL NULL (on-enter spec AC-H2), never as `{}`."""
+    """What to enqueue. `payload` None is stored as SQL NULL (on-enter spec AC-H2), never as `{}`.
+
+    Where it comes from: `trigger` (the firing trigger), `entry_seq` (an on_enter run's step entry) and
+    `admission_seq` (the admission counter of the run's task when queued: the step entry of that task the
+    run belongs to, so leaving it cancels the run; None for a run queued for another task)."""
 
     agent_profile_id: str
     task_id: str | None
@@ -43,6 +54,9 @@ class RunRequest:
     payload: dict[str, Any] | None = None
     idempotency_key: str | None = None
     exclude_from_coalescing: bool = False
+    trigger: str | None = None
+    entry_seq: int | None = None
+    admission_seq: int | None = None
 
 
 @attrs.frozen
@@ -54,7 +68,8 @@ class EnqueueResult:
     coalesced_count: int = 0
 
 
-def _run(row: tuple[Any, ...]) -> RunRecord:
+def run_from_row(row: tuple[Any, ...]) -> RunRecord:
+    """A `RunRecord` from a row selected as `COLUMNS`."""
     return RunRecord(
         id=row[0],
         agent_profile_id=row[1],
@@ -67,6 +82,18 @@ def _run(row: tuple[Any, ...]) -> RunRecord:
         status=row[8],
         coalesced_count=row[9],
         requested_at=row[10],
+        trigger=row[11],
+        entry_seq=row[12],
+        admission_seq=row[13],
+        attempt=row[14],
+        retries=row[15],
+        claim_token=row[16],
+        lease_expires_at=row[17],
+        retry_at=row[18],
+        superseded=bool(row[19]),
+        outcome_reason=row[20],
+        last_error=row[21],
+        finished_at=row[22],
     )
 
 
@@ -87,7 +114,7 @@ def key_honoured(*, status: str, seen_at: float, finished_at: float | None, now:
     A stricter reading of AC-H6 that never produces more runs than "24 h after the key was seen": a run left
     queued or claimed for 25 h keeps its key. All times are Unix seconds.
     """
-    if status in ("queued", "claimed"):
+    if status in UNRESOLVED:
         return True
     return (
         now - max(seen_at, finished_at if finished_at is not None else seen_at) < IDEMPOTENCY_WINDOW_SECONDS
@@ -174,7 +201,8 @@ def _insert(
     upsert = " ON CONFLICT (idempotency_key) DO NOTHING" if skip_taken_key else ""
     cur = conn.execute(
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + upsert,
+        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + upsert,
         (
             request.agent_profile_id,
             request.task_id,
@@ -184,34 +212,12 @@ def _insert(
             request.idempotency_key or None,
             int(request.exclude_from_coalescing),
             now,
+            request.trigger,
+            request.entry_seq,
+            request.admission_seq,
         ),
     )
     return EnqueueResult("queued", int(cur.lastrowid or 0)) if cur.rowcount == 1 else None
-
-
-def claim_run(conn: Connection, agent_profile_id: str, now: float) -> RunRecord | None:
-    """Claim the oldest queued run of an agent profile (queued → claimed), or None if there is none.
-
-    Atomic because the select and the update share the caller's BEGIN IMMEDIATE transaction.
-    """
-    row = conn.execute(
-        f"SELECT {_COLUMNS} FROM runs WHERE agent_profile_id = ? AND status = 'queued'"
-        " ORDER BY requested_at, id LIMIT 1",
-        (agent_profile_id,),
-    ).fetchone()
-    if row is None:
-        return None
-    conn.execute("UPDATE runs SET status = 'claimed', claimed_at = ? WHERE id = ?", (now, row[0]))
-    return attrs.evolve(_run(row), status="claimed")
-
-
-def finish_run(conn: Connection, run_id: int, status: str, now: float) -> bool:
-    """Mark a claimed run finished or failed. False if no claimed run has that id."""
-    cur = conn.execute(
-        "UPDATE runs SET status = ?, finished_at = ? WHERE id = ? AND status = 'claimed'",
-        (status, now, run_id),
-    )
-    return cur.rowcount == 1
 
 
 def list_runs(
@@ -228,8 +234,64 @@ def list_runs(
             clauses.append(f"{column} = ?")
             args.append(value)
     where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM runs{where} ORDER BY requested_at, id", args).fetchall()
-    return [_run(row) for row in rows]
+    rows = conn.execute(f"SELECT {COLUMNS} FROM runs{where} ORDER BY requested_at, id", args).fetchall()
+    return [run_from_row(row) for row in rows]
+
+
+def get_run(conn: Connection, run_id: int) -> RunRecord | None:
+    """The run `run_id`, or None when there is none."""
+    row = conn.execute(f"SELECT {COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None else run_from_row(row)
+
+
+@attrs.frozen
+class Change:
+    """A run a statement changed, for the event the Trio side emits once it commits: `kind` is cancelled,
+    superseded (a claimed run whose entry was left: it stays claimed), lease_expired, claimed, finished,
+    retry_scheduled (with `retry_at`, `retries`, `error`), failed (with `error`), claimed (with
+    `lease_expires_at`), finished (with `superseded`), or escalated (the
+    `agent_error` run queued for a CEO agent when a run failed: `reason` is its enqueue's outcome, `step_id`
+    its step); `reason` says why."""
+
+    kind: str
+    run_id: int
+    task_id: str | None
+    agent_profile_id: str
+    attempt: int
+    reason: str = ""
+    step_id: str | None = None
+    error: str | None = None
+    retry_at: float | None = None
+    retries: int = 0
+    lease_expires_at: float | None = None
+    superseded: bool = False
+
+
+_LEAVE = (
+    "UPDATE runs SET status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END,"
+    " outcome_reason = CASE status WHEN 'queued' THEN ?3 ELSE outcome_reason END,"
+    " finished_at = CASE status WHEN 'queued' THEN ?2 ELSE finished_at END, superseded = 1"
+    " WHERE task_id IN (SELECT value FROM json_each(?1)) AND status IN ('queued', 'claimed')"
+    " AND admission_seq IS NOT NULL AND superseded = 0"
+    " RETURNING id, status, agent_profile_id, attempt, task_id"
+)
+
+
+def leave_entries(
+    conn: Connection, task_ids: list[str], now: float, reason: str = "entry_left"
+) -> list[Change]:
+    """The tasks are leaving the step entries they are in (a step change, a promotion, a workflow switch,
+    a deletion): their queued runs that belong to an entry of their own are cancelled (`reason`), their
+    claimed ones marked superseded (their holders are told; a finish still counts). Runs queued for them by
+    another task (no admission) are left alone. Call it after the compare-and-set step change and before the
+    new entry queues its own runs. One statement for all of them."""
+    rows = conn.execute(_LEAVE, (json.dumps(task_ids), now, reason)).fetchall()
+    return [
+        Change(
+            "cancelled" if status == "cancelled" else "superseded", run_id, task_id, agent, attempt, reason
+        )
+        for run_id, status, agent, attempt, task_id in rows
+    ]
 
 
 def run_info(run: RunRecord) -> RunInfo:
@@ -246,4 +308,14 @@ def run_info(run: RunRecord) -> RunInfo:
         status=run.status,
         coalesced_count=run.coalesced_count,
         requested_at=run.requested_at,
+        trigger=run.trigger,
+        entry_seq=run.entry_seq,
+        admission_seq=run.admission_seq,
+        attempt=run.attempt,
+        retries=run.retries,
+        lease_expires_at=run.lease_expires_at if run.status == "claimed" else None,
+        retry_at=run.retry_at if run.status == "queued" else None,
+        superseded=run.superseded,
+        outcome_reason=run.outcome_reason,
+        last_error=run.last_error,
     )

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
+
 from onceflow.protocol.outcome import derive_outcome_id
 
 
@@ -90,7 +92,16 @@ def _outcomes_speak_gascity(conn: sqlite3.Connection) -> None:
         )
 
 
-MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
+@attrs.frozen
+class Rebuild:
+    """A migration that rebuilds a table (SQLite cannot alter a CHECK constraint): it runs with foreign keys
+    off, as SQLite's procedure for a table rebuild requires, and every foreign key is checked before it
+    commits."""
+
+    script: str
+
+
+MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the foundation schema.
     """
     CREATE TABLE workflows (
@@ -297,6 +308,59 @@ MIGRATIONS: tuple[str | Callable[[sqlite3.Connection], None], ...] = (
     """
     ALTER TABLE tasks ADD COLUMN admissions INTEGER NOT NULL DEFAULT 0;
     """,
+    # 13: runs are work (store/runs.py): the cancelled status, a claim's fencing token, attempt and lease, a
+    # retry's schedule and count, where a run comes from (trigger, step entry, admission), why it ended,
+    # and partial indexes over the unresolved runs only, so resolved history costs no index space but its
+    # key's. Decision receipts get their time; old receipts and terminal entries an index (retention:
+    # store/retention.py).
+    Rebuild(
+        """
+        CREATE TABLE runs_next (
+            id                      INTEGER PRIMARY KEY AUTOINCREMENT,
+            agent_profile_id        TEXT NOT NULL,
+            task_id                 TEXT REFERENCES tasks(id) ON DELETE CASCADE,
+            workflow_step_id        TEXT,
+            reason                  TEXT NOT NULL,
+            payload                 TEXT,
+            idempotency_key         TEXT UNIQUE,
+            exclude_from_coalescing INTEGER NOT NULL DEFAULT 0,
+            status                  TEXT NOT NULL DEFAULT 'queued' CHECK
+                (status IN ('queued', 'claimed', 'finished', 'failed', 'cancelled')),
+            coalesced_count         INTEGER NOT NULL DEFAULT 0,
+            requested_at            REAL NOT NULL,
+            claimed_at              REAL,
+            finished_at             REAL,
+            trigger                 TEXT,
+            entry_seq               INTEGER,
+            admission_seq           INTEGER,
+            attempt                 INTEGER NOT NULL DEFAULT 0,
+            retries                 INTEGER NOT NULL DEFAULT 0,
+            claim_token             TEXT,
+            lease_expires_at        REAL,
+            retry_at                REAL,
+            superseded              INTEGER NOT NULL DEFAULT 0,
+            outcome_reason          TEXT,
+            last_error              TEXT
+        );
+        INSERT INTO runs_next (id, agent_profile_id, task_id, workflow_step_id, reason, payload,
+            idempotency_key, exclude_from_coalescing, status, coalesced_count, requested_at, claimed_at,
+            finished_at, attempt)
+            SELECT id, agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,
+            exclude_from_coalescing, status, coalesced_count, requested_at, claimed_at, finished_at,
+            CASE WHEN claimed_at IS NULL THEN 0 ELSE 1 END FROM runs;
+        DROP TABLE runs;
+        ALTER TABLE runs_next RENAME TO runs;
+        CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
+            WHERE status IN ('queued', 'claimed');
+        CREATE INDEX runs_by_task ON runs(task_id, status);
+        CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
+        CREATE INDEX runs_resolved ON runs(finished_at) WHERE status IN ('finished', 'failed', 'cancelled');
+        ALTER TABLE decision_receipts ADD COLUMN created_at REAL;
+        UPDATE decision_receipts SET created_at = CAST(strftime('%s', 'now') AS REAL);
+        CREATE INDEX decision_receipts_by_age ON decision_receipts(created_at);
+        CREATE INDEX step_entries_by_age ON step_entries(created_at) WHERE terminal = 1;
+        """
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -317,19 +381,28 @@ def migrate(conn: sqlite3.Connection) -> int:
             f"database schema version {current} is newer than this onceflow's {SCHEMA_VERSION}"
         )
     for version in range(current + 1, SCHEMA_VERSION + 1):
+        migration = MIGRATIONS[version - 1]
+        rebuild = isinstance(migration, Rebuild)
+        if rebuild:
+            (enforced,) = conn.execute("PRAGMA foreign_keys").fetchone()
+            conn.execute("PRAGMA foreign_keys=OFF")  # outside a transaction, as SQLite requires
         conn.execute("BEGIN IMMEDIATE")
         try:
-            migration = MIGRATIONS[version - 1]
-            if isinstance(migration, str):
-                for statement in _statements(migration):
+            if isinstance(migration, str | Rebuild):
+                for statement in _statements(migration if isinstance(migration, str) else migration.script):
                     conn.execute(statement)
             else:
                 migration(conn)
+            if rebuild and conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                raise RuntimeError(f"migration {version} would leave a foreign key broken")
             conn.execute(f"PRAGMA user_version = {version}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        finally:
+            if rebuild:
+                conn.execute(f"PRAGMA foreign_keys={'ON' if enforced else 'OFF'}")
     return SCHEMA_VERSION
 
 

@@ -13,9 +13,10 @@ from onceflow.protocol.commands import Priority
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.results import TaskInfo
 from onceflow.protocol.workflow import Step
-from onceflow.store import wip
+from onceflow.store import run_claims, wip
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
+from onceflow.store.runs import Change
 
 TASK_COLUMNS = (
     # every column a TaskRecord is read from, in `task_from_row` order
@@ -209,6 +210,15 @@ def update_task(conn: Connection, task_id: str, fields: dict[str, Any], now: flo
     exist."""
     get_task(conn, task_id)
     update_task_fields(conn, task_id, fields, now)
+
+
+def remove_task(conn: Connection, task_id: str, now: float) -> list[Change]:
+    """Delete the task: its queued and claimed runs are cancelled first (`task_deleted`: what the host is
+    told), then its rows cascade. Raises NotFoundError (field task_id) when it does not exist."""
+    get_task(conn, task_id)
+    cancelled = run_claims.cancel_task_runs(conn, task_id, now)
+    delete_task(conn, task_id)
+    return cancelled
 
 
 def delete_task(conn: Connection, task_id: str) -> bool:

@@ -16,6 +16,7 @@ from onceflow.actors.engine import guards, promotion
 from onceflow.actors.engine.common import publish_common
 from onceflow.actors.engine.entry import EntryPlans, StaleRow, plan_entry
 from onceflow.actors.engine.on_enter import OnEnterDispatch
+from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.engine.session import request_session_action
 from onceflow.actors.engine.triggers import HandleInput, HandleResult, check_executors, run_trigger_action
 from onceflow.actors.kernel.outbox import Outbox
@@ -165,6 +166,8 @@ class Engine:
                 trigger=trigger,
             )
         )
+        if entered.left:  # the runs of the entry it left: cancelled, or superseded when claimed
+            publish_run_changes(out, entered.left)
         for position, action in enumerate(on_exit):  # it left the source step
             await request_session_action(
                 self.services,

@@ -7,6 +7,7 @@ Diagnostics are also written to the structured log with their fields as discrete
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal, cast, get_args
 
 import trio
@@ -25,8 +26,9 @@ _LEVELS = frozenset(get_args(_Level))
 class EventHub:
     """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_publish: Callable[[Event], None] | None = None) -> None:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._on_publish = on_publish  # told of every event first (the waiting claims' wake-ups)
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
@@ -34,6 +36,8 @@ class EventHub:
         return receive
 
     def publish(self, event: Event) -> None:
+        if self._on_publish is not None:
+            self._on_publish(event)
         if not self._subscribers:
             return
         for send in list(self._subscribers):

@@ -15,8 +15,10 @@ import attrs
 import trio
 
 from onceflow.actors.kernel.ledger import LedgerActor
+from onceflow.actors.kernel.run_signals import RunSignals
 from onceflow.actors.kernel.task_rows import TaskRows
 from onceflow.protocol.host import Host
+from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.workflow import Workflow, find_workflow
 from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.wip import Promotion
@@ -40,7 +42,9 @@ class WorkflowRegistry:
 @attrs.define
 class Services:
     """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted). `task_rows` caches task
-    rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes it)."""
+    rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes it). `run_policy` is how runs
+    are leased and retried; `run_signals` wakes the claims waiting for work (actors/kernel/run_signals.py).
+    """
 
     store: StoreActor
     ledger: LedgerActor
@@ -50,6 +54,8 @@ class Services:
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS
     clock: Callable[[], float] = time.time
     task_rows: TaskRows = attrs.field(factory=TaskRows)
+    run_policy: RunPolicy = attrs.field(factory=RunPolicy)
+    run_signals: RunSignals = attrs.field(factory=RunSignals)
 
     def now(self) -> float:
         return self.clock()

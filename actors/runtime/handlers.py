@@ -1,5 +1,6 @@
-"""The runtime-level commands: templates, template-level seats, the runs queue, the task list, review runs
-and coordinator outcomes. Trio thread: each is a store request (a template is parsed on a worker thread).
+"""The runtime-level commands: templates, template-level seats, the runs queue (actors/runtime/runs.py),
+the task list, review runs and coordinator outcomes. Trio thread: each is a store request (a template is
+parsed on a worker thread).
 """
 
 from __future__ import annotations
@@ -12,19 +13,23 @@ import trio
 from onceflow.actors.engine.participants import add_participant
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.runtime import runs as run_commands
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError, WorkflowInvalidError
 from onceflow.protocol.results import (
     AckQueued,
+    ClaimedRun,
+    FinishOutcome,
     OutcomeInfo,
     OutcomeReceived,
     ParticipantAdded,
     ParticipantRemoved,
     ReviewRunInfo,
-    RunFinished,
+    RunCancelledResult,
     RunInfo,
+    RunRenewed,
     TaskPage,
     WorkflowRegistered,
 )
@@ -44,8 +49,10 @@ RuntimeResult: TypeAlias = (
     WorkflowRegistered
     | ParticipantAdded
     | ParticipantRemoved
-    | RunInfo
-    | RunFinished
+    | ClaimedRun
+    | RunRenewed
+    | FinishOutcome
+    | RunCancelledResult
     | list[RunInfo]
     | TaskPage
     | list[ReviewRunInfo]
@@ -88,12 +95,13 @@ async def handle(
                 )
             return ParticipantRemoved(removed=True)
         case c.ClaimRun():
-            run = await store.transact(runs.claim_run, command.agent_profile_id, services.now())
-            return None if run is None else runs.run_info(run)
+            return await run_commands.claim(services, command, out)
+        case c.RenewRun():
+            return await run_commands.renew(services, command)
         case c.FinishRun():
-            if not await store.transact(runs.finish_run, command.run_id, command.status, services.now()):
-                raise NotFoundError(f"no claimed run {command.run_id}", field="run_id")
-            return RunFinished(run_id=command.run_id, status=command.status)
+            return await run_commands.finish(services, command, out)
+        case c.CancelRun():
+            return await run_commands.cancel(services, command, out)
         case c.ListRuns():
             rows = await store.transact(
                 runs.list_runs,

@@ -26,10 +26,13 @@ from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
+from onceflow.actors.runtime.retention import RETENTION_INTERVAL, prune_forever
+from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.host import BaseHost, Host
+from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy, retention_seconds
 from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.wip import Promotion
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
@@ -57,6 +60,10 @@ async def open_runtime(
     epoch_sweep_interval: float = SWEEP_INTERVAL,
     task_row_cache: int = task_rows.DEFAULT_CAPACITY,
     switch_interval: float | None = None,
+    run_policy: RunPolicy | None = None,
+    lease_sweep_interval: float = LEASE_SWEEP_INTERVAL,
+    retention: float = DEFAULT_RETENTION,
+    retention_interval: float = RETENTION_INTERVAL,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -88,13 +95,20 @@ async def open_runtime(
       (0.005 s) the Trio thread keeps the GIL that long before the writer thread may go on, so the two barely
       overlap; `onceflow serve` sets `SWITCH_INTERVAL` (~1.35x entries per second at 64 tasks).
 
+    - `run_policy`: how runs are leased and retried (protocol/runs.py `RunPolicy`; None: Kandev's backoff,
+      4 retries, a 24 h age limit, 300 s leases). Every `lease_sweep_interval` seconds the runtime returns
+      the runs whose lease expired to the queue (actors/runtime/runs.py), on either backend: leases are
+      durable times, so a dead host's or a dead runtime's claims are handed out again.
+    - `retention`: seconds resolved history is kept (default 7 days, at least the 24 h key window); every
+      `retention_interval` seconds it is deleted in bounded batches (store/retention.py).
+
     The ledger is created here, before the runtime object, and lives exactly as long as the runtime.
 
     Raises:
         DatabaseOwnedError: another runtime owns the SQLite file (at once; never on PostgreSQL).
         ValueError: before anything is opened, for a duration that is not finite and positive (>= 0 for
-            `actor_idle_timeout`), a negative `task_row_cache`, or a bad store setting; a `RetryPolicy`
-            validates itself when built.
+            `actor_idle_timeout`), a `retention` below the key window, a negative `task_row_cache`, or a bad
+            store setting; a `RetryPolicy` and a `RunPolicy` validate themselves when built.
         Whatever ends the runtime (a failure to open, or the body's own exception) surfaces as itself, not
         wrapped in the runtime's nurseries' ExceptionGroups; only several causes at once stay a group.
     """
@@ -102,6 +116,9 @@ async def open_runtime(
     actor_idle_timeout = seconds("actor_idle_timeout", actor_idle_timeout, allow_zero=True)
     busy_timeout = seconds("busy_timeout", busy_timeout)
     epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
+    lease_sweep_interval = seconds("lease_sweep_interval", lease_sweep_interval)
+    retention = retention_seconds(retention)
+    retention_interval = seconds("retention_interval", retention_interval)
     rows = task_rows.TaskRows(task_row_cache)
     previous_interval = sys.getswitchinterval()
     if switch_interval is not None:
@@ -125,8 +142,9 @@ async def open_runtime(
                 executors=executors,
                 clock=clock,
                 task_rows=task_rows.TaskRows() if store.postgres else rows,
+                run_policy=run_policy or RunPolicy(),
             )
-            hub = EventHub()
+            hub = EventHub(services.run_signals.on_publish)
             outcome_supervisor = OutcomeSupervisor(
                 store,
                 hub,
@@ -138,7 +156,7 @@ async def open_runtime(
             try:
                 await nursery.start(outcome_supervisor.run)
                 async with trio.open_nursery() as task_nursery:
-                    sweep: trio.CancelScope | None = None
+                    background: list[trio.CancelScope] = []
                     runtime = Runtime(services, task_nursery, hub, outcome_supervisor, actor_idle_timeout)
                     task_nursery.start_soon(runtime.forward_promotions, promoted)
                     try:
@@ -149,17 +167,29 @@ async def open_runtime(
                             await recover_open_entries(runtime.services, hub)
                         await runtime.promote_all()
                         if store.postgres:  # others may die while we run: finish what their epochs left
-                            sweep = await task_nursery.start(
-                                sweep_forever,
-                                runtime.services,
-                                hub,
-                                epoch_sweep_interval,
-                                runtime.promote_all,
+                            background.append(
+                                await task_nursery.start(
+                                    sweep_forever,
+                                    runtime.services,
+                                    hub,
+                                    epoch_sweep_interval,
+                                    runtime.promote_all,
+                                )
                             )
+                        background.append(
+                            await task_nursery.start(
+                                sweep_leases_forever, runtime.services, hub, lease_sweep_interval
+                            )
+                        )
+                        background.append(
+                            await task_nursery.start(
+                                prune_forever, runtime.services, retention, retention_interval
+                            )
+                        )
                         yield runtime
                     finally:
-                        if sweep is not None:
-                            sweep.cancel()
+                        for scope in background:
+                            scope.cancel()
                         runtime.close()  # the task nursery then waits for every actor to drain its mailbox
                         promotions.close()
             finally:

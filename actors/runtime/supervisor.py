@@ -274,6 +274,8 @@ class Runtime:
             executors=executors if executors is not None else old.executors,
             clock=old.clock,
             task_rows=old.task_rows,
+            run_policy=old.run_policy,
+            run_signals=old.run_signals,
         )
         self.engine = Engine(self.services)
 

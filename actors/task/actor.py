@@ -92,7 +92,7 @@ class TaskActor:
             case c.StartTask():
                 return await lifecycle.start(ctx, message, out)
             case c.DeleteTask():
-                return await lifecycle.delete(ctx)
+                return await lifecycle.delete(ctx, out)
             case Promotion():
                 return await moves.promoted(ctx, message, out)
             case c.AddParticipant():

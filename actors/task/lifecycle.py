@@ -7,6 +7,7 @@ from typing import Any
 
 from onceflow.actors.engine.participants import add_participant
 from onceflow.actors.engine.promotion import promote
+from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task.context import TaskContext
 from onceflow.actors.task.moves import move
@@ -50,10 +51,12 @@ async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskIn
     return tasks.task_info(task)
 
 
-async def delete(ctx: TaskContext) -> TaskDeleted:
-    """Delete the task (its rows cascade); a slot it held is freed for promotion. Raises NotFoundError."""
+async def delete(ctx: TaskContext, out: Outbox) -> TaskDeleted:
+    """Delete the task: its queued and claimed runs are cancelled (`run_cancelled`, reason
+    `task_deleted`), then its rows cascade; a slot it held is freed for promotion. Raises NotFoundError."""
     task = await ctx.load()
-    await ctx.store.transact(tasks.delete_task, ctx.task_id)
+    cancelled = await ctx.store.transact(tasks.remove_task, ctx.task_id, ctx.services.now())
+    publish_run_changes(out, cancelled)
     workflow = ctx.services.workflows.workflows.get(task.workflow_id)
     if workflow is not None and workflow.has_step(task.step_id) and task.wip_admitted:
         await promote(ctx.services, workflow, workflow.step(task.step_id))

@@ -35,7 +35,7 @@ from wire_client import WireClient
 from onceflow.serve import OVERLONG, Request, _LineReader, split_request
 
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"
-CLIENT = TESTS / "wire_client.py"
+CLIENT = Path(__file__).with_name("wire_client.py")
 
 
 @dataclass

@@ -248,9 +248,13 @@ async def test_ac_a7_on_enter_queue_run_enqueues_for_the_resolved_target_with_an
     again = await ok(runtime, {"type": "move_task", "task_id": "T1", "step_id": STEP})  # same clock second
 
     rows = await runs(runtime, task_id="T1")
-    assert [(r["agent_profile_id"], r["step_id"], r["reason"], r["status"]) for r in rows] == [
-        (agent, STEP, "kick", "queued") for agent in agents
+    assert [(r["agent_profile_id"], r["step_id"], r["reason"]) for r in rows] == [
+        (agent, STEP, "kick") for agent in agents
     ] * 2
+    # the first entry's runs were cancelled when the task left it; the second entry's are queued
+    assert [(r["status"], r["outcome_reason"]) for r in rows] == [("cancelled", "entry_left")] * len(
+        agents
+    ) + [("queued", None)] * len(agents)
     # differs across the two entries
     assert [key_seq(r["idempotency_key"]) for r in rows] == [1] * len(agents) + [2] * len(agents)
     assert all(r["exclude_from_coalescing"] for r in rows)  # AC-H9's field, on a bare queue_run too

@@ -1,0 +1,200 @@
+"""The runs queue's commands (claim with a long poll, renew, finish, cancel) and the lease sweep. Trio
+thread: each command is one store transaction (store/run_claims.py decides), whose changes are published
+as events once it committed (actors/engine/publish.py).
+
+A waiting claim (`wait_seconds`) sleeps on the agent's wake-up (actors/kernel/run_signals.py) until a run
+of the agent is queued or a lease of it expires in this runtime, until the next retry or lease end it was
+told of, or (PostgreSQL, where other runtimes queue runs too) for at most `PG_POLL` seconds, then looks
+again: no busy polling. A claim whose caller is cancelled once it committed is released (queued again,
+its attempt not counted), so a cancelled wait claims nothing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+from onceflow.actors.engine.publish import publish_run_changes
+from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.services import Services
+from onceflow.logs import get_logger
+from onceflow.protocol import commands as c
+from onceflow.protocol.errors import ProtocolError
+from onceflow.protocol.results import ClaimedRun, FinishOutcome, RunCancelledResult, RunRenewed
+from onceflow.store import run_claims, runs
+
+log = get_logger("onceflow.runs")
+
+PG_POLL = 1.0
+"""Seconds a waiting claim on PostgreSQL sleeps at most between two looks (another runtime's enqueue
+wakes nobody here)."""
+
+LEASE_SWEEP_INTERVAL = 5.0
+"""Seconds between two sweeps of expired leases (`open_runtime(lease_sweep_interval=...)`)."""
+
+SWEEP_LIMIT = 500
+"""The most expired leases one sweep ends (the next takes the rest)."""
+
+
+def lease_for(services: Services, lease_seconds: float | None) -> float:
+    """The lease a claim or renewal gets: `lease_seconds`, else the policy's default.
+
+    Raises:
+        ProtocolError: `lease_seconds` exceeds the policy's `max_lease` (field lease_seconds).
+    """
+    policy = services.run_policy
+    if lease_seconds is None:
+        return policy.lease
+    if lease_seconds > policy.max_lease:
+        raise ProtocolError(
+            f"lease_seconds must be at most {policy.max_lease:g} s, got {lease_seconds:g}",
+            field="lease_seconds",
+        )
+    return lease_seconds
+
+
+async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> ClaimedRun | None:
+    """`claim_run`: the agent's oldest eligible run, claimed under a new token, or None once
+    `command.wait_seconds` passed with none eligible (module docstring). A cancellation leaves nothing
+    claimed: a claim it interrupts after the commit is released."""
+    lease = lease_for(services, command.lease_seconds)
+    agent = command.agent_profile_id
+    signals = services.run_signals
+    deadline = trio.current_time() + command.wait_seconds
+    with signals.waiting(agent):
+        while True:
+            woken = signals.current(agent)  # before the look: a run queued after it began still wakes us
+            found = await services.store.transact(
+                run_claims.claim, agent, services.now(), lease, services.run_policy
+            )
+            try:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            except trio.Cancelled:
+                if found.run is not None:
+                    await _release(services, found.run.id, found.run.claim_token or "")
+                    found = run_claims.Claimed(None, found.changes[:-1])
+                publish_run_changes(out, found.changes)
+                raise
+            publish_run_changes(out, found.changes)
+            if found.run is not None:
+                assert found.run.claim_token is not None
+                return ClaimedRun(**runs.run_info(found.run), claim_token=found.run.claim_token)
+            left = deadline - trio.current_time()
+            if left <= 0:
+                return None
+            if found.next_eligible_at is not None:
+                left = min(left, max(found.next_eligible_at - services.now(), 0.0))
+            if services.store.postgres:
+                left = min(left, PG_POLL)
+            with trio.move_on_after(left):
+                await woken.wait()
+
+
+async def _release(services: Services, run_id: int, token: str) -> None:
+    """Hand back a claim its caller will never see (it was cancelled once the claim committed)."""
+    with trio.CancelScope(shield=True):
+        try:
+            await services.store.transact(run_claims.release, run_id, token)
+        except Exception as exc:  # the lease still ends it: the run is handed out again then
+            log.warning("run_release_failed", run_id=run_id, cause=repr(exc))
+        else:
+            log.info("run_claim_released", run_id=run_id)
+
+
+async def renew(services: Services, command: c.RenewRun) -> RunRenewed:
+    """`renew_run`: extend the lease of the claim under `claim_token` (store/run_claims.py `renew`).
+
+    Raises:
+        ProtocolError: `lease_seconds` above the policy's `max_lease` (field lease_seconds).
+        NotFoundError / ConflictError: as `run_claims.renew` (run_id / claim_token); nothing changes.
+    """
+    lease = lease_for(services, command.lease_seconds)
+    renewed = await services.store.transact(
+        run_claims.renew, command.run_id, command.claim_token, services.now(), lease
+    )
+    return RunRenewed(
+        run_id=command.run_id,
+        lease_expires_at=renewed.lease_expires_at,
+        superseded=renewed.run.superseded,
+    )
+
+
+async def finish(services: Services, command: c.FinishRun, out: Outbox) -> FinishOutcome:
+    """`finish_run`: resolve the attempt under `claim_token` (store/run_claims.py `finish`), publishing
+    what it changed; a replay publishes nothing.
+
+    Raises:
+        NotFoundError / ConflictError: as `run_claims.finish` (run_id / claim_token / status); nothing
+            changes.
+    """
+    done = await services.store.transact(
+        run_claims.finish,
+        command.run_id,
+        command.claim_token,
+        command.status,
+        error=command.error,
+        retryable=command.retryable,
+        retry_at=command.retry_at,
+        now=services.now(),
+        policy=services.run_policy,
+        draw=random.random(),
+    )
+    publish_run_changes(out, done.changes)
+    run = done.run
+    return FinishOutcome(
+        run_id=run.id,
+        status=run.status,
+        retry_at=run.retry_at if run.status == "queued" else None,
+        superseded=run.superseded,
+        replay=done.replay,
+        escalated_run_id=None if done.escalation is None else done.escalation.run_id,
+    )
+
+
+async def cancel(services: Services, command: c.CancelRun, out: Outbox) -> RunCancelledResult:
+    """`cancel_run`: cancel a queued or claimed run (store/run_claims.py `cancel`).
+
+    Raises:
+        NotFoundError / ConflictError: as `run_claims.cancel` (field run_id).
+    """
+    cancelled, change = await services.store.transact(
+        run_claims.cancel, command.run_id, command.reason, services.now()
+    )
+    if change is not None:
+        publish_run_changes(out, (change,))
+    return RunCancelledResult(run_id=command.run_id, cancelled=cancelled)
+
+
+async def sweep_leases_once(services: Services, hub: EventHub) -> int:
+    """End up to `SWEEP_LIMIT` expired leases (store/run_claims.py `expire_leases`), publishing each
+    change; returns how many runs changed. Never raises: a failure is logged at WARNING (the next sweep
+    tries again)."""
+    try:
+        changes = await services.store.transact(
+            run_claims.expire_leases, services.now(), SWEEP_LIMIT, services.run_policy
+        )
+    except Exception as exc:
+        log.warning("lease_sweep_failed", cause=repr(exc))
+        return 0
+    publish_run_changes(Outbox(hub, reply=False), changes)
+    return len(changes)
+
+
+async def sweep_leases_forever(
+    services: Services,
+    hub: EventHub,
+    interval: float = LEASE_SWEEP_INTERVAL,
+    *,
+    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run `sweep_leases_once` every `interval` seconds (sooner again while a sweep hit its limit); `start`
+    it to get the cancel scope that stops it. Leases are durable times, so a lease of a runtime that died
+    ends here on whichever runtime sweeps first, and a restarted one's at its first sweep."""
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        while True:
+            if await sweep_leases_once(services, hub) < SWEEP_LIMIT:
+                await trio.sleep(interval)
+            else:
+                await trio.sleep(0)

@@ -210,9 +210,8 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX runs_queued_by_agent;
     CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
         WHERE status IN ('queued', 'claimed');
-    CREATE INDEX runs_by_task ON runs(task_id, status);
+    CREATE INDEX runs_by_task ON runs(task_id);
     CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
-    CREATE INDEX runs_resolved ON runs(finished_at) WHERE status IN ('finished', 'failed', 'cancelled');
     ALTER TABLE decision_receipts ADD COLUMN created_at DOUBLE PRECISION;
     UPDATE decision_receipts SET created_at = EXTRACT(EPOCH FROM now());
     CREATE INDEX decision_receipts_by_age ON decision_receipts(created_at);

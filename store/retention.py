@@ -3,7 +3,8 @@ runs inside the caller's transaction; each call deletes at most `limit` rows per
 writer for long (the runtime's retention task and `onceflow prune` call it until it finds nothing).
 
 What goes, once older than the retention (seconds, never below the 24 h key window: protocol/runs.py):
-- resolved runs (finished, failed, cancelled: by `finished_at`), with the coalesced keys merged into them.
+- resolved runs (finished, failed, cancelled: by `finished_at`, oldest ids first: no index holds resolved
+  runs by time, so a pass's last batch reads the table once), with the coalesced keys merged into them.
   A key is honoured while its run is unresolved and 24 h after it resolves (store/runs.py
   `key_honoured`), so a run resolved longer ago than the retention holds no honoured key: a redelivery
   inside the window is a no-op whatever was pruned;
@@ -27,7 +28,7 @@ KINDS = ("runs", "step_entries", "review_runs", "decisions", "decision_receipts"
 
 _RUNS = (
     "DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE status IN ('finished', 'failed', 'cancelled')"
-    " AND finished_at < ? ORDER BY finished_at LIMIT ?)"
+    " AND finished_at < ? ORDER BY id LIMIT ?)"
 )
 _LATEST = (
     "(SELECT MAX(l.entry_seq) FROM step_entries AS l"

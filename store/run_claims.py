@@ -361,7 +361,15 @@ def cancel(conn: Connection, run_id: int, reason: str, now: float) -> tuple[bool
     return True, Change("cancelled", run.id, run.task_id, run.agent_profile_id, run.attempt, reason)
 
 
-def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -> list[Change]:
+@attrs.frozen
+class Expired:
+    """What a lease sweep did, and when the next lease held now ends (Unix seconds; None: none is held)."""
+
+    changes: list[Change]
+    next_at: float | None
+
+
+def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -> Expired:
     """Return to the queue (or end) up to `limit` claimed runs whose lease expired: queued again, their
     attempt used (`lease_expired`); cancelled when their entry was left meanwhile (`entry_left`) or they are
     past the age limit (`run_too_old`); failed once they had `max_attempts` claims."""
@@ -370,7 +378,9 @@ def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -
         " ORDER BY lease_expires_at LIMIT ?",
         (now, limit),
     ).fetchall()
-    return [change for run in map(run_from_row, rows) for change in _expired(conn, run, now, policy)]
+    changes = [change for run in map(run_from_row, rows) for change in _expired(conn, run, now, policy)]
+    (next_at,) = conn.execute("SELECT MIN(lease_expires_at) FROM runs WHERE status = 'claimed'").fetchone()
+    return Expired(changes, None if next_at is None else float(next_at))
 
 
 def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) -> list[Change]:

@@ -311,8 +311,9 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 13: runs are work (store/runs.py): the cancelled status, a claim's fencing token, attempt and lease, a
     # retry's schedule and count, where a run comes from (trigger, step entry, admission), why it ended,
     # and partial indexes over the unresolved runs only, so resolved history costs no index space but its
-    # key's. Decision receipts get their time; old receipts and terminal entries an index (retention:
-    # store/retention.py).
+    # key's and its task's. Markers become WITHOUT ROWID: their primary key is the table (no second copy of
+    # every key in an index). Decision receipts get their time; old receipts and terminal entries an index
+    # (retention: store/retention.py).
     Rebuild(
         """
         CREATE TABLE runs_next (
@@ -352,9 +353,26 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         ALTER TABLE runs_next RENAME TO runs;
         CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
             WHERE status IN ('queued', 'claimed');
-        CREATE INDEX runs_by_task ON runs(task_id, status);
+        CREATE INDEX runs_by_task ON runs(task_id);
         CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
-        CREATE INDEX runs_resolved ON runs(finished_at) WHERE status IN ('finished', 'failed', 'cancelled');
+        CREATE TABLE step_entry_markers_next (
+            task_id    TEXT NOT NULL,
+            step_id    TEXT NOT NULL,
+            entry_seq  INTEGER NOT NULL,
+            position   INTEGER NOT NULL,
+            kind       TEXT NOT NULL,
+            state      TEXT NOT NULL CHECK (state IN ('in_progress', 'done', 'skipped', 'failed')),
+            epoch      TEXT,
+            detail     TEXT NOT NULL DEFAULT '',
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (task_id, step_id, entry_seq, position, kind),
+            FOREIGN KEY (task_id, step_id, entry_seq)
+                REFERENCES step_entries(task_id, step_id, entry_seq) ON DELETE CASCADE
+        ) WITHOUT ROWID;
+        INSERT INTO step_entry_markers_next SELECT task_id, step_id, entry_seq, position, kind, state, epoch,
+            detail, updated_at FROM step_entry_markers;
+        DROP TABLE step_entry_markers;
+        ALTER TABLE step_entry_markers_next RENAME TO step_entry_markers;
         ALTER TABLE decision_receipts ADD COLUMN created_at REAL;
         UPDATE decision_receipts SET created_at = CAST(strftime('%s', 'now') AS REAL);
         CREATE INDEX decision_receipts_by_age ON decision_receipts(created_at);

@@ -26,9 +26,9 @@ _LEVELS = frozenset(get_args(_Level))
 class EventHub:
     """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
 
-    def __init__(self, on_publish: Callable[[Event], None] | None = None) -> None:
+    def __init__(self, *on_publish: Callable[[Event], None]) -> None:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
-        self._on_publish = on_publish  # told of every event first (the waiting claims' wake-ups)
+        self._on_publish = on_publish  # told of every event first (waiting claims, the retention trigger)
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
@@ -36,8 +36,8 @@ class EventHub:
         return receive
 
     def publish(self, event: Event) -> None:
-        if self._on_publish is not None:
-            self._on_publish(event)
+        for hook in self._on_publish:
+            hook(event)
         if not self._subscribers:
             return
         for send in list(self._subscribers):

@@ -1,7 +1,8 @@
 """Wake-ups for claims waiting for work (`claim_run` with `wait_seconds`). Trio thread.
 
-The event hub tells `RunSignals` of every event it publishes (`EventHub(on_publish=...)`); a `run_queued`
-or a `run_lease_expired` of an agent wakes every claim of that agent waiting now. A waiter takes the
+The event hub tells `RunSignals` of every event it publishes (`EventHub(on_publish=...)`); a `run_queued`,
+`run_lease_expired` or `run_retry_scheduled` of an agent wakes every claim of that agent waiting now, and a
+`run_claimed` wakes the lease sweep (a new lease may end before the one it sleeps for). A waiter takes the
 agent's current `trio.Event` *before* it tries to claim, so a run committed after its attempt began wakes
 it (no lost wake-up), and only waiters hold events: an agent nobody waits for costs nothing.
 """
@@ -26,6 +27,8 @@ class RunSignals:
     def __init__(self) -> None:
         self._events: dict[str, trio.Event] = {}
         self._waiters: dict[str, int] = {}
+        self.leased = trio.Event()
+        """Set when this runtime grants a lease (then replaced): the lease sweep looks at its end."""
 
     @contextlib.contextmanager
     def waiting(self, agent_profile_id: str) -> Iterator[None]:
@@ -54,6 +57,9 @@ class RunSignals:
             event.set()
 
     def on_publish(self, event: Event) -> None:
-        """The hub's hook: wake the waiters of a `WAKING` event's agent."""
+        """The hub's hook: wake the waiters of a `WAKING` event's agent; tell the lease sweep of a claim."""
         if event.type in WAKING and self._events:
             self.notify(getattr(event, "agent_profile_id", ""))
+        elif event.type == "run_claimed":
+            self.leased.set()
+            self.leased = trio.Event()

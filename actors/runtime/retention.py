@@ -1,5 +1,11 @@
 """The retention task: resolved history deleted in bounded background batches. Trio thread: each batch is
 one short store transaction (store/retention.py), and the task yields between batches so commands go on.
+
+A pass runs at start-up and then after every `RETENTION_EVERY` events that leave history behind (step
+entries, resolved runs, decisions, acknowledged outcomes: `RetentionTrigger`), not on a timer: history grows
+only with activity, so pruning in step with it keeps the database bounded, and an idle runtime holds no
+timer (a host's `trio.testing.MockClock` autojump never lands on one). `onceflow prune` prunes an idle
+database on demand.
 """
 
 from __future__ import annotations
@@ -11,14 +17,45 @@ import trio
 from onceflow import metrics
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
+from onceflow.protocol.events import Event
 from onceflow.store import retention
 from onceflow.store.retention import Pruned
 from onceflow.store.writer import StoreActor
 
 log = get_logger("onceflow.retention")
 
-RETENTION_INTERVAL = 300.0
-"""Seconds between two retention passes (`open_runtime(retention_interval=...)`)."""
+RETENTION_EVERY = 1000
+"""Events that leave history behind between two retention passes (`open_runtime(retention_every=...)`)."""
+
+HISTORY_EVENTS = frozenset(
+    {"step_entered", "run_finished", "run_failed", "run_cancelled", "decision_recorded", "diagnostic"}
+)
+"""The events `RetentionTrigger` counts (a diagnostic only when it is `outcome_acknowledged`)."""
+
+
+class RetentionTrigger:
+    """Counts the events that leave history behind (the hub's hook, `on_publish`); `due` is set once
+    `every` of them were published since the last pass."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.count = 0
+        self.due = trio.Event()
+
+    def on_publish(self, event: Event) -> None:
+        if event.type in HISTORY_EVENTS and (
+            event.type != "diagnostic" or getattr(event, "code", "") == "outcome_acknowledged"
+        ):
+            self.count += 1
+            if self.count >= self.every:
+                self.due.set()
+
+    def reset(self) -> None:
+        """A pass begins: count afresh."""
+        self.count = 0
+        if self.due.is_set():
+            self.due = trio.Event()
+
 
 BATCH = 500
 """Rows of each kind one batch deletes at most."""
@@ -47,20 +84,21 @@ async def prune(
 async def prune_forever(
     services: Services,
     retention_seconds: float,
-    interval: float = RETENTION_INTERVAL,
+    trigger: RetentionTrigger,
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run `prune` every `interval` seconds; `start` it to get the cancel scope that stops it. A failing
-    pass is logged at WARNING and tried again at the next interval."""
+    """Run `prune` at once, then each time `trigger` is due; `start` it to get the cancel scope that stops
+    it. A failing pass is logged at WARNING and tried again when the trigger is next due."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:
-            await trio.sleep(interval)
+            trigger.reset()
             try:
                 deleted = await prune(services.store, services.clock, retention_seconds)
             except Exception as exc:
                 log.warning("retention_failed", cause=repr(exc))
-                continue
-            if any(deleted.values()):
-                log.info("retention_pruned", **deleted)
+            else:
+                if any(deleted.values()):
+                    log.info("retention_pruned", **deleted)
+            await trigger.due.wait()

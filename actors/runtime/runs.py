@@ -11,6 +11,7 @@ its attempt not counted), so a cancelled wait claims nothing.
 
 from __future__ import annotations
 
+import math
 import random
 
 import trio
@@ -31,7 +32,8 @@ PG_POLL = 1.0
 wakes nobody here)."""
 
 LEASE_SWEEP_INTERVAL = 5.0
-"""Seconds between two sweeps of expired leases (`open_runtime(lease_sweep_interval=...)`)."""
+"""On PostgreSQL, the most seconds between two sweeps of expired leases (other runtimes grant leases this
+one is not told of; `open_runtime(lease_sweep_interval=...)`). On SQLite a sweep comes when a lease ends."""
 
 SWEEP_LIMIT = 500
 """The most expired leases one sweep ends (the next takes the rest)."""
@@ -166,19 +168,19 @@ async def cancel(services: Services, command: c.CancelRun, out: Outbox) -> RunCa
     return RunCancelledResult(run_id=command.run_id, cancelled=cancelled)
 
 
-async def sweep_leases_once(services: Services, hub: EventHub) -> int:
+async def sweep_leases_once(services: Services, hub: EventHub) -> run_claims.Expired:
     """End up to `SWEEP_LIMIT` expired leases (store/run_claims.py `expire_leases`), publishing each
-    change; returns how many runs changed. Never raises: a failure is logged at WARNING (the next sweep
-    tries again)."""
+    change. Never raises: a failure is logged at WARNING (and the next sweep comes `LEASE_SWEEP_INTERVAL`
+    seconds later)."""
     try:
-        changes = await services.store.transact(
+        expired = await services.store.transact(
             run_claims.expire_leases, services.now(), SWEEP_LIMIT, services.run_policy
         )
     except Exception as exc:
         log.warning("lease_sweep_failed", cause=repr(exc))
-        return 0
-    publish_run_changes(Outbox(hub, reply=False), changes)
-    return len(changes)
+        return run_claims.Expired([], services.now() + LEASE_SWEEP_INTERVAL)
+    publish_run_changes(Outbox(hub, reply=False), expired.changes)
+    return expired
 
 
 async def sweep_leases_forever(
@@ -188,13 +190,21 @@ async def sweep_leases_forever(
     *,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run `sweep_leases_once` every `interval` seconds (sooner again while a sweep hit its limit); `start`
-    it to get the cancel scope that stops it. Leases are durable times, so a lease of a runtime that died
-    ends here on whichever runtime sweeps first, and a restarted one's at its first sweep."""
+    """Sweep expired leases (`sweep_leases_once`) at once, then whenever the next lease ends (a claim in
+    this runtime wakes it to look again); on PostgreSQL also every `interval` seconds, since other
+    runtimes grant leases too. With no lease held it sleeps, holding no timer. `start` it to get the cancel
+    scope that stops it. Leases are durable times, so a dead runtime's leases end on whichever runtime
+    sweeps first, and a restarted one's at its first sweep."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:
-            if await sweep_leases_once(services, hub) < SWEEP_LIMIT:
-                await trio.sleep(interval)
-            else:
+            woken = services.run_signals.leased
+            expired = await sweep_leases_once(services, hub)
+            if len(expired.changes) >= SWEEP_LIMIT:
                 await trio.sleep(0)
+                continue
+            wait = math.inf if expired.next_at is None else max(expired.next_at - services.now(), 0.0)
+            if services.store.postgres:
+                wait = min(wait, interval)
+            with trio.move_on_after(wait):
+                await woken.wait()

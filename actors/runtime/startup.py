@@ -26,7 +26,7 @@ from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
-from onceflow.actors.runtime.retention import RETENTION_INTERVAL, prune_forever
+from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger, prune_forever
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
@@ -63,7 +63,7 @@ async def open_runtime(
     run_policy: RunPolicy | None = None,
     lease_sweep_interval: float = LEASE_SWEEP_INTERVAL,
     retention: float = DEFAULT_RETENTION,
-    retention_interval: float = RETENTION_INTERVAL,
+    retention_every: int = RETENTION_EVERY,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -96,19 +96,22 @@ async def open_runtime(
       overlap; `onceflow serve` sets `SWITCH_INTERVAL` (~1.35x entries per second at 64 tasks).
 
     - `run_policy`: how runs are leased and retried (protocol/runs.py `RunPolicy`; None: Kandev's backoff,
-      4 retries, a 24 h age limit, 300 s leases). Every `lease_sweep_interval` seconds the runtime returns
-      the runs whose lease expired to the queue (actors/runtime/runs.py), on either backend: leases are
-      durable times, so a dead host's or a dead runtime's claims are handed out again.
-    - `retention`: seconds resolved history is kept (default 7 days, at least the 24 h key window); every
-      `retention_interval` seconds it is deleted in bounded batches (store/retention.py).
+      4 retries, a 24 h age limit, 300 s leases). When a lease ends the runtime returns its run to the
+      queue (actors/runtime/runs.py; on PostgreSQL it also looks every `lease_sweep_interval` seconds, for
+      the leases other runtimes granted): leases are durable times, so a dead host's or a dead runtime's
+      claims are handed out again.
+    - `retention`: seconds resolved history is kept (default 7 days, at least the 24 h key window); older
+      history is deleted in bounded batches at start-up and after every `retention_every` entries, resolved
+      runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention.py).
 
     The ledger is created here, before the runtime object, and lives exactly as long as the runtime.
 
     Raises:
         DatabaseOwnedError: another runtime owns the SQLite file (at once; never on PostgreSQL).
         ValueError: before anything is opened, for a duration that is not finite and positive (>= 0 for
-            `actor_idle_timeout`), a `retention` below the key window, a negative `task_row_cache`, or a bad
-            store setting; a `RetryPolicy` and a `RunPolicy` validate themselves when built.
+            `actor_idle_timeout`), a `retention` below the key window, a `retention_every` below 1, a
+            negative `task_row_cache`, or a bad store setting; a `RetryPolicy` and a `RunPolicy` validate
+            themselves when built.
         Whatever ends the runtime (a failure to open, or the body's own exception) surfaces as itself, not
         wrapped in the runtime's nurseries' ExceptionGroups; only several causes at once stay a group.
     """
@@ -118,7 +121,9 @@ async def open_runtime(
     epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
     lease_sweep_interval = seconds("lease_sweep_interval", lease_sweep_interval)
     retention = retention_seconds(retention)
-    retention_interval = seconds("retention_interval", retention_interval)
+    if isinstance(retention_every, bool) or not isinstance(retention_every, int) or retention_every < 1:
+        raise ValueError(f"retention_every must be a positive integer, got {retention_every!r}")
+    trigger = RetentionTrigger(retention_every)
     rows = task_rows.TaskRows(task_row_cache)
     previous_interval = sys.getswitchinterval()
     if switch_interval is not None:
@@ -144,7 +149,7 @@ async def open_runtime(
                 task_rows=task_rows.TaskRows() if store.postgres else rows,
                 run_policy=run_policy or RunPolicy(),
             )
-            hub = EventHub(services.run_signals.on_publish)
+            hub = EventHub(services.run_signals.on_publish, trigger.on_publish)
             outcome_supervisor = OutcomeSupervisor(
                 store,
                 hub,
@@ -182,9 +187,7 @@ async def open_runtime(
                             )
                         )
                         background.append(
-                            await task_nursery.start(
-                                prune_forever, runtime.services, retention, retention_interval
-                            )
+                            await task_nursery.start(prune_forever, runtime.services, retention, trigger)
                         )
                         yield runtime
                     finally:

@@ -130,7 +130,11 @@ async def test_ac_d4_ac_b3_reentry_after_rejection_queues_a_fresh_run(runtime: R
     assert [e.deleted for e in events(again, "decisions_cleared")] == [1]  # a fresh clear of the veto
     assert events(again, "run_suppressed") == [] and events(again, "run_coalesced") == []
     runs = await list_runs(runtime, agent_profile_id="rev-a")
-    assert [r["status"] for r in runs] == ["queued", "queued"]
+    # the left entry's run was cancelled when the task left it; the re-entry's is a fresh, runnable run
+    assert [(r["status"], r["outcome_reason"]) for r in runs] == [
+        ("cancelled", "entry_left"),
+        ("queued", None),
+    ]
     assert runs[0]["idempotency_key"] != runs[1]["idempotency_key"]
     assert [e["entry_seq"] for e in await list_entries(runtime, "T1")] == [1, 2]
 
@@ -264,11 +268,11 @@ async def test_ac_h9_on_enter_runs_are_not_coalesced(runtime: Runtime, clock: Fa
     clock.advance(2)
     second_task = await enter_review(runtime, "T2")
     clock.advance(2)
-    reentry = await reject_and_reenter(runtime, "T1")  # T1's first run is still queued
+    reentry = await reject_and_reenter(runtime, "T1")  # T1's first run was queued until T1 left Review
     assert events(second_task, "run_coalesced") == [] and events(reentry, "run_coalesced") == []
     runs = await list_runs(runtime, agent_profile_id="rev-a")
     assert [(r["task_id"], r["status"], r["coalesced_count"]) for r in runs] == [
-        ("T1", "queued", 0),
+        ("T1", "cancelled", 0),
         ("T2", "queued", 0),
         ("T1", "queued", 0),
     ]

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "facade"))
 from wire_client import WireClient
 
 from onceflow.actors.runtime.startup import open_runtime

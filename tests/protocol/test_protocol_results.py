@@ -147,7 +147,10 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     await c.send({"type": "list_runs", "task_id": "T1"})
     run = await c.send({"type": "claim_run", "agent_profile_id": "rev-a"})
     await c.send({"type": "claim_run", "agent_profile_id": "nobody"})
-    await c.send({"type": "finish_run", "run_id": run["id"]})
+    await c.send({"type": "renew_run", "run_id": run["id"], "claim_token": run["claim_token"]})
+    await c.send({"type": "finish_run", "run_id": run["id"], "claim_token": run["claim_token"]})
+    other = await c.send({"type": "claim_run", "agent_profile_id": "rev-b"})
+    await c.send({"type": "cancel_run", "run_id": other["id"]})
     vote = {"type": "record_decision", "task_id": "T1", "step_id": "review", "decider_type": "agent"}
     await c.send(vote | {"decider_id": "rev-a", "decision": "approved", "decision_id": "d-1"})
     await c.send(vote | {"decider_id": "rev-a", "decision": "approved", "decision_id": "d-1"})

@@ -32,6 +32,8 @@ from onceflow.protocol.events import (
     Diagnostic,
     ErrorInfo,
     Reply,
+    RunCancelled,
+    RunLeaseExpired,
     RunQueued,
     StepEntered,
     TaskCreated,
@@ -204,11 +206,11 @@ def test_issue14_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_eve
 
 def test_issue14_emit_counts_exactly_the_events_count_event_counts() -> None:
     """The emitter skips `count_event` for types outside COUNTED_EVENTS: each event type the hot path emits
-    counts exactly when its type is in that set, and the set is the four types `count_event` knows."""
+    counts exactly when its type is in that set, and the set is the types `count_event` knows."""
     reader = InMemoryMetricReader()
     probe = MeterProvider(metric_readers=[reader]).get_meter("test").create_counter("probe")
-    original = metrics.STEP_ENTRIES, metrics.RUNS
-    metrics.STEP_ENTRIES = metrics.RUNS = probe
+    original = metrics.STEP_ENTRIES, metrics.RUNS, metrics.RUN_CHANGES
+    metrics.STEP_ENTRIES = metrics.RUNS = metrics.RUN_CHANGES = probe
     samples: list[Any] = [
         trusted.decisions_cleared(task_id="T", step_id="s", deleted=0),
         trusted.action_outcome(
@@ -220,6 +222,8 @@ def test_issue14_emit_counts_exactly_the_events_count_event_counts() -> None:
             run_id=1, task_id="T", step_id="s", agent_profile_id="a", reason="r", idempotency_key=None
         ),
         StepEntered(task_id="T", step_id="s", entry_seq=1, entry_path="E2"),
+        RunLeaseExpired(run_id=1, task_id="T", agent_profile_id="a", attempt=1),
+        RunCancelled(run_id=1, task_id="T", agent_profile_id="a", attempt=1, reason="entry_left"),
     ]
     try:
         for count, event in enumerate(samples):
@@ -234,8 +238,15 @@ def test_issue14_emit_counts_exactly_the_events_count_event_counts() -> None:
             )
             assert total == sum(e.type in metrics.COUNTED_EVENTS for e in samples[: count + 1]), event.type
     finally:
-        metrics.STEP_ENTRIES, metrics.RUNS = original
-    assert {"step_entered", "run_queued", "run_coalesced", "run_suppressed"} == metrics.COUNTED_EVENTS
+        metrics.STEP_ENTRIES, metrics.RUNS, metrics.RUN_CHANGES = original
+    changes = {"run_claimed", "run_finished", "run_retry_scheduled", "run_failed", "run_cancelled"}
+    assert {
+        "step_entered",
+        "run_queued",
+        "run_coalesced",
+        "run_suppressed",
+        "run_lease_expired",
+    } | changes == (metrics.COUNTED_EVENTS)
 
 
 class _Records(logging.Handler):

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import FakeClock, decide, list_entries, list_runs, move, ok, to_review, turn_complete
+from helpers import (
+    FakeClock,
+    decide,
+    list_entries,
+    list_runs,
+    metric_points,
+    move,
+    ok,
+    to_review,
+    turn_complete,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,19 +109,31 @@ async def test_a_batch_never_deletes_more_than_its_limit(db_path: Path | str, cl
         assert rest["runs"] == 15
 
 
-async def test_the_runtime_prunes_in_the_background(
-    db_path: Path | str, mock_clock: trio.testing.MockClock
+async def test_the_runtime_prunes_at_start_and_after_every_so_many_history_events(
+    db_path: Path | str, metric_reader: Any
 ) -> None:
     clock = FakeClock()
-    async with open_runtime(db_path, clock=clock, retention=DAY, retention_interval=60) as rt:
-        await _queue_and_finish(rt, 3)
+    async with open_runtime(db_path, clock=clock, retention=DAY, retention_every=8) as rt:
+        await _queue_and_finish(rt, 3)  # 3 entries, 3 finished runs: not yet due
         clock.advance(DAY + 1)
         await trio.testing.wait_all_tasks_blocked()
-        mock_clock.jump(61)
-        for _ in range(3):
-            await trio.testing.wait_all_tasks_blocked()
-            await rt.services.store.transact(lambda conn: None)
+        assert len(await list_runs(rt)) == 3
+        before = metric_points(metric_reader).get(("onceflow.retention.deleted", (("kind", "runs"),)), 0)
+        await _queue_and_finish(rt, 1, first=3)  # the 8th history event: a pass deletes the 3 old runs
+        await trio.testing.wait_all_tasks_blocked()
+        await rt.services.store.transact(_nothing)
+        assert [r["task_id"] for r in await list_runs(rt)] == ["T3"]
+        after = metric_points(metric_reader)[("onceflow.retention.deleted", (("kind", "runs"),))]
+        assert after - before == 3
+    clock.advance(DAY + 1)
+    async with open_runtime(db_path, clock=clock, retention=DAY) as rt:  # the pass at start-up
+        await trio.testing.wait_all_tasks_blocked()
+        await rt.services.store.transact(_nothing)
         assert await list_runs(rt) == []
+
+
+def _nothing(conn: object) -> None:
+    return None
 
 
 @pytest.mark.parametrize("seconds", [0, 3600, DAY - 1, float("inf"), float("nan")])
@@ -126,9 +148,10 @@ def test_a_retention_below_the_key_window_is_refused_naming_retention(
         trio.run(main)
 
 
-async def _queue_and_finish(rt: Runtime, count: int) -> None:
-    await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
-    for n in range(count):
+async def _queue_and_finish(rt: Runtime, count: int, first: int = 0) -> None:
+    if "m" not in rt.services.workflows.workflows:
+        await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+    for n in range(first, first + count):
         await ok(rt, {"type": "create_task", "task_id": f"T{n}", "workflow_id": "m", "primary_agent_id": "w"})
         await ok(rt, {"type": "task_comment", "task_id": f"T{n}", "comment_id": f"c-{n}"})
     assert await _finish_all(rt, "w") == count

@@ -10,7 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.store import runs
+from onceflow.protocol.runs import RunPolicy
+from onceflow.store import run_claims, runs
+from onceflow.store.connection import Connection
+from onceflow.store.records import RunRecord
 from onceflow.store.runs import RunRequest
 from onceflow.store.writer import StoreActor, open_store
 
@@ -21,11 +24,25 @@ async def _enqueue(store: StoreActor, request: RunRequest, now: float) -> runs.E
     return await store.transact(lambda conn: runs.enqueue_run(conn, request, now))
 
 
+POLICY = RunPolicy()
+
+
+def _claim(conn: Connection, now: float) -> RunRecord | None:
+    return run_claims.claim(conn, "agent", now, POLICY.lease, POLICY).run
+
+
+def _finish(conn: Connection, run: RunRecord, now: float) -> run_claims.Finished:
+    return run_claims.finish(
+        conn, run.id, run.claim_token, "finished", error=None, retryable=True, retry_at=None, now=now,
+        policy=POLICY, draw=0.0,
+    )  # fmt: skip
+
+
 async def _resolve(store: StoreActor, run_id: int, now: float) -> None:
     """Claim (at `now`) and finish (at `now`) the only queued run of "agent", which must be `run_id`."""
-    claimed = await store.transact(lambda conn: runs.claim_run(conn, "agent", now))
+    claimed = await store.transact(_claim, now)
     assert claimed is not None and claimed.id == run_id
-    assert await store.transact(lambda conn: runs.finish_run(conn, run_id, "finished", now))
+    assert (await store.transact(_finish, claimed, now)).run.status == "finished"
 
 
 @pytest.mark.parametrize("excluded", [False, True], ids=["coalescing", "excluded"])
@@ -53,7 +70,7 @@ async def test_ac_h6_key_honoured_while_run_unresolved(tmp_path: Path, resolutio
         request = RunRequest("agent", None, None, "task_comment", idempotency_key="c-1")
         first = await _enqueue(store, request, T0)
         if resolution == "claimed":
-            assert await store.transact(lambda conn: runs.claim_run(conn, "agent", T0 + 1)) is not None
+            assert await store.transact(_claim, T0 + 1) is not None
         again = await _enqueue(store, request, T0 + 25 * 3600)
         assert (again.outcome, again.run_id) == ("suppressed", first.run_id)
         assert len(await store.transact(lambda conn: runs.list_runs(conn))) == 1
@@ -204,10 +221,10 @@ async def test_claim_takes_the_oldest_queued_run_once(tmp_path: Path) -> None:
     async with open_store(tmp_path / "db") as store:
         for i, reason in enumerate(("a", "b")):
             await _enqueue(store, RunRequest("agent", None, None, reason), T0 + i * 10)
-        first = await store.transact(lambda conn: runs.claim_run(conn, "agent", T0 + 30))
-        second = await store.transact(lambda conn: runs.claim_run(conn, "agent", T0 + 31))
-        none = await store.transact(lambda conn: runs.claim_run(conn, "agent", T0 + 32))
+        first = await store.transact(_claim, T0 + 30)
+        second = await store.transact(_claim, T0 + 31)
+        none = await store.transact(_claim, T0 + 32)
         assert first is not None and second is not None and none is None
         assert (first.reason, second.reason, first.status) == ("a", "b", "claimed")
-        assert await store.transact(lambda conn: runs.finish_run(conn, first.id, "finished", T0 + 40))
-        assert not await store.transact(lambda conn: runs.finish_run(conn, first.id, "finished", T0 + 41))
+        assert (await store.transact(_finish, first, T0 + 40)).replay is False
+        assert (await store.transact(_finish, first, T0 + 41)).replay is True

@@ -97,8 +97,9 @@ async def _comment(rt: Runtime, comment_id: str) -> list[str]:
 async def test_ac_h6_a_comment_key_is_honoured_while_its_run_is_unresolved_across_restarts(
     db_path: Path,
 ) -> None:
-    """Comment c-1's run stays queued, then claimed, for 25 h: redelivered after restarts (the ledger starts
-    empty) it queues nothing; 24 h after the run finished a redelivery queues a new one (issue 12 item 4)."""
+    """Comment c-1's run stays queued for 25 h: redelivered after restarts (the ledger starts empty) it
+    queues nothing; past its 24 h age limit it is never handed out (cancelled `run_too_old` when claimed),
+    and 24 h after that a redelivery queues a new one."""
     clock = FakeClock()
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
         await register(rt, AGENT_ERROR_TO_CEO)
@@ -108,10 +109,8 @@ async def test_ac_h6_a_comment_key_is_honoured_while_its_run_is_unresolved_acros
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
         assert await _comment(rt, "c-1") == ["run_suppressed"]  # still queued after 25 h
         claimed = await ok(rt, {"type": "claim_run", "agent_profile_id": "worker"})
-        clock.advance(25 * 3600)
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
-        assert await _comment(rt, "c-1") == ["run_suppressed"]  # claimed for 25 h: still unresolved
-        await ok(rt, {"type": "finish_run", "run_id": claimed.result["id"]})
+        assert claimed.result is None
+        assert [e.reason for e in claimed.events if e.type == "run_cancelled"] == ["run_too_old"]
         clock.advance(24 * 3600 - 1)
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
         assert await _comment(rt, "c-1") == ["run_suppressed"]  # within 24 h of resolving

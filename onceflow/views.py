@@ -241,7 +241,7 @@ _QUERIES: dict[str, Callable[[Connection, str | None], list[Row]]] = {
 COLUMNS: dict[str, tuple[str, ...]] = {
     "tasks": ("task_id", "workflow_id", "step_id", "wip_admitted", "queued_for_step_id", "priority", "title",
               "updated_at"),
-    "runs": ("id", "task_id", "step_id", "agent_profile_id", "reason", "status", "coalesced_count",
+    "runs": ("id", "task_id", "step_id", "agent_profile_id", "reason", "status", "attempt", "outcome_reason",
              "requested_at", "idempotency_key"),
     "entries": ("task_id", "step_id", "entry_seq", "entry_path", "terminal", "markers"),
     "decisions": ("id", "task_id", "step_id", "role", "decider_id", "decision", "created_at", "comment"),

@@ -1,6 +1,10 @@
 """Storage faults: which sqlite3 errors they are, and which of them end the transaction. Pure: asked on the
 writer thread.
 
+PostgreSQL's errors reach the store as sqlite3 errors too: store/postgres.py owns the table from SQLSTATE to
+`StorageKind` and gives each mapped error the SQLite code of its kind (`SQLITE_CODES`), so the rules below
+hold on both backends.
+
 SQLite may roll a whole transaction back on SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_CORRUPT (its
 "Response To Errors Within A Transaction"); `max_page_count` hitting its cap does. Writes issued after that
 would run in autocommit mode, each committed on its own while the request is reported as failed. So code
@@ -28,7 +32,20 @@ _KINDS: dict[int, StorageKind] = {
     sqlite3.SQLITE_AUTH: "read_only",
     sqlite3.SQLITE_CORRUPT: "corrupt",
     sqlite3.SQLITE_NOTADB: "corrupt",
+    sqlite3.SQLITE_ABORT: "aborted",
 }
+
+SQLITE_CODES: dict[StorageKind, int] = {
+    "busy": sqlite3.SQLITE_BUSY,
+    "full": sqlite3.SQLITE_FULL,
+    "io": sqlite3.SQLITE_IOERR,
+    "out_of_memory": sqlite3.SQLITE_NOMEM,
+    "read_only": sqlite3.SQLITE_READONLY,
+    "corrupt": sqlite3.SQLITE_CORRUPT,
+    "aborted": sqlite3.SQLITE_ABORT,
+}
+"""The SQLite primary result code standing for each kind: what another backend's error of that kind
+carries as `sqlite_errorcode`, so that `storage_kind` and `ends_transaction` read it as SQLite's own."""
 
 # Errors after which the transaction must not go on, whether or not SQLite already rolled it back.
 _ENDS_TRANSACTION = frozenset(

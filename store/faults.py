@@ -8,8 +8,9 @@ hold on both backends.
 SQLite may roll a whole transaction back on SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_CORRUPT (its
 "Response To Errors Within A Transaction"); `max_page_count` hitting its cap does. Writes issued after that
 would run in autocommit mode, each committed on its own while the request is reported as failed. So code
-that catches a database error and carries on must first ask `ends_transaction` and re-raise when it says so,
-and the writer fails the whole request, and every request of its batch, once the transaction is gone.
+that catches a database error and carries on must first ask `fails_request` (which includes
+`ends_transaction`) and re-raise when it says so, and the writer fails the whole request, and every request
+of its batch, once the transaction is gone.
 """
 
 from __future__ import annotations
@@ -80,6 +81,20 @@ def ends_transaction(conn: Connection, exc: BaseException) -> bool:
     is True: writes after it would each commit on their own while the request is reported as failed.
     """
     return not conn.in_transaction or primary_code(exc) in _ENDS_TRANSACTION
+
+
+def fails_request(conn: Connection, exc: BaseException) -> bool:
+    """Whether `exc` must fail the whole request rather than the part of it that met it: it ended the
+    transaction (`ends_transaction`), or it is a storage fault at all. A storage fault is the database's,
+    not the part's (a row locked past the busy timeout, a deadlock, a revoked privilege, a full disk): the
+    whole command may succeed once it clears, so no part of it may be recorded as failed, or left out of a
+    commit that goes on, for it. On SQLite every storage fault inside a transaction also ends it; on
+    PostgreSQL a busy, read-only or aborted one does not.
+
+    Every handler that catches a database error inside a transaction and continues (a per-action or
+    per-participant failure, a fast path falling back to the slow one) must re-raise when this is True.
+    """
+    return ends_transaction(conn, exc) or storage_kind(exc) is not None
 
 
 def storage_error(exc: BaseException, *, kind: StorageKind | None = None, context: str = "") -> StorageError:

@@ -109,16 +109,21 @@ class BusyError(OnceflowError):
 
 
 StorageKind = Literal["busy", "full", "io", "out_of_memory", "read_only", "corrupt", "aborted"]
-"""What went wrong with the database:
+"""What went wrong with the database (the SQLite result codes, then PostgreSQL's SQLSTATEs: store/postgres.py
+`FAULTS` has them all):
 
-- busy: another connection held the write lock past the busy timeout (SQLITE_BUSY, SQLITE_LOCKED);
-- full: the disk, a file-size limit or `max_page_count` left no room (SQLITE_FULL);
-- io: the operating system failed a read, write, sync or open (SQLITE_IOERR, SQLITE_CANTOPEN,
-  SQLITE_PROTOCOL);
-- out_of_memory: SQLite could not allocate memory (SQLITE_NOMEM);
-- read_only: the file or its folder cannot be written (SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH);
-- corrupt: the file is damaged or not a database (SQLITE_CORRUPT, SQLITE_NOTADB);
-- aborted: SQLite ended the transaction for a reason it did not report as a storage fault.
+- busy: another connection held a lock past the busy timeout, or the transaction lost a race with another
+  (SQLITE_BUSY, SQLITE_LOCKED; lock_timeout, statement_timeout, serialization failure, deadlock);
+- full: the disk, a file-size limit or `max_page_count` left no room (SQLITE_FULL; disk_full);
+- io: the operating system failed a read, write, sync or open, or the connection to the database server
+  was lost or refused (SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_PROTOCOL; connection exceptions, a server shut
+  down, crashed or starting up, too many connections, a failed file operation of the server);
+- out_of_memory: the database could not allocate memory (SQLITE_NOMEM; insufficient resources);
+- read_only: the database cannot be written (SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH; a read-only
+  transaction or server, a missing privilege, a refused login);
+- corrupt: the file is damaged or not a database (SQLITE_CORRUPT, SQLITE_NOTADB; data or index corrupted);
+- aborted: the database ended the transaction for a reason it did not report as a storage fault
+  (SQLITE_ABORT; another transaction rollback, a prepared statement gone, an internal error).
 """
 
 RETRYABLE_STORAGE_KINDS: frozenset[StorageKind] = frozenset(
@@ -127,13 +132,13 @@ RETRYABLE_STORAGE_KINDS: frozenset[StorageKind] = frozenset(
 """The kinds whose `storage_<kind>` error is retryable."""
 
 STORAGE_EXPLANATIONS: dict[StorageKind, str] = {
-    "busy": "the database is busy: another connection held its write lock past the busy timeout",
+    "busy": "the database is busy: a lock was held past the busy timeout, or a concurrent transaction won",
     "full": "the database or disk is full",
     "io": "the database hit an I/O error",
-    "out_of_memory": "SQLite ran out of memory",
+    "out_of_memory": "the database ran out of memory",
     "read_only": "the database cannot be written",
     "corrupt": "the database file is corrupt",
-    "aborted": "SQLite ended the transaction",
+    "aborted": "the database ended the transaction",
 }
 """What each kind means, as the start of its error message (and in docs/protocol.md)."""
 
@@ -142,14 +147,14 @@ class StorageError(OnceflowError):
     """The database could not serve the command.
 
     None of the failing store request's writes were committed; when the fault ended the transaction (disk
-    full, I/O, out of memory, corrupt) neither were those of any request sharing its group commit. An
-    earlier, separate transaction of the same command stands.
+    full, I/O, out of memory, corrupt, a lost connection) neither were those of any request sharing its
+    group commit. An earlier, separate transaction of the same command stands.
 
     `code` is `storage_<kind>` (see `StorageKind`). `retryable` is True for busy, full, io, out_of_memory and
     aborted: the same command may succeed once the lock is released, space returns or the device recovers.
-    It is False for read_only and corrupt, which need an operator. `detail` (the SQLite message, and why
-    this request failed when another one ended its batch) goes into the message; the sqlite3 error that
-    caused it is chained as `__cause__`.
+    It is False for read_only and corrupt, which need an operator. `detail` (the database's message, with
+    PostgreSQL's SQLSTATE, and why this request failed when another one ended its batch) goes into the
+    message; the sqlite3 error that caused it is chained as `__cause__`.
     """
 
     def __init__(self, kind: StorageKind, detail: str) -> None:

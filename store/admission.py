@@ -128,7 +128,7 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         with savepoint(conn, "dispatch"):
             return Entered("admitted", key, run_segment(conn, segment, source, request.now), left)
     except Exception as exc:  # the move stands; the dispatch runs on its own after the commit
-        if faults.ends_transaction(conn, exc):  # unless the transaction itself is gone
+        if faults.fails_request(conn, exc):  # unless the database itself failed
             raise
         log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
     return Entered("admitted", key, left=left)

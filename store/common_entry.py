@@ -8,8 +8,9 @@ built-in executors). For those the admitting request runs in one savepoint (the 
 finishes the entry or leaves no trace), the clear, one multi-row marker insert and one multi-row runs insert
 that reads the participants itself (`_RUNS`: five statements). Any anomaly (the task moved, the step is at
 its WIP limit, a seat without an agent, an idempotency key already taken or merged by coalescing, any
-database error that does not end the transaction) rolls back to that savepoint and the caller takes the
-per-action path, which decides it exactly as before; an error that ends the transaction is re-raised.
+database error other than a storage fault) rolls back to that savepoint and the caller takes the
+per-action path, which decides it exactly as before; a storage fault, or an error that ends the
+transaction, is re-raised (`faults.fails_request`).
 The writer returns plain data (`Admitted`); after the commit the caller publishes the
 events the executors would have. Entries of one step that share a writer batch are admitted together
 (`admit_group`: the same five statements for all of them, two reads instead of RETURNING); any anomaly
@@ -116,13 +117,13 @@ def admit_common(
     (`tasks.move_task_step`). The caller publishes the events outside the writer.
 
     Raises:
-        sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
+        sqlite3.Error: a storage fault, or an error that ended the transaction (`faults.fails_request`).
     """
     try:
         with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
             return _admit(conn, task, workflow_id, plan, path, now, version)
     except Exception as exc:
-        if faults.ends_transaction(conn, exc):
+        if faults.fails_request(conn, exc):
             raise
         if not isinstance(exc, Anomaly):
             log.info("common_entry_declined", task_id=task.id, step_id=plan.step.id, cause=repr(exc))
@@ -225,17 +226,17 @@ def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admit
     the result for each, in order, is the one `admit_common` gives it when the entries are admitted one after
     another in that order, run ids included. None when any of them would take the per-action path (a task
     moved or stale, a WIP limit, a seat without an agent, a key already taken or merged, any database error
-    that does not end the transaction, a task twice): the writer rolls the group back and each entry is
-    decided alone.
+    other than a storage fault, a task twice): the writer rolls the group back and each entry is decided
+    alone.
 
     Raises:
-        sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
+        sqlite3.Error: a storage fault, or an error that ended the transaction (`faults.fails_request`).
     """
     first = admissions[0]
     try:
         return _admit_group(conn, first.plan, first.workflow_id, first.path, admissions)
     except Exception as exc:
-        if faults.ends_transaction(conn, exc):
+        if faults.fails_request(conn, exc):
             raise
         if not isinstance(exc, Anomaly):
             step_id = first.plan.step.id

@@ -4,9 +4,10 @@ thread: an executor runs inside one store transaction.
 An effect never raises for a business failure (no target agent, a participant without a profile): it
 returns an `Effect` whose state is `failed` with a cause, plus the events and diagnostics to publish once
 the transaction has committed. Database errors do raise, rolling the whole transaction back; the fan-out
-collects one participant's database error and goes on, unless the error ended the transaction (then
-nothing of it commits). Sources: on-enter-action-dispatch.md AC-A3, AC-A4, AC-A5, AC-A7, AC-C1,
-AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9; kandev-engine-notes.md "Runs queue".
+collects one participant's database error and goes on, unless the error is a storage fault or ended the
+transaction (`faults.fails_request`: then nothing of it commits). Sources: on-enter-action-dispatch.md
+AC-A3, AC-A4, AC-A5, AC-A7, AC-C1, AC-E1 … AC-E4, AC-G1, AC-H1 … AC-H9; kandev-engine-notes.md "Runs
+queue".
 """
 
 from __future__ import annotations
@@ -197,8 +198,9 @@ def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action:
     """Fan a run out to every participant of the configured role at the step: collect-and-continue.
 
     The participant set is read once (AC-F2); selection is by role alone (AC-H3); reason defaults to the
-    trigger name (AC-H1); no payload stays NULL (AC-H2). A database error that ends the transaction (disk
-    full, I/O) is not one participant's failure: it propagates and nothing of the fan-out commits.
+    trigger name (AC-H1); no payload stays NULL (AC-H2). A storage fault (disk full, I/O, a lock held past
+    the busy timeout, a revoked privilege) is not one participant's failure: it propagates and nothing of
+    the fan-out commits.
     """
     config = action.config
     role: str = getattr(config, "role", "") or ""
@@ -243,7 +245,7 @@ def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action:
             with undone_alone(conn, "participant"):
                 result, event = _enqueue(conn, request, ctx.now)
         except sqlite3.Error as exc:
-            if faults.ends_transaction(conn, exc):  # nothing to continue in: fail the whole request
+            if faults.fails_request(conn, exc):  # the database's fault, not the participant's
                 raise
             failures.append(repr(exc))
             notes.append(_participant_failed(task, step_id, participant, repr(exc)))

@@ -7,12 +7,26 @@ portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `
 appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` → `JOIN ... ON`),
 reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database error as the
 sqlite3 exception class, with the SQLite result code, that the rest of the store already understands. So
-`faults.storage_kind` types PostgreSQL's faults too: a serialization failure, deadlock or lock timeout is
-`busy` (retryable), a lost connection `io` (retryable), a full disk `full`, a read-only transaction or missing
-privilege `read_only`, corruption `corrupt`; the psycopg error is the `__cause__`.
+`faults.storage_kind` types PostgreSQL's faults too. `FAULTS` is the one table from SQLSTATE (a code, else
+its class) to `StorageKind`: a serialization failure, deadlock, lock or statement timeout is `busy`
+(retryable), a lost connection or a server shut down, crashed or starting up `io` (retryable), a full disk
+`full`, an exhausted server `out_of_memory`, a read-only transaction or missing privilege `read_only`,
+corruption `corrupt`, a transaction the server ended for another reason `aborted`; the psycopg error is the
+`__cause__`. No psycopg error leaves a `PgConnection`: every one is raised as its sqlite3 error.
+
+The table also says what the connection needs afterwards (`Remedy`), which the connection records
+(`PgConnection.remedy`) and the writer applies before its next transaction: nothing beyond the
+transaction's rollback; a reset of a session that survived (`PgConnection.reset`); a new session once one
+would be writable, for a session that may be read-only for good; or a new connection, and with it a new
+epoch, for a session that is gone or cannot be trusted.
 
 The writer runs each group-commit transaction `pipelined` (psycopg's pipeline mode): statements go out
 without waiting, and a round trip is paid only where an answer is read, so a batch is not round-trip bound.
+After an error in a pipeline the server skips every statement up to the next sync, among them, possibly, the
+PREPARE of a statement psycopg then believes prepared (its automatic prepared statements): the next use of
+that statement would fail with "prepared statement does not exist" (26000) for the rest of the session. So
+after any error in a pipeline the connection forgets psycopg's prepared statements (later ones are prepared
+afresh, under new names) and its reset deallocates the server's before the next transaction.
 
 Epoch liveness lives in store/epochs.py.
 """
@@ -20,6 +34,7 @@ Epoch liveness lives in store/epochs.py.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import re
 import sqlite3
@@ -28,8 +43,11 @@ from typing import Any, ClassVar, NamedTuple
 
 import psycopg
 from psycopg.adapt import Loader
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import IntDumper
+
+from onceflow.protocol.errors import StorageKind
+from onceflow.store import faults
 
 # Tables whose integer key PostgreSQL generates (identity columns): an INSERT into one without its own
 # RETURNING gets `RETURNING <column>` appended, which is how `cursor.lastrowid` is answered.
@@ -178,12 +196,122 @@ class PgCursor:
 _CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK\s+TO|ROLLBACK|COMMIT)\b\s*(\w*)", re.IGNORECASE)
 
 
+class Remedy(enum.IntEnum):
+    """What a connection needs after a fault before it serves another transaction. The connection records it
+    (`PgConnection.remedy`); the writer applies it between transactions."""
+
+    NONE = 0
+    """The transaction's own rollback is enough."""
+    RESET = 1
+    """The session survives, but not in the state psycopg believes (its prepared statements), or it is
+    left inside a transaction: `PgConnection.reset` brings it back, its epoch lock kept."""
+    RENEW = 2
+    """The session works but may be fixed in a state only a new session leaves: read-only by a per-database
+    or per-role default, which a session reads when it starts. It is kept (with its epoch) until a new
+    session would be writable, and then replaced by that one, under a new epoch."""
+    REPLACE = 3
+    """The session is gone or cannot be trusted: the connection is closed at once, and the writer connects
+    again, under a new epoch (the old one died with the session)."""
+
+
+class Fault(NamedTuple):
+    """What a PostgreSQL error is: its `kind` of storage fault and the `remedy` its connection needs."""
+
+    kind: StorageKind
+    remedy: Remedy
+
+
+FAULTS: dict[str, Fault] = {
+    # Class 08, connection exception: the connection failed, broke or was refused.
+    "08": Fault("io", Remedy.REPLACE),
+    # Class 57, operator intervention: 57P01 admin_shutdown (a fast or immediate shutdown, or
+    # pg_terminate_backend), 57P02 crash_shutdown (another server process crashed), 57P03
+    # cannot_connect_now (starting up, in recovery), 57P04 database_dropped, 57P05 idle_session_timeout.
+    # The session is over.
+    "57": Fault("io", Remedy.REPLACE),
+    "57014": Fault("busy", Remedy.NONE),  # query_canceled: statement_timeout, or pg_cancel_backend
+    # Class 40, transaction rollback: the server ended the transaction.
+    "40": Fault("aborted", Remedy.NONE),
+    "40001": Fault("busy", Remedy.NONE),  # serialization_failure (also a standby's recovery conflict)
+    "40P01": Fault("busy", Remedy.NONE),  # deadlock_detected
+    "55P03": Fault("busy", Remedy.NONE),  # lock_not_available: lock_timeout, the store's busy timeout
+    # Class 53, insufficient resources.
+    "53": Fault("out_of_memory", Remedy.NONE),
+    "53100": Fault("full", Remedy.NONE),  # disk_full
+    "53200": Fault("out_of_memory", Remedy.NONE),  # out_of_memory, also "out of shared memory"
+    "53300": Fault("io", Remedy.REPLACE),  # too_many_connections: refused at connect
+    # Class 58, system error: the server's own file I/O failed (58030 io_error, 58P01 undefined_file).
+    "58": Fault("io", Remedy.NONE),
+    # read_only_sql_transaction: a server in recovery, or default_transaction_read_only. A session reads the
+    # per-database and per-role settings only when it starts, so only a new one may see them lifted.
+    "25006": Fault("read_only", Remedy.RENEW),
+    "25P02": Fault("aborted", Remedy.NONE),  # in_failed_sql_transaction: an earlier error ended it
+    "25P03": Fault("io", Remedy.REPLACE),  # idle_in_transaction_session_timeout: the session is over
+    "25P04": Fault("io", Remedy.REPLACE),  # transaction_timeout: the session is over
+    # invalid_sql_statement_name: a prepared statement psycopg uses is gone from the server.
+    "26000": Fault("aborted", Remedy.RESET),
+    "42501": Fault("read_only", Remedy.NONE),  # insufficient_privilege: takes effect in running sessions
+    # Class 28, invalid authorization specification (at connect): the role or its password.
+    "28": Fault("read_only", Remedy.REPLACE),
+    "3D000": Fault("io", Remedy.REPLACE),  # invalid_catalog_name: the database is gone (at connect)
+    "72000": Fault("aborted", Remedy.NONE),  # snapshot_too_old
+    # Class XX, internal error: XX000 is what the server reports without a code (a file it could not
+    # extend past a size limit, a cache lookup that failed).
+    "XX": Fault("aborted", Remedy.NONE),
+    "XX001": Fault("corrupt", Remedy.NONE),  # data_corrupted
+    "XX002": Fault("corrupt", Remedy.NONE),  # index_corrupted
+}
+"""The one table from SQLSTATE to storage fault: a code's own entry, else its class's (the first two
+characters). An error without SQLSTATE is psycopg's own: a pipeline aborted by an earlier statement's error
+is `aborted`; any other `psycopg.OperationalError` (the connection closed, lost, timed out, or left in a
+state it cannot leave) is `io` with REPLACE (`fault_of`). Class 23 (integrity constraint) is no storage
+fault: it is raised as `sqlite3.IntegrityError`. Anything else (an SQL or data error) is our own bug and
+stays untyped."""
+
+_CONSTRAINT_CLASS = "23"
+_LOST = Fault("io", Remedy.REPLACE)  # a connection gone, whatever the error that told of it
+
+
+def fault_of(exc: psycopg.Error) -> Fault | None:
+    """The storage fault psycopg's `exc` reports (`FAULTS`), or None when it reports none."""
+    state = exc.sqlstate
+    if state is not None:
+        return FAULTS.get(state) or FAULTS.get(state[:2])
+    if isinstance(exc, psycopg.errors.PipelineAborted):
+        return Fault("aborted", Remedy.NONE)
+    if isinstance(exc, psycopg.OperationalError):
+        return _LOST
+    return None
+
+
+def as_sqlite_error(exc: psycopg.Error, fault: Fault | None = None) -> sqlite3.Error:
+    """The sqlite3 exception standing for psycopg's `exc`: OperationalError with `sqlite_errorcode` set to
+    the SQLite code of its fault's kind (`faults.SQLITE_CODES`) for a storage fault (`fault`, else
+    `fault_of(exc)`), IntegrityError (SQLITE_CONSTRAINT) for class 23, else DatabaseError without a code.
+    Chain it."""
+    state = exc.sqlstate
+    fault = fault or fault_of(exc)
+    cls: type[sqlite3.Error]
+    code: int | None
+    if fault is not None:
+        cls, code = sqlite3.OperationalError, faults.SQLITE_CODES[fault.kind]
+    elif state is not None and state.startswith(_CONSTRAINT_CLASS):
+        cls, code = sqlite3.IntegrityError, sqlite3.SQLITE_CONSTRAINT
+    else:
+        cls, code = sqlite3.DatabaseError, None
+    error = cls(f"{exc} [postgresql sqlstate {state}]".strip())
+    if code is not None:
+        error.sqlite_errorcode = code
+    return error
+
+
 class PgConnection:
     """A psycopg connection (autocommit; the writer issues BEGIN/SAVEPOINT/COMMIT itself) behind the part of
     the `sqlite3.Connection` API the store uses: `execute`, `executemany`, `in_transaction`,
     `text_factory`, `close`. Errors surface as sqlite3 exceptions carrying `sqlite_errorcode` (see the
-    module docstring). `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips`
-    counts the waits for the server's answer."""
+    module docstring); after one, `remedy` says what the connection needs before its next transaction.
+    `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips` counts the waits for the
+    server's answer."""
 
     dialect: ClassVar[str] = "postgresql"
     """What store code that must tell the backends apart reads (`urls.on_postgres`)."""
@@ -195,6 +323,8 @@ class PgConnection:
         self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None  # while pipelined
         self._unsettled: list[PgCursor] = []  # pipelined data statements nobody has read the answer of yet
         self._open = False  # pipelined: BEGIN sent, no COMMIT or ROLLBACK yet
+        self._dirty = False  # a fault called for RESET since the last reset
+        self._renew = False  # a fault called for RENEW (cleared only by replacing the connection)
 
     @property
     def in_transaction(self) -> bool:
@@ -210,19 +340,65 @@ class PgConnection:
         """The connection to the server is lost (closed, or its state unknown after a network error)."""
         return self.raw.closed or self.raw.info.transaction_status == TransactionStatus.UNKNOWN
 
+    @property
+    def remedy(self) -> Remedy:
+        """What the connection needs before it serves another transaction, read between transactions: REPLACE
+        once it is lost (a fault calling for REPLACE closes it); else RENEW after a fault that called for it;
+        else RESET when `reset_needed`; else NONE."""
+        if self.broken:
+            return Remedy.REPLACE
+        if self._renew:
+            return Remedy.RENEW
+        return Remedy.RESET if self.reset_needed else Remedy.NONE
+
+    @property
+    def reset_needed(self) -> bool:
+        """Whether `reset` must run before the next transaction: a fault called for it (every error in a
+        pipeline does), or the connection is left inside a transaction or a pipeline."""
+        return (
+            self._dirty
+            or self._pipeline is not None
+            or self.raw.info.transaction_status != TransactionStatus.IDLE
+        )
+
+    def reset(self) -> None:
+        """Bring a session that survived a fault back to a clean idle state, its epoch lock kept: leave the
+        pipeline, roll back what is left of a transaction, deallocate every prepared statement on the
+        server and forget psycopg's record of them. `reset_needed` is False afterwards.
+
+        Raises:
+            sqlite3.Error: the session could not be reset (the connection must be replaced).
+        """
+        if self._pipeline is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._leave()
+        self._forget_prepared()
+        try:
+            if self.raw.info.transaction_status != TransactionStatus.IDLE:
+                self.raw.execute("ROLLBACK", prepare=False)
+            self.raw.execute("DEALLOCATE ALL", prepare=False)
+        except psycopg.Error as exc:
+            raise self._fault(exc, pipelined=False) from exc
+        self._dirty = False
+
     @contextlib.contextmanager
     def pipelined(self) -> Iterator[None]:
         """Within the block, statements are sent in psycopg's pipeline mode without waiting for their
         answers: a round trip is paid only where the caller reads one (rows, rowcount, lastrowid), at
         SAVEPOINT / RELEASE after an unread statement (so an error is raised inside the savepoint that
         issued it, as on SQLite), at `settle`, and at COMMIT, which ends the pipeline. Leaving the block
-        by an exception drains the pipeline quietly (the exception propagates)."""
+        by an exception drains the pipeline quietly (the exception propagates).
+
+        Raises:
+            sqlite3.Error: the pipeline cannot be entered (the connection is closed: an `io` fault).
+        """
+        self._open = False
         self._enter()
         try:
             yield
         finally:
             if self._pipeline is not None:
-                with contextlib.suppress(psycopg.Error, sqlite3.Error):
+                with contextlib.suppress(sqlite3.Error):
                     self._leave()
 
     def settle(self) -> None:
@@ -288,8 +464,8 @@ class PgConnection:
             cur = self.raw.cursor()
             cur.executemany(text, [statement.params_for(params) for params in seq])
             self._waited()
-        except psycopg.Error as exc:
-            raise as_sqlite_error(exc) from exc
+        except psycopg.Error as exc:  # psycopg pipelines executemany itself
+            raise self._fault(exc, pipelined=True) from exc
         answered = PgCursor(self, None, None)
         answered._rowcount = cur.rowcount
         return answered
@@ -306,11 +482,42 @@ class PgConnection:
 
     # --- internals ---------------------------------------------------------------------------------------
 
+    def _fault(self, exc: psycopg.Error, *, pipelined: bool) -> sqlite3.Error:
+        """`exc` as its sqlite3 error (`as_sqlite_error`), recording the remedy its fault calls for
+        (`FAULTS`): REPLACE closes the connection at once (so the rest of the transaction fails as lost too),
+        and a lost connection is an `io` fault whatever `exc` says. An error in a pipeline also calls for
+        RESET: the statements the server skipped may have included the PREPARE of one psycopg now believes
+        prepared, so its prepared statements are forgotten at once (the rest of the transaction prepares
+        afresh, under new names)."""
+        fault = _LOST if self.broken else fault_of(exc)
+        if fault is not None and fault.remedy is Remedy.REPLACE:
+            self.raw.close()
+        elif fault is not None and fault.remedy is Remedy.RENEW:
+            self._renew = True
+        elif fault is not None and fault.remedy is Remedy.RESET:
+            self._dirty = True
+        if pipelined:
+            self._forget_prepared()
+            self._dirty = True
+        return as_sqlite_error(exc, fault)
+
+    def _forget_prepared(self) -> None:
+        """Make psycopg forget the statements it prepared on this session: later ones are prepared under new
+        names, and `reset` deallocates the forgotten ones on the server. psycopg has no public call for
+        this; should its internals differ from what this expects, automatic preparation is switched off on
+        the connection instead (nothing prepared, nothing that can be missing)."""
+        prepared = getattr(self.raw, "_prepared", None)
+        try:
+            for known in (prepared._names, prepared._counts, prepared._to_flush):  # type: ignore[union-attr]
+                known.clear()
+        except AttributeError:
+            self.raw.prepare_threshold = None
+
     def _now(self, text: str, args: Sequence[Any] | None, returning: str | None) -> PgCursor:
         try:
             cur = self.raw.execute(text, args)
         except psycopg.Error as exc:
-            raise as_sqlite_error(exc) from exc
+            raise self._fault(exc, pipelined=False) from exc
         self._waited()
         cursor = PgCursor(self, cur, returning)
         cursor._answer()
@@ -321,19 +528,21 @@ class PgConnection:
             cur = self.raw.cursor()
             cur.execute(text, args)
         except psycopg.Error as exc:
+            error = self._fault(exc, pipelined=True)
             self._recover()
-            raise as_sqlite_error(exc) from exc
+            raise error from exc
         return PgCursor(self, cur, returning)
 
     def _fetch(self, cursor: PgCursor, cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
         """The rows of `cursor`'s psycopg `cur` (empty for a command), waiting for them if pipelined."""
-        if self._pipeline is not None:
+        pipelined = self._pipeline is not None
+        if pipelined:
             position = next((i for i, c in enumerate(self._unsettled) if c is cursor), -1)
             if position >= 0:  # answers come in order: those sent before it arrive with it
                 self._waited()
                 del self._unsettled[: position + 1]
         try:
-            if cur.description is None and self._pipeline is None:
+            if cur.description is None and not pipelined:
                 return []
             try:
                 return list(cur.fetchall())
@@ -342,15 +551,21 @@ class PgConnection:
                     raise
                 return []  # a command: its answer has arrived and carries no rows
         except psycopg.Error as exc:
+            error = self._fault(exc, pipelined=pipelined)
             self._recover()
-            raise as_sqlite_error(exc) from exc
+            raise error from exc
 
     def _enter(self) -> None:
-        self._pipeline = self.raw.pipeline()
-        self._pipeline.__enter__()
+        pipeline = self.raw.pipeline()
+        try:
+            pipeline.__enter__()
+        except psycopg.Error as exc:
+            raise self._fault(exc, pipelined=False) from exc
+        self._pipeline = pipeline
 
     def _leave(self) -> None:
-        """Close the pipeline: one sync (a round trip) answering everything sent.
+        """Close the pipeline: one sync (a round trip) answering everything sent. A connection that libpq
+        could not take out of pipeline mode is closed (it is then replaced).
 
         Raises:
             sqlite3.Error: the first statement that failed among those not read yet."""
@@ -362,61 +577,23 @@ class PgConnection:
         try:
             pipeline.__exit__(None, None, None)
         except psycopg.Error as exc:
-            raise as_sqlite_error(exc) from exc
+            if not self.raw.closed and self.raw.pgconn.pipeline_status != PipelineStatus.OFF:
+                self.raw.close()
+            raise self._fault(exc, pipelined=True) from exc
 
     def _recover(self) -> None:
         """After a pipelined statement failed: drain what the server skipped and start a fresh pipeline, so
-        a ROLLBACK TO can follow (the server ignores everything up to the next sync)."""
+        a ROLLBACK TO can follow (the server ignores everything up to the next sync). A connection on which
+        no fresh pipeline can be started is closed (it is then replaced)."""
         if self._pipeline is None:
             return
-        with contextlib.suppress(psycopg.Error, sqlite3.Error):
+        with contextlib.suppress(sqlite3.Error):
             self._leave()
         if not self.broken:
-            self._enter()
-
-
-# SQLSTATE classes and codes → the SQLite primary result code whose StorageKind they are.
-_CODES: dict[str, int] = {
-    "40001": sqlite3.SQLITE_BUSY,  # serialization_failure
-    "40P01": sqlite3.SQLITE_BUSY,  # deadlock_detected
-    "55P03": sqlite3.SQLITE_BUSY,  # lock_not_available (lock_timeout)
-    "57014": sqlite3.SQLITE_BUSY,  # query_canceled (statement_timeout)
-    "53100": sqlite3.SQLITE_FULL,  # disk_full
-    "53200": sqlite3.SQLITE_NOMEM,  # out_of_memory
-    "53300": sqlite3.SQLITE_IOERR,  # too_many_connections
-    "25006": sqlite3.SQLITE_READONLY,  # read_only_sql_transaction
-    "42501": sqlite3.SQLITE_READONLY,  # insufficient_privilege
-    "XX001": sqlite3.SQLITE_CORRUPT,  # data_corrupted
-    "XX002": sqlite3.SQLITE_CORRUPT,  # index_corrupted
-}
-_CLASSES: dict[str, int] = {
-    "08": sqlite3.SQLITE_IOERR,  # connection exception
-    "57": sqlite3.SQLITE_IOERR,  # operator intervention (admin shutdown, crash shutdown)
-    "58": sqlite3.SQLITE_IOERR,  # system error (I/O)
-    "23": sqlite3.SQLITE_CONSTRAINT,  # integrity constraint violation
-}
-
-
-def as_sqlite_error(exc: psycopg.Error) -> sqlite3.Error:
-    """The sqlite3 exception standing for psycopg's `exc`, with `sqlite_errorcode` set when it is a
-    storage fault or a constraint: IntegrityError for class 23, OperationalError for faults, else
-    DatabaseError. A psycopg error without SQLSTATE (the connection dropped) is an I/O fault. Chain it."""
-    state = exc.sqlstate
-    if state is None:
-        code: int | None = sqlite3.SQLITE_IOERR if isinstance(exc, psycopg.OperationalError) else None
-    else:
-        code = _CODES.get(state, _CLASSES.get(state[:2]))
-    cls: type[sqlite3.Error]
-    if code == sqlite3.SQLITE_CONSTRAINT:
-        cls = sqlite3.IntegrityError
-    elif code is not None or isinstance(exc, psycopg.OperationalError):
-        cls = sqlite3.OperationalError
-    else:
-        cls = sqlite3.DatabaseError
-    error = cls(f"{exc} [postgresql sqlstate {state}]".strip())
-    if code is not None:
-        error.sqlite_errorcode = code
-    return error
+            try:
+                self._enter()
+            except sqlite3.Error:
+                self.raw.close()
 
 
 class _BoolAsInt(IntDumper):
@@ -467,7 +644,8 @@ def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.
     55P03, which the store reports as `StorageError` kind busy: SQLite's busy timeout, on PostgreSQL.
 
     Raises:
-        sqlite3.OperationalError: the server cannot be reached (code SQLITE_IOERR), the psycopg error chained.
+        sqlite3.Error: the server cannot be reached or refuses the session: typed by `FAULTS` (`io` when it
+            is down, starting up or in recovery), the psycopg error chained.
     """
     try:
         raw = psycopg.connect(
@@ -479,6 +657,10 @@ def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.
     raw.adapters.register_loader("numeric", _NumericLoader)
     conn = PgConnection(raw)
     settings = _SESSION_SETTINGS | {"lock_timeout": str(max(1, round(lock_timeout * 1000)))}
-    for name, value in settings.items():
-        conn.execute(f"SET {name} = {value}")
+    try:
+        for name, value in settings.items():
+            conn.execute(f"SET {name} = {value}")
+    except BaseException:
+        conn.close()
+        raise
     return conn

@@ -142,7 +142,7 @@ def _recover(
     try:
         return _classify(conn, plans, entry, latest, source, now)
     except Exception as exc:
-        if faults.ends_transaction(conn, exc):  # the batch's transaction is gone: fail it, not the record
+        if faults.fails_request(conn, exc):  # the database's fault: fail the request, not the record
             raise
         return Failed(entry, repr(exc))
 

@@ -10,10 +10,11 @@ fan-out matches has an agent, and no idempotency key the fan-out would write is 
 insert (`ON CONFLICT DO NOTHING`), one multi-row marker insert, one terminal UPDATE. The rows are built by
 the database from the entries' identities and the step's plan (idempotency keys included, byte for byte
 the keys the executors build: store/keys.py), so no per-run value is built in Python. Any anomaly (a row
-missing, a database error that does not end the transaction) rolls the savepoint back and leaves every
-entry of the group to the per-entry path, which decides it exactly as before; an error that ends the
-transaction is re-raised. What each entry did is returned as data; the Trio side publishes the events the
-executors would have (actors/engine/recovery.py). Source: on-enter-action-dispatch.md AC-B9.
+missing, a database error other than a storage fault) rolls the savepoint back and leaves every entry of
+the group to the per-entry path, which decides it exactly as before; a storage fault, or an error that ends
+the transaction, is re-raised (`faults.fails_request`). What each entry did is returned as data; the Trio
+side publishes the events the executors would have (actors/engine/recovery.py). Source:
+on-enter-action-dispatch.md AC-B9.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def finish_common(
     clear counts, task rows) only when the events have an `audience` (`Outbox.has_audience`).
 
     Raises:
-        sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`).
+        sqlite3.Error: a storage fault, or an error that ended the transaction (`faults.fails_request`).
     """
     try:
         with savepoint(conn, "recover_set"):
@@ -214,7 +215,7 @@ def finish_common(
             assert done is not None
             found = _tasks(conn, entries)
     except Exception as exc:
-        if faults.ends_transaction(conn, exc):
+        if faults.fails_request(conn, exc):
             raise
         step_id = group.step.id
         log.info(

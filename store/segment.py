@@ -100,12 +100,13 @@ def run_segment(
     transaction (the recovery scan does); otherwise they are read here. Each action is claimed by
     compare-and-set (`step_entries.decide_claim`), applied and completed in its own savepoint: an executor
     that raises rolls back only itself (transient: no marker, the entry stays open for the next start,
-    AC-B9(f)) and stops the entry only if it is clear_decisions (AC-C2, AC-C3). A live peer's claim stops
-    the entry (the stop rule).
+    AC-B9(f)) and stops the entry only if it is clear_decisions (AC-C2, AC-C3), unless what it raised is a
+    storage fault, which fails the whole request. A live peer's claim stops the entry (the stop rule).
 
     Raises:
-        sqlite3.Error: an error that ended the transaction (`faults.ends_transaction`: disk full, I/O): no
-            later action runs outside it, and the caller's whole request fails.
+        sqlite3.Error: a storage fault, or an error that ended the transaction (`faults.fails_request`:
+            disk full, I/O, a lock held past the busy timeout): no later action runs, and the caller's whole
+            request fails.
     """
     key, declaration = segment.key, segment.step.events.on_enter
     if segment.check_digest:
@@ -130,7 +131,7 @@ def run_segment(
                         conn, key, position, action.type, effect.state, effect.detail, now
                     )
         except Exception as exc:
-            if faults.ends_transaction(conn, exc):  # the segment's transaction is gone: fail it whole
+            if faults.fails_request(conn, exc):  # the database's fault, not the action's: fail it whole
                 raise
             runs.append(ActionRun(position, action, None, error=repr(exc)))
             if clearing:
@@ -149,7 +150,7 @@ def run_segment(
             else:
                 finish_if_terminal(conn, key, declaration)
     except Exception as exc:
-        if faults.ends_transaction(conn, exc):
+        if faults.fails_request(conn, exc):
             raise
         return SegmentResult(tuple(runs), finish_error=repr(exc))
     return SegmentResult(tuple(runs))

@@ -10,7 +10,11 @@ cancelled, so it always learns whether its transaction committed.
 Given a `postgresql://` URL instead of a file, the same actor drives PostgreSQL through psycopg 3's sync API
 (store/postgres.py): no file lock (several runtimes share the database), the epoch held as a session advisory
 lock (store/epochs.py), each request's task locked for its transaction, a heartbeat on an idle connection, and
-a fresh epoch on a fresh connection after the old one was lost.
+a fresh epoch on a fresh connection after the old one was lost. Before each transaction (and at each
+heartbeat) the writer applies what the connection's last fault called for (`postgres.Remedy`): a reset of
+the session, a new session once one would be writable after a read-only fault, or a new connection; while
+the server cannot be reached, every request fails at once as `StorageError` kind io (retryable), and the
+first request after it is back runs on a new connection.
 """
 
 from __future__ import annotations
@@ -127,6 +131,8 @@ class StoreActor:
         self.path: Path | str = urls.redacted(str(path)) if self.postgres else path
         self.epoch = secrets.token_hex(16)
         self._confirmed = time.monotonic()  # the last successful round trip to the server
+        self._lost_at: float | None = None  # PostgreSQL: when reconnecting first failed, until it succeeds
+        self._reported = 0.0  # when a failed reconnect was last logged
         self._deferred: list[_Request[Any]] = []  # PostgreSQL: left by `_commit` for the next transaction
         self.durability = durability
         self.max_batch = max_batch
@@ -156,9 +162,10 @@ class StoreActor:
 
         Raises:
             StoreClosedError: the store is closing or closed; nothing was run.
-            StorageError: a storage fault (busy past the busy timeout, disk full, I/O, read-only, corrupt),
-                raised by `fn` or by the transaction itself, or another request of the same batch ended
-                the transaction; nothing of this request was committed. The sqlite3 error is its cause.
+            StorageError: a storage fault (busy past the busy timeout, disk full, I/O, read-only, corrupt;
+                on PostgreSQL also the server unreachable, every fault of `postgres.FAULTS`), raised by `fn`
+                or by the transaction itself, or another request of the same batch ended the transaction;
+                nothing of this request was committed. The sqlite3 error is its cause.
             BaseException: whatever else `fn` raised (its writes are rolled back), or the sqlite3 error that
                 failed the transaction itself (e.g. a deferred constraint at COMMIT), in which case nothing
                 of this request was committed.
@@ -264,34 +271,124 @@ class StoreActor:
         self._confirmed = time.monotonic()
         return version
 
-    def _reconnect(self, conn: PgConnection) -> PgConnection:
-        """A fresh connection holding a fresh epoch, after `conn` was lost (its epoch died with its session:
-        never re-locked). Raises what connecting raises; the old connection is closed either way."""
+    def _connect(self) -> PgConnection:
+        """A new PostgreSQL connection with the store's timeouts (`postgres.connect`), holding no epoch."""
         from onceflow.store import postgres
 
+        return postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
+
+    def _reconnect(self, conn: PgConnection) -> PgConnection:
+        """A fresh connection holding a fresh epoch, after `conn` was lost or could not be trusted (its epoch
+        died with its session: never re-locked). Raises what connecting raises (a sqlite3 error typed as a
+        storage fault); the old connection is closed either way."""
         with contextlib.suppress(Exception):
             conn.close()
-        fresh = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
+        try:
+            fresh = self._connect()
+        except Exception as exc:
+            self._unreachable(exc)
+            raise
+        return self._adopt(fresh)
+
+    def _renewal(self, conn: PgConnection) -> PgConnection:
+        """`conn` (read-only, perhaps for good: `Remedy.RENEW`) replaced by a new connection under a new epoch
+        if a new session would be writable; else `conn` itself, kept with its epoch (asked again before the
+        next transaction)."""
+        try:
+            fresh = self._connect()
+        except Exception as exc:
+            log.warning("store_renewal_failed", path=str(self.path), error=str(exc))
+            return conn
+        try:
+            if fresh.scalar("SHOW transaction_read_only") != "off":  # still read-only: keep ours
+                fresh.close()
+                return conn
+            adopted = self._adopt(fresh)
+        except Exception as exc:
+            fresh.close()
+            log.warning("store_renewal_failed", path=str(self.path), error=str(exc))
+            return conn
+        conn.close()
+        return adopted
+
+    def _adopt(self, fresh: PgConnection) -> PgConnection:
+        """`fresh`, holding a new epoch, as the writer's connection. Raises what taking the epoch's lock
+        raises (`fresh` is then closed)."""
         try:
             epoch = secrets.token_hex(16)
             epochs.hold_epoch(fresh, epoch)
         except BaseException:
             fresh.close()
             raise
-        log.warning("store_epoch_renewed", path=str(self.path), old_epoch=self.epoch, epoch=epoch)
+        outage = None if self._lost_at is None else round(time.monotonic() - self._lost_at, 3)
+        log.warning(
+            "store_epoch_renewed",
+            path=str(self.path),
+            old_epoch=self.epoch,
+            epoch=epoch,
+            outage_seconds=outage,
+        )
         self.epoch = epoch
+        self._lost_at = None
         self._confirmed = time.monotonic()
         return fresh
 
-    def _heartbeat(self, conn: PgConnection) -> PgConnection:
-        """Ping an idle PostgreSQL connection (reconnecting under a new epoch if it was lost)."""
-        try:
-            if conn.broken:
+    def _unreachable(self, exc: BaseException) -> None:
+        """Log a failed reconnect: at ERROR when the outage begins, then at most once per HEARTBEAT."""
+        now = time.monotonic()
+        if self._lost_at is None:
+            self._lost_at = now
+        elif now - self._reported < HEARTBEAT:
+            return
+        self._reported = now
+        log.error(
+            "store_reconnect_failed",
+            path=str(self.path),
+            error=str(exc),
+            outage_seconds=round(now - self._lost_at, 3),
+        )
+
+    def _usable(self, conn: PgConnection) -> PgConnection:
+        """`conn` ready for a transaction, as its last faults called for (`PgConnection.remedy`): replaced
+        by a new connection under a new epoch once lost; replaced once a new session would be writable after
+        a read-only fault (`_renewal`); reset (`PgConnection.reset`) when needed, or replaced if it cannot
+        be.
+
+        Raises:
+            Exception: no new connection could be made (a sqlite3 error typed as a storage fault, for the
+                batch's requests); `conn` is then closed, and the next call tries again.
+        """
+        from onceflow.store.postgres import Remedy
+
+        remedy = conn.remedy
+        if remedy is Remedy.REPLACE:
+            return self._reconnect(conn)
+        if remedy is Remedy.RENEW:
+            renewed = self._renewal(conn)
+            if renewed is not conn:
+                return renewed
+        if conn.reset_needed:
+            try:
+                conn.reset()
+            except sqlite3.Error as exc:
+                log.warning("store_reset_failed", path=str(self.path), error=str(exc))
                 return self._reconnect(conn)
-            conn.execute("SELECT 1")
+        return conn
+
+    def _heartbeat(self, conn: PgConnection) -> PgConnection:
+        """Ping an idle PostgreSQL connection, after applying what its last fault called for (`_usable`);
+        one found lost by the ping is replaced at once (under a new epoch)."""
+        try:
+            conn = self._usable(conn)
+            try:
+                conn.execute("SELECT 1")
+            except sqlite3.Error:
+                conn = self._usable(conn)
+                conn.execute("SELECT 1")
             self._confirmed = time.monotonic()
-        except sqlite3.Error as exc:
-            log.warning("store_heartbeat_failed", path=str(self.path), error=str(exc))
+        except Exception as exc:
+            if self._lost_at is None:  # (else `_unreachable` has reported it)
+                log.warning("store_heartbeat_failed", path=str(self.path), error=str(exc))
         return conn
 
     def _configure(self, conn: sqlite3.Connection) -> int:
@@ -337,11 +434,13 @@ class StoreActor:
                     stop = True
                     break
                 batch.append(queued)
-            if self.postgres and _pg(conn).broken:
+            if self.postgres:
                 try:
-                    conn = self._reconnect(_pg(conn))
-                except sqlite3.Error as exc:
-                    log.error("store_reconnect_failed", path=str(self.path), error=str(exc))
+                    conn = self._usable(_pg(conn))
+                except Exception as exc:
+                    self._refuse(batch, exc)
+                    self._call_trio(self._wake, batch)
+                    continue
             self._commit(conn, batch)  # leaves in `batch` only the requests it ran
             deferred, self._deferred = self._deferred, []
             self._call_trio(self._wake, batch)
@@ -361,7 +460,9 @@ class StoreActor:
         request's error ends the transaction (`faults.ends_transaction`: SQLite rolled it back, or FULL,
         IOERR, NOMEM, CORRUPT), or a request returns with the transaction gone, nothing of the batch is
         committed and every request of it fails, none told it succeeded: later requests never run in
-        autocommit mode. Storage faults reach the callers as `StorageError`.
+        autocommit mode. Storage faults reach the callers as `StorageError`. On PostgreSQL a fault anywhere
+        (entering the pipeline, BEGIN, a task lock, a SAVEPOINT, a request, COMMIT) is typed the same way by
+        the connection (`postgres.FAULTS`), which records what it needs before the next transaction.
         """
         started = time.perf_counter()
         try:
@@ -447,6 +548,14 @@ class StoreActor:
             return exc
         request.result = outcome.Value(value)
         return None
+
+    def _refuse(self, batch: list[_Request[Any]], exc: BaseException) -> None:
+        """Fail every request of a batch that found no usable connection (PostgreSQL): a `StorageError` of the
+        connect error's kind, `io` if it reports none (retryable); nothing of the batch ran."""
+        kind = faults.storage_kind(exc) or "io"
+        for request in batch:
+            error = faults.storage_error(exc, kind=kind, context="no connection to the database: ")
+            request.result = outcome.Error(_chained(error, exc))
 
     def _fail(self, conn: Connection, batch: list[_Request[Any]], exc: BaseException) -> None:
         """Fail every request of a batch whose transaction did not commit; roll back what is left of it."""

@@ -74,11 +74,13 @@ def free_port() -> int:
 
 @attrs.define
 class PostgresServer:
-    """A running throw-away server: `url` (libpq URL of its `postgres` database), `root` (its folder)."""
+    """A running throw-away server: `url` (libpq URL of its `postgres` database), `root` (its folder),
+    `flags` (its `-c` settings, reused when it is started again)."""
 
     root: Path
     port: int
     bin: Path
+    flags: str = ""
     _stopped: bool = False
 
     @property
@@ -96,6 +98,32 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def pg_ctl(self, *args: str, timeout: float = 120) -> None:
+        """Run `pg_ctl -D <data> args...` on this server.
+
+        Raises:
+            PostgresUnavailableError: pg_ctl failed (its output and the server's log are included).
+        """
+        done = _as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), *args], timeout)
+        if done.returncode != 0:
+            log = (self.root / "log").read_text(errors="replace") if (self.root / "log").exists() else ""
+            raise PostgresUnavailableError(f"pg_ctl {' '.join(args)} failed: {done.stdout}{done.stderr}{log}")
+
+    def halt(self) -> None:
+        """Stop the server at once (`pg_ctl stop -m immediate`: no checkpoint, as in a crash), keeping its
+        data for `start`."""
+        self.pg_ctl("-m", "immediate", "stop")
+
+    def start(self) -> None:
+        """Start the halted server again on its data, port and settings; returns once it accepts connections
+        (after its crash recovery)."""
+        self.pg_ctl("-l", str(self.root / "log"), "-o", self.flags, "-w", "start")
+
+    def restart(self) -> None:
+        """`pg_ctl restart -m immediate`: stop at once, start again on the same data, port and settings;
+        returns once it accepts connections."""
+        self.pg_ctl("-m", "immediate", "-l", str(self.root / "log"), "-o", self.flags, "-w", "restart")
 
     def stop(self) -> None:
         """Stop the server at once (`pg_ctl stop -m immediate`) and delete its folder; harmless twice."""
@@ -154,25 +182,22 @@ def start_postgres(*, durable: bool = False, settings: dict[str, str] | None = N
             "synchronous_commit": "on" if durable else "off",
             "full_page_writes": "on" if durable else "off",
         } | (settings or {})
-        flags = " ".join(f"-c {name}={value}" for name, value in options.items())
-        start = _as_postgres(
-            [
-                str(binaries / "pg_ctl"),
-                "-D",
-                str(server.data),
-                "-l",
-                str(root / "log"),
-                "-o",
-                flags,
-                "-w",
-                "start",
-            ],
-            120,
-        )
-        if start.returncode != 0:
-            log = (root / "log").read_text(errors="replace") if (root / "log").exists() else ""
-            raise PostgresUnavailableError(f"pg_ctl start failed: {start.stdout}{start.stderr}{log}")
+        server.flags = " ".join(f"-c {name}={value}" for name, value in options.items())
+        server.start()
     except BaseException:
         server.stop()
         raise
     return server
+
+
+def limit_memory(pid: int, limit: int | None) -> None:
+    """Cap the address space of server process `pid` (a backend) at `limit` bytes (its soft RLIMIT_AS; None:
+    unlimited again), through `prlimit` as the server's own user: allocations beyond it fail, and the
+    server answers "out of memory" (53200).
+
+    Raises:
+        PostgresUnavailableError: prlimit failed.
+    """
+    done = _as_postgres(["prlimit", f"--pid={pid}", f"--as={'unlimited' if limit is None else limit}:"], 30)
+    if done.returncode != 0:
+        raise PostgresUnavailableError(f"prlimit failed: {done.stdout}{done.stderr}")

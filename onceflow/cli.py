@@ -24,7 +24,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
---verbose).
+--verbose), coloured only when stderr is a terminal and NO_COLOR is unset.
 """
 
 from __future__ import annotations

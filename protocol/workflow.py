@@ -877,21 +877,27 @@ class _Unbounded(Exception):
     """The node graph libyaml composed holds an alias or nests too deep: `_StrictLoader` must say where."""
 
 
-def _check_nodes(root: yaml.Node) -> None:
-    """Raise _Unbounded when a node is reached twice (an alias) or lies deeper than `_BoundedComposer`
-    allows; iterative, one visit per node."""
+def _check_nodes(root: yaml.Node, aliases: bool) -> None:
+    """Raise _Unbounded when a node lies deeper than `_BoundedComposer` allows or, if the text may hold
+    `aliases` (it has both an `&` and a `*`), when a node is reached twice; one pass, level by level."""
     seen: set[int] = set()
-    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_YAML_DEPTH or id(node) in seen:
+    level, depth = [root], 1
+    while level:
+        if depth > MAX_YAML_DEPTH:
             raise _Unbounded
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack += ((key, depth + 1), (value, depth + 1))
-        elif isinstance(node, yaml.SequenceNode):
-            stack += ((item, depth + 1) for item in node.value)
+        if aliases:
+            before = len(seen)
+            seen.update(map(id, level))
+            if len(seen) != before + len(level):
+                raise _Unbounded
+        below: list[yaml.Node] = []
+        for node in level:
+            if isinstance(node, yaml.MappingNode):
+                for pair in node.value:
+                    below += pair
+            elif isinstance(node, yaml.SequenceNode):
+                below += node.value
+        level, depth = below, depth + 1
 
 
 _CLoader: type[_StrictConstructor] | None = None
@@ -906,12 +912,13 @@ if _CParser is not None:
             _CParser.__init__(self, stream)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
+            self._aliases = b"&" in stream and b"*" in stream  # an alias needs an anchor and a reference
 
         def get_single_data(self) -> Any:
             node = self.get_single_node()
             if node is None:
                 return None
-            _check_nodes(node)
+            _check_nodes(node, self._aliases)
             return self.construct_document(node)
 
     _CLoader = _CStrictLoader

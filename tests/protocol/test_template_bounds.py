@@ -362,6 +362,7 @@ TRICKY_DOCUMENTS = [
     "key with spaces: value # comment\n'quoted key': 1\n\"dq key\": 2\n",
     "big: 123456789012345678901234567890\nneg: -9223372036854775809\n",
     "lenient: !!binary '%%%'\n",
+    "name: 'R&D *not an alias*'\nother: \"&anchor-like *text\"\n",
 ]
 
 MALFORMED_DOCUMENTS = [
@@ -370,6 +371,8 @@ MALFORMED_DOCUMENTS = [
     "a: &x 1\nb: &x 2\n",
     "a: *nowhere\n",
     "a: &x [1]\nb: *x\n",
+    "a: &x [*x]\n",
+    "a: &x\n  b: *x\n",
     "---\na: 1\n---\nb: 2\n",
     "a:\n\t- tab\n",
     "a: b: c\n",

@@ -9,7 +9,14 @@ the longest gap between its 1 ms ticks (parsing runs in a worker thread, so the 
 with T tasks created at the last step (nothing pulls from it), the time of a restart (`open_runtime` until
 it yields: load, recovery scan, start-up promotion) and the store transactions that restart ran.
 Invariants (exit 1): registration succeeds and the restart runs fewer than N transactions (start-up
-promotion skips steps nobody can be promoted into). Source: issue 11, "Template cost".
+promotion skips steps nobody can be promoted into), and every hostile template below is refused.
+
+Then the refusal time of hostile templates at the limits, `load_workflow_text` alone, the best of
+`--repeat` runs (wall clock, and the process's CPU time, steadier on a shared machine): `cycle` (the
+N-step chain whose first step pulls from its last), `steps+1` (N + 1 steps, each with an unknown key),
+`actions+1` (one more action than a trigger allows, on every step that fits in the byte cap) and
+`alias` (an 823-byte alias bomb). `--python` forces PyYAML's pure-Python loader (what every template
+used before libyaml parsed them).
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol.limits import MAX_TEMPLATE_STEPS
-from onceflow.protocol.workflow import load_workflow_text
+from onceflow.protocol import workflow as workflow_module
+from onceflow.protocol.limits import MAX_TEMPLATE_ACTIONS, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_STEPS
+from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.writer import StoreActor
 
 T = TypeVar("T")
@@ -43,6 +51,41 @@ def template(n: int, chain: bool) -> str:
         if chain and i > 0:
             lines += ["    wip_limit: 100", f"    pull_from_step_id: s{i - 1}"]
     return "\n".join(lines) + "\n"
+
+
+def hostile(n: int) -> dict[str, str]:
+    """Templates at the limits that must be refused, by name."""
+    cycle = template(n, chain=True).replace(
+        "    is_start_step: true\n", f"    is_start_step: true\n    pull_from_step_id: s{n - 1}\n", 1
+    )
+    over = template(n + 1, chain=False).replace("    position:", "    colour: x\n    position:")
+    actions = "    events:\n      on_turn_complete:\n" + "        - type: move_to_next\n" * (
+        MAX_TEMPLATE_ACTIONS + 1
+    )
+    lines = ["id: cost", "name: Cost", "steps:"]
+    for i in range(n):
+        step = [f"  - id: s{i}", f"    name: Step {i}", f"    position: {i}", actions.rstrip("\n")]
+        if sum(len(line) + 1 for line in lines + step) > MAX_TEMPLATE_BYTES:
+            break
+        lines += step
+    lines.insert(6, "    is_start_step: true")
+    bomb = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 9) + "]\n" for i in range(9))
+    return {"cycle": cycle, "steps+1": over, "actions+1": "\n".join(lines) + "\n", "alias": bomb}
+
+
+def refusal_time(text: str, repeat: int) -> tuple[float, float, str]:
+    """The best wall-clock and CPU times of `repeat` refusals of `text` (s), and the refusal's field."""
+    best, cpu, field = float("inf"), float("inf"), ""
+    for _ in range(repeat):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        try:
+            load_workflow_text(text, "hostile.yml")
+        except WorkflowError as exc:
+            best, field = min(best, time.perf_counter() - started), exc.field
+            cpu = min(cpu, time.process_time() - started_cpu)
+        else:
+            raise SystemExit("FAILED: a hostile template loaded")
+    return best, cpu, field
 
 
 async def stall_while(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
@@ -117,10 +160,20 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=MAX_TEMPLATE_STEPS)
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=5, help="refusals timed per hostile template")
+    parser.add_argument("--python", action="store_true", help="PyYAML's pure-Python loader only")
     args = parser.parse_args()
+    if args.python:
+        workflow_module._CLoader = None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     directory = Path(tempfile.mkdtemp(prefix="onceflow-template-cost-", dir=args.dir))
     ok = all([trio.run(measure, kind, args.n, args.tasks, directory) for kind in ("plain", "chain")])
+    for name, text in hostile(args.n).items():
+        best, cpu, field = refusal_time(text, args.repeat)
+        print(
+            f"{name:>9} bytes={len(text.encode()):,}: refused in {best * 1000:.1f} ms "
+            f"(CPU {cpu * 1000:.1f} ms), field {field!r}"
+        )
     if not ok:
         print("FAILED: a restart ran a transaction per step", file=sys.stderr)
     return 0 if ok else 1

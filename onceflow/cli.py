@@ -25,7 +25,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
---verbose).
+--verbose), coloured only when stderr is a terminal and NO_COLOR is unset.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import errno
 import functools
 import json
 import logging
+import os
 import signal
 import sqlite3
 import sys
@@ -67,7 +68,17 @@ CANNOT_RUN = 2
 
 
 def configure_logging(verbose: bool) -> None:
-    """Structured logs to stderr; identifying fields stay discrete keys, control characters escaped."""
+    """Structured logs to stderr; identifying fields stay discrete keys, control characters escaped.
+
+    Coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset or empty: a pipe, a file
+    or a supervisor's log gets plain text, tracebacks included.
+    """
+    colors = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=True)
+        if colors
+        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -76,7 +87,7 @@ def configure_logging(verbose: bool) -> None:
             structlog.dev.set_exc_info,
             structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
             _escape_values,
-            structlog.dev.ConsoleRenderer(),
+            renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call

@@ -25,7 +25,7 @@ from onceflow.protocol import errors, limits, results
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event, Reply
-from onceflow.serve import SlowConsumerError
+from onceflow.serve import IdleTimeoutError, SlowConsumerError
 
 PAGE = "docs/protocol.md"
 REGENERATE = f"onceflow schema --markdown > {PAGE}"
@@ -339,7 +339,7 @@ def _error_classes() -> list[type[errors.OnceflowError]]:
         if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
         if cls not in (errors.OnceflowError, errors.StorageError)
     ]
-    return [*found, SlowConsumerError]
+    return [*found, SlowConsumerError, IdleTimeoutError]
 
 
 def _storage_kinds() -> dict[str, str]:

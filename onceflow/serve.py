@@ -7,24 +7,46 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
   integer in the int64 range) that the reply echoes; the `id` is removed before the command is decoded.
   `{"type": "subscribe"}` asks for the event stream on this connection.
 - Reply to a request: `{"id": <id or null>, "reply": <Reply>}`, the same `Reply` model `Runtime.send`
-  returns in process. A line that is not JSON, names an unknown command, has a bad field or a bad `id`
-  gets an `invalid_message` reply (`id` null when it could not be read) and the connection stays open.
-  A line longer than `max_line` bytes (1 MiB by default) gets the same error and is skipped up to its
-  newline.
+  returns in process; its `command` is the `type` the line named whenever it named one, known or not. A
+  line that is not JSON, names an unknown command or has a bad field gets an `invalid_message` reply and
+  the connection stays open; `id` is null only when the line had none or could not be read as JSON.
+- A bad `id` (a float, an integer outside int64, a boolean, an array or object, a string over 256
+  characters) gets `invalid_message` with field `id`, and the command does not run. Its reply's `id` is
+  what was sent, as a string a client can match: a string id itself, any other value its compact JSON
+  text as Python writes it (`1.5` -> `"1.5"`, `2**64` -> `"18446744073709551616"`, `[1]` -> `"[1]"`,
+  `true` -> `"true"`).
+- A line longer than `max_line` bytes gets `invalid_message` (command `unknown`, `id` null: it is not
+  read) and is skipped up to its newline. By default `max_line` is the protocol's own message limit,
+  `protocol.limits.MAX_MESSAGE_BYTES` (8 MiB): any line the runtime accepts is read.
 - Event (after `subscribe`): `{"event": <Event>}`, every event the runtime emits from then on.
 - Connection error, the last line before the server closes the connection: `{"error": <ErrorInfo>}`;
-  `slow_consumer` when the client stopped reading and its outgoing queue filled.
+  `slow_consumer` when the client stopped reading and its outgoing queue filled, `idle_timeout` when it
+  sent nothing and had nothing in flight for `idle_timeout` seconds, `busy` (retryable) when the server
+  already serves `max_connections` clients: that connection gets this one line and is closed.
 
 A connection's commands are applied one at a time in the order received (as a host awaiting each
 `Runtime.send` in turn would), and replied to in that order; for parallelism open more connections. Up
-to `max_pipeline` received lines wait their turn; past that the server stops reading that connection
-(the socket's own flow control), and no other client is slowed. Each connection's commands run in a
-task of the server's, never cancelled by the client going away: a client that disconnects mid-command
-loses nothing that committed — what it had sent still runs and commits; the replies are dropped.
+to `max_pipeline` received lines, and `max_line` bytes of them, wait their turn; past that the server
+stops reading that connection (the socket's own flow control), and no other client is slowed. Each
+connection's commands run in a task of the server's, never cancelled by the client going away: a client
+that disconnects mid-command loses nothing that committed — what it had sent still runs and commits;
+the replies are dropped.
 
-Backpressure: replies and events for a connection go through a bounded queue (`queue_size` lines). A
-client that stops reading fills it; then it is sent the `slow_consumer` error line after what is queued
-(if it reads within `grace` seconds) and disconnected. Nothing the runtime does ever waits on a client.
+Bounds, per connection unless said: outgoing, at most `queue_size` lines and `queue_bytes` bytes
+(each frame counted at its full encoded size, from when it is queued until the socket took all of it)
+wait for the client; a frame that would pass either limit, a single frame larger than `queue_bytes`
+included, makes the client a slow consumer: it is sent the `slow_consumer` error line after what is
+queued (if it reads within `grace` seconds) and disconnected. Nothing the runtime does ever waits on a
+client. Incoming, the line being read (`max_line` bytes) and the pipeline above. At most
+`max_connections` connections at once; the listen backlog is `backlog`. A socket connection is idle
+when no byte arrives from it, no command of it is pending or running, nothing is queued for it and it
+has no subscription (a subscriber waits for events; a subscriber that stops reading is a slow consumer
+once events flow); after `idle_timeout` seconds idle (0: never) it gets the `idle_timeout` error line
+and is closed. Any line, even a blank one, counts as activity. The one `--stdio` client is never idle.
+When accept fails for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the server
+stops accepting for a moment (10 ms, doubling up to 1 s, until an accept succeeds), logging one WARNING
+`accept_paused` per episode and an INFO `accept_resumed` at its end; connected clients are served
+meanwhile and new ones wait in the backlog.
 
 SIGTERM or SIGINT: stop accepting and reading, let every received command finish and its reply be
 written (clients get `grace` seconds to read them), close the store, remove the socket file, exit 0. A
@@ -37,12 +59,15 @@ one (another server answers) is an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import functools
 import json
+import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,34 +77,61 @@ import trio
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.codec import encode
+from onceflow.protocol.codec import command_type, encode
 from onceflow.protocol.durations import seconds
-from onceflow.protocol.errors import OnceflowError, ProtocolError
+from onceflow.protocol.errors import BusyError, OnceflowError, ProtocolError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.protocol.limits import MAX_ID_CHARS, MAX_MESSAGE_BYTES
 from onceflow.store.urls import database_arg
 
 log = get_logger("onceflow.serve")
 
-MAX_ID_LENGTH = 256
+MAX_ID_LENGTH = MAX_ID_CHARS
 INT64 = range(-(2**63), 2**63)
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""accept(2) failures that mean "no file descriptor or memory right now": accepting pauses, then retries."""
+REFUSE_SECONDS = 1.0
+"""How long a connection over `max_connections` gets to take its one `busy` line before it is closed."""
 
 
 class SlowConsumerError(OnceflowError):
-    """The client stopped reading and its outgoing queue filled; the server disconnects it."""
+    """The client stopped reading and its outgoing queue filled (`--queue-size` lines or `--queue-bytes`
+    bytes); the server disconnects it."""
 
     code = "slow_consumer"
 
 
+class IdleTimeoutError(OnceflowError):
+    """The client sent nothing and had nothing in flight for `--idle-timeout` seconds; the server closes
+    it."""
+
+    code = "idle_timeout"
+
+
+def _nonnegative_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a finite number of seconds >= 0, not {value!r}")
+
+
 @attrs.frozen
 class ServeOptions:
-    """Per-connection bounds. `queue_size`: outgoing lines (replies and events) a client may lag behind;
-    `max_line`: bytes in one request line; `max_pipeline`: received lines waiting to be applied;
-    `grace`: seconds a disconnecting client (slow, or at shutdown) gets to read what is queued."""
+    """Per-connection and server bounds (the module docstring says what each does).
+
+    `queue_size` outgoing lines and `queue_bytes` outgoing bytes a client may lag behind; `max_line` bytes
+    in one request line (default the protocol's message limit); `max_pipeline` received lines waiting to
+    be applied; `grace` seconds a disconnecting client (slow, idle, or at shutdown) gets to read what is
+    queued; `max_connections` clients at once; `idle_timeout` seconds without activity before a client is
+    closed (0: never); `backlog` connections the kernel queues before they are accepted.
+    """
 
     queue_size: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
-    max_line: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
+    queue_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.ge(1))
+    max_line: int = attrs.field(default=MAX_MESSAGE_BYTES, validator=attrs.validators.ge(1))
     max_pipeline: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     grace: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    max_connections: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    idle_timeout: float = attrs.field(default=300.0, validator=_nonnegative_seconds)
+    backlog: int = attrs.field(default=512, validator=attrs.validators.ge(1))
 
 
 class _Overlong:
@@ -90,10 +142,13 @@ OVERLONG = _Overlong()
 
 
 class _LineReader:
-    """Splits a byte stream into lines of at most `max_line` bytes; longer lines become OVERLONG."""
+    """Splits a byte stream into lines of at most `max_line` bytes; longer lines become OVERLONG.
+    `received` is called for every chunk that arrives (activity, for the idle timeout)."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream, max_line: int) -> None:
-        self._stream, self._max = stream, max_line
+    def __init__(
+        self, stream: trio.abc.ReceiveStream, max_line: int, received: Callable[[], None] | None = None
+    ) -> None:
+        self._stream, self._max, self._received = stream, max_line, received
         self._buffer = bytearray()
         self._scanned = 0  # bytes of the buffer known to hold no newline
         self._skipping = False  # inside an overlong line, dropping bytes up to its newline
@@ -121,6 +176,8 @@ class _LineReader:
                     self._skipping = True
                     return OVERLONG
             chunk = await self._stream.receive_some(65536)
+            if self._received is not None:
+                self._received()
             if not chunk:
                 tail, self._buffer = bytes(self._buffer), bytearray()
                 if tail and not self._skipping:
@@ -140,14 +197,16 @@ def event_frame(event: Event) -> bytes:
 
 
 def error_frame(error: ErrorInfo) -> bytes:
-    """The connection's last line: `{"error": {"code", "message", "field"}}` plus newline."""
+    """The connection's last line: `{"error": {"code", "message", "field", "retryable"}}` plus newline."""
     return f'{{"error":{encode(error)}}}\n'.encode()
 
 
+def _info(exc: OnceflowError) -> ErrorInfo:
+    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field, retryable=exc.retryable)
+
+
 def _refusal(command: str, exc: OnceflowError) -> Reply:
-    return Reply(
-        command=command, ok=False, error=ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
-    )
+    return Reply(command=command, ok=False, error=_info(exc))
 
 
 @attrs.frozen
@@ -160,12 +219,29 @@ class Request:
     line: bytes | str
 
 
-def split_request(line: bytes) -> Request | Reply:
-    """Read a request line; an `invalid_message` Reply when it is not JSON or its `id` is unacceptable."""
+@attrs.frozen
+class Refused:
+    """A request line answered without running it: the `id` its reply carries, and the reply."""
+
+    id: str | None
+    reply: Reply
+
+
+def echoed_id(value: object) -> str:
+    """What a reply to a line with an unacceptable `id` carries as its `id`: a string as it was sent,
+    anything else as its compact JSON text (`1.5` -> "1.5", `[1]` -> "[1]")."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def split_request(line: bytes) -> Request | Refused:
+    """Read a request line; Refused (`invalid_message`) when it is not JSON or its `id` is unacceptable
+    (then the reply's `id` is `echoed_id` of it and its `command` the line's `type`)."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8; nesting past the parser's depth
-        return _refusal("unknown", ProtocolError(f"not valid JSON: {exc}"))
+        return Refused(None, _refusal("unknown", ProtocolError(f"not valid JSON: {exc}")))
     if not isinstance(data, dict) or "id" not in data:
         return Request(None, data, line)
     request_id = data.pop("id")
@@ -175,46 +251,73 @@ def split_request(line: bytes) -> Request | Reply:
         or (type(request_id) is int and request_id in INT64)
     ):
         return Request(request_id, data, json.dumps(data))
-    kind = data["type"] if isinstance(data.get("type"), str) else "unknown"
     error = ProtocolError(
-        f"id must be a string of at most {MAX_ID_LENGTH} characters or a 64-bit integer", field="id"
+        f"id must be a string of at most {MAX_ID_LENGTH} characters or a 64-bit integer, not "
+        f"{shown(request_id)}",
+        field="id",
     )
-    return _refusal(kind, error)
+    return Refused(echoed_id(request_id), _refusal(command_type(data), error))
 
 
 @attrs.define(eq=False)
 class _Connection:
-    """One client: its stream, its bounded outgoing queue, and the scopes that stop it."""
+    """One client: its stream, its bounded queues, what it has in flight, and the scopes that stop it."""
 
     number: int  # the n-th connection since start, for the logs
     stream: trio.abc.Stream
     nursery: trio.Nursery
     out: trio.MemorySendChannel[bytes]
     queued: trio.MemoryReceiveChannel[bytes]
-    grace: float
+    options: ServeOptions
     reading: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     writing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    watching: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     subscription: trio.CancelScope | None = None
     failure: ErrorInfo | None = None
+    out_bytes: int = 0  # queued for the client, not yet taken by the socket
+    peak_out_bytes: int = 0
+    pending: int = 0  # received lines not yet answered (waiting, or running)
+    pending_bytes: int = 0  # of which waiting in the pipeline or running
+    freed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    last_active: float = attrs.field(factory=trio.current_time)
 
     def push(self, frame: bytes) -> None:
-        """Queue a line for the client without ever waiting; a full queue disconnects the client."""
+        """Queue a line for the client without ever waiting; past `queue_size` lines or `queue_bytes`
+        bytes the client is a slow consumer and is disconnected."""
         if self.failure is not None:
+            return
+        size, limit = len(frame), self.options.queue_bytes
+        if self.out_bytes + size > limit:
+            held = f"{self.out_bytes} bytes wait for it" if self.out_bytes else f"a line of {size} bytes"
+            self.fail(
+                SlowConsumerError(f"the client is not reading fast enough: {held}, the limit is {limit}")
+            )
             return
         try:
             self.out.send_nowait(frame)
         except trio.WouldBlock:
             self.fail(SlowConsumerError("the client stopped reading and its outgoing queue is full"))
+            return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client is gone or the connection is closing: the line has nowhere to go
+            return  # the client is gone or the connection is closing: the line has nowhere to go
+        self.out_bytes += size
+        self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
 
     def fail(self, exc: OnceflowError) -> None:
         """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
-        self.failure = ErrorInfo(code=exc.code, message=exc.message, field=exc.field)
-        log.warning("client_disconnected", connection=self.number, code=exc.code, reason=exc.message)
+        self.failure = _info(exc)
+        log.warning(
+            "client_disconnected",
+            connection=self.number,
+            code=exc.code,
+            reason=exc.message,
+            queued_bytes=self.out_bytes,
+            peak_queued_bytes=self.peak_out_bytes,
+            queue_bytes=self.options.queue_bytes,
+        )
         self.reading.cancel()
         self.end_subscription()
-        self.close_within(self.grace)
+        self.close_within(self.options.grace)
 
     def end_subscription(self) -> None:
         if self.subscription is not None:
@@ -222,6 +325,27 @@ class _Connection:
 
     def close_within(self, seconds: float) -> None:
         self.writing.deadline = min(self.writing.deadline, trio.current_time() + seconds)
+
+    def touch(self) -> None:
+        """Something happened on the connection: its idle time starts again."""
+        self.last_active = trio.current_time()
+
+    def busy(self) -> bool:
+        """Whether the connection has something in flight: a command, a queued line or a subscription."""
+        return bool(self.pending or self.out_bytes or self.subscription is not None)
+
+    async def admit(self, size: int) -> None:
+        """Wait until `size` more received bytes fit in the pipeline's `max_line` (one line always fits)."""
+        while self.pending_bytes and self.pending_bytes + size > self.options.max_line:
+            await self.freed.park()
+        self.pending += 1
+        self.pending_bytes += size
+
+    def answered(self, size: int) -> None:
+        self.pending -= 1
+        self.pending_bytes -= size
+        self.freed.unpark_all()
+        self.touch()
 
 
 class Server:
@@ -233,7 +357,13 @@ class Server:
         self._options = options
         self._connections: set[_Connection] = set()
         self._opened = 0
+        self._refused = 0  # connections refused since the server was last below max_connections
         self.stopping = False
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return len(self._connections)
 
     def stop(self) -> None:
         """Stop reading every connection; each finishes the commands it received, then closes."""
@@ -243,24 +373,34 @@ class Server:
             conn.close_within(self._options.grace)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
-        """Serve one connection until it ends (EOF, error, slow consumer or shutdown), then close it."""
+        """Serve one connection until it ends (EOF, error, slow consumer, idle, or shutdown), then close
+        it; over `max_connections`, send it the one `busy` line and close it."""
+        if len(self._connections) >= self._options.max_connections:
+            await self._refuse(stream)
+            return
+        if self._refused:
+            log.info("connections_below_cap", refused=self._refused, connections=len(self._connections))
+            self._refused = 0
         out, queued = trio.open_memory_channel[bytes](self._options.queue_size)
         requests, received = trio.open_memory_channel[bytes | _Overlong](self._options.max_pipeline)
         worked = trio.Event()
         self._opened += 1
         try:
             async with trio.open_nursery() as nursery:
-                conn = _Connection(self._opened, stream, nursery, out, queued, self._options.grace)
+                conn = _Connection(self._opened, stream, nursery, out, queued, self._options)
                 self._connections.add(conn)
                 try:
                     if self.stopping:
                         conn.reading.cancel()
                     nursery.start_soon(self._write, conn)
+                    if self._options.idle_timeout:
+                        nursery.start_soon(self._watch_idle, conn)
                     self._commands.start_soon(self._work, conn, received, worked)
                     with conn.reading:
                         await self._read(conn, requests)
                     requests.close()
                     await worked.wait()  # every received command answered (or its reply dropped)
+                    conn.watching.cancel()
                     conn.end_subscription()
                     out.close()  # the writer flushes the queue (and any error line), then stops
                 finally:
@@ -268,8 +408,21 @@ class Server:
         finally:
             await trio.aclose_forcefully(stream)
 
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        limit = self._options.max_connections
+        if not self._refused:
+            log.warning("connections_at_cap", max_connections=limit)
+        self._refused += 1
+        busy = BusyError(f"the server already serves its limit of {limit} connections; retry later")
+        with (
+            trio.move_on_after(REFUSE_SECONDS),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        ):
+            await stream.send_all(error_frame(_info(busy)))
+        await trio.aclose_forcefully(stream)
+
     async def _read(self, conn: _Connection, requests: trio.MemorySendChannel[bytes | _Overlong]) -> None:
-        lines = _LineReader(conn.stream, self._options.max_line)
+        lines = _LineReader(conn.stream, self._options.max_line, conn.touch)
         while True:
             try:
                 line = await lines.receive_line()
@@ -278,7 +431,13 @@ class Server:
             if line is None:
                 return
             if isinstance(line, _Overlong) or line.strip():
-                await requests.send(line)  # waits while max_pipeline lines are pending: backpressure
+                size = 0 if isinstance(line, _Overlong) else len(line)
+                await conn.admit(size)  # waits while max_line bytes are pending: backpressure
+                try:
+                    await requests.send(line)  # waits while max_pipeline lines are pending
+                except BaseException:  # cancelled (shutdown, slow consumer): the line is never applied
+                    conn.answered(size)
+                    raise
 
     async def _work(
         self, conn: _Connection, received: trio.MemoryReceiveChannel[bytes | _Overlong], worked: trio.Event
@@ -287,6 +446,7 @@ class Server:
         try:
             async for line in received:
                 conn.push(await self._answer(conn, line))
+                conn.answered(0 if isinstance(line, _Overlong) else len(line))
         finally:
             worked.set()
 
@@ -295,8 +455,8 @@ class Server:
             limit = self._options.max_line
             return reply_frame(None, _refusal("unknown", ProtocolError(f"line longer than {limit} bytes")))
         request = split_request(line)
-        if isinstance(request, Reply):
-            return reply_frame(None, request)
+        if isinstance(request, Refused):
+            return reply_frame(request.id, request.reply)
         if isinstance(request.data, dict) and request.data.get("type") == "subscribe":
             return reply_frame(request.id, self._subscribe(conn, request.data))
         reply = await self._runtime.send(request.line)  # never raises; the codec's own bounds apply
@@ -323,18 +483,35 @@ class Server:
             try:
                 async for frame in conn.queued:
                     await conn.stream.send_all(frame)
+                    conn.out_bytes -= len(frame)
+                    conn.touch()
                 if conn.failure is not None:
                     await conn.stream.send_all(error_frame(conn.failure))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the client went away; its commands still run, their replies are dropped
         conn.queued.close()
         if conn.writing.cancelled_caught:
-            log.warning("client_not_reading_closed", connection=conn.number, grace_seconds=conn.grace)
+            log.warning("client_not_reading_closed", connection=conn.number, grace_seconds=conn.options.grace)
+
+    async def _watch_idle(self, conn: _Connection) -> None:
+        """Close the connection once it has been idle (`_Connection.busy` false, nothing received) for
+        `idle_timeout` seconds. Never closes early: a busy connection is looked at again a timeout later,
+        and the timeout counts from its last activity."""
+        timeout = self._options.idle_timeout
+        with conn.watching:
+            while True:
+                now = trio.current_time()
+                deadline = now + timeout if conn.busy() else conn.last_active + timeout
+                if deadline <= now:
+                    conn.fail(IdleTimeoutError(f"nothing was sent or in flight for {timeout:g} seconds"))
+                    return
+                await trio.sleep_until(deadline)
 
 
-async def _bind(path: Path) -> trio.SocketListener:
-    """Listen on `path` (mode 0600), replacing a stale socket file. Raises OSError if another server
-    answers there, if `path` is some other file, or if it cannot be bound (e.g. longer than ~107 bytes)."""
+async def _bind(path: Path, backlog: int = ServeOptions().backlog) -> trio.SocketListener:
+    """Listen on `path` (mode 0600, `backlog` pending connections), replacing a stale socket file. Raises
+    OSError if another server answers there, if `path` is some other file, or if it cannot be bound (e.g.
+    longer than ~107 bytes)."""
     if path.is_socket():
         try:
             probe = await trio.open_unix_socket(str(path))
@@ -354,7 +531,7 @@ async def _bind(path: Path) -> trio.SocketListener:
         raise
     finally:
         os.umask(previous)
-    sock.listen(128)
+    sock.listen(backlog)
     return trio.SocketListener(sock)
 
 
@@ -387,7 +564,7 @@ async def serve(
     workflow file cannot be read).
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
-        listener = None if socket_path is None else await _bind(socket_path)
+        listener = None if socket_path is None else await _bind(socket_path, options.backlog)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(db, switch_interval=switch_interval) as runtime:
@@ -421,7 +598,10 @@ async def _serve(
     options: ServeOptions,
     stopped: trio.Event,
 ) -> None:
-    """Serve until `stopped`, then drain: returns once every received command is done and answered."""
+    """Serve until `stopped`, then drain: returns once every received command is done and answered. Over
+    stdio the one client, whose end ends the server, is never timed out."""
+    if listener is None:
+        options = attrs.evolve(options, idle_timeout=0.0)
     async with trio.open_nursery() as commands:
         server = Server(runtime, commands, options)
         async with trio.open_nursery() as connections:
@@ -436,13 +616,64 @@ async def _serve(
             accepting.cancel()
 
 
+@attrs.define
+class AcceptPause:
+    """How accepting waits out a shortage of file descriptors or memory: `first` seconds, doubling up to
+    `cap`, until an accept succeeds. One WARNING `accept_paused` starts an episode and one INFO
+    `accept_resumed` ends it, however many retries it took."""
+
+    first: float = 0.01
+    cap: float = 1.0
+    delay: float = 0.0
+    retries: int = 0
+    since: float | None = None
+
+    async def wait(self, exc: OSError, connections: int) -> None:
+        """Sleep before the next accept after `exc` (an ACCEPT_CAPACITY_ERRNOS failure)."""
+        if self.since is None:
+            self.since, self.delay, self.retries = trio.current_time(), self.first, 0
+            log.warning(
+                "accept_paused",
+                errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                reason=exc.strerror,
+                connections=connections,
+                retry_seconds=self.delay,
+                max_retry_seconds=self.cap,
+            )
+        self.retries += 1
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.cap)
+
+    def accepted(self) -> None:
+        """An accept succeeded: end the episode, if one was under way."""
+        if self.since is not None:
+            paused = trio.current_time() - self.since
+            log.info("accept_resumed", paused_seconds=round(paused, 3), retries=self.retries)
+            self.since = None
+
+
 async def _accept(
-    server: Server, listener: trio.SocketListener, accepting: trio.CancelScope, connections: trio.Nursery
+    server: Server,
+    listener: trio.abc.Listener[trio.SocketStream],
+    accepting: trio.CancelScope,
+    connections: trio.Nursery,
+    pause: AcceptPause | None = None,
 ) -> None:
     """Accept clients until `accepting` is cancelled; their handlers live in `connections`, so they
-    finish draining after accepting stops."""
+    finish draining after accepting stops. A shortage of file descriptors or memory pauses accepting
+    (`AcceptPause`); any other accept error ends the server."""
+    pause = AcceptPause() if pause is None else pause
     with accepting:
-        await trio.serve_listeners(server.handle, [listener], handler_nursery=connections)
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                await pause.wait(exc, server.connections)
+                continue
+            pause.accepted()
+            connections.start_soon(server.handle, stream)
     await listener.aclose()
 
 
@@ -464,28 +695,65 @@ def add_parser(sub: Any) -> None:
     where.add_argument("--socket", type=Path, help="Unix domain socket path to listen on")
     where.add_argument("--stdio", action="store_true", help="one client on stdin/stdout")
     defaults = ServeOptions()
-    parser.add_argument("--queue-size", type=int, default=defaults.queue_size, help="lines a client may lag")
-    parser.add_argument("--max-line", type=int, default=defaults.max_line, help="bytes in one request line")
+    count = _count_arg
+    parser.add_argument(
+        "--queue-size", type=count, default=defaults.queue_size, help="lines a client may lag"
+    )
+    parser.add_argument(
+        "--queue-bytes", type=count, default=defaults.queue_bytes, help="bytes a client may lag"
+    )
+    parser.add_argument("--max-line", type=count, default=defaults.max_line, help="bytes in one request line")
     parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
     parser.add_argument(
+        "--max-connections", type=count, default=defaults.max_connections, help="clients served at once"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=functools.partial(_seconds_arg, "--idle-timeout"),
+        default=defaults.idle_timeout,
+        help="seconds a client may stay idle before it is closed (0: never)",
+    )
+    parser.add_argument(
+        "--backlog", type=count, default=defaults.backlog, help="connections queued before accept"
+    )
+    parser.add_argument(
         "--switch-interval",
-        type=_interval_arg,
+        type=functools.partial(_seconds_arg, "--switch-interval"),
         default=SWITCH_INTERVAL,
         help="GIL switch interval in seconds while serving (0: Python's own)",
     )
 
 
-def _interval_arg(text: str) -> float:
-    """`--switch-interval`: seconds, finite and >= 0 (0: Python's own interval)."""
+def _count_arg(text: str) -> int:
+    """A count or size option: an integer >= 1."""
     try:
-        return seconds("--switch-interval", float(text), allow_zero=True)
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds_arg(flag: str, text: str) -> float:
+    """`--switch-interval`, `--idle-timeout`: seconds, finite and >= 0 (0 has the flag's own meaning)."""
+    try:
+        return seconds(flag, float(text), allow_zero=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
-    options = ServeOptions(queue_size=args.queue_size, max_line=args.max_line, grace=args.grace)
+    options = ServeOptions(
+        queue_size=args.queue_size,
+        queue_bytes=args.queue_bytes,
+        max_line=args.max_line,
+        grace=args.grace,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        backlog=args.backlog,
+    )
     return trio.run(
         functools.partial(
             serve,

@@ -51,6 +51,17 @@ def decode_command(data: object) -> Command:
         raise validation_error(exc) from None
 
 
+def command_type(data: object) -> str:
+    """What a reply's `command` says for a decoded message: its `type` whenever that is a string shaped
+    like a name (1 to MAX_ID_CHARS printable characters: no control character, no lone surrogate), known
+    command or not; `unknown` when the message is not an object, has no such `type`, or its `type` is no
+    name (an 8 MiB string, a newline)."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if isinstance(kind, str) and 0 < len(kind) <= MAX_ID_CHARS and kind.isprintable():
+        return kind
+    return "unknown"
+
+
 def parse_json(line: str | bytes) -> Any:
     """Decode one JSON text within the protocol's bounds; raises ProtocolError."""
     _check_size(len(line))  # a str's length in characters never exceeds its length in UTF-8 bytes

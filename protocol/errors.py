@@ -102,7 +102,8 @@ class ActionError(OnceflowError):
 
 
 class BusyError(OnceflowError):
-    """The target cannot take the message now (an outcome's acknowledgement inbox is full); retry later."""
+    """The target cannot take the message now (an outcome's acknowledgement inbox is full, or `onceflow
+    serve` already serves its `--max-connections` clients); retry later."""
 
     code = "busy"
     retryable = True

@@ -383,7 +383,8 @@ class Reply(BaseModel):
     type: Literal["reply"] = "reply"
     """Always `reply`."""
     command: str
-    """The command's `type` (`unknown` when the message could not be read that far)."""
+    """The command's `type` as sent, known or not, also when it is refused; `unknown` when the message is
+    not a JSON object or its `type` is not a string of 1 to 256 printable characters."""
     ok: bool
     """Whether the command was applied; False means `error` says why."""
     result: Any = None

@@ -30,7 +30,7 @@ from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.task.actor import TaskActor, TaskMessage, TaskResult
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
-from onceflow.protocol.codec import decode_command, validation_error
+from onceflow.protocol.codec import command_type, decode_command, parse_json, validation_error
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import OnceflowError, ShuttingDownError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
@@ -85,8 +85,9 @@ class Runtime:
         failed.
 
         A malformed, oversized or unknown message — any bytes at all — gets `ok: false` with
-        `error.code == "invalid_message"` and `error.field` naming the field when one is to blame; the
-        runtime keeps serving and nothing is applied. Anything unexpected is logged at ERROR with its
+        `error.code == "invalid_message"` and `error.field` naming the field when one is to blame, and its
+        `command` is the `type` it read whenever it read one (`protocol.codec.command_type`); the runtime
+        keeps serving and nothing is applied. Anything unexpected is logged at ERROR with its
         traceback and answered `internal`. A storage fault (the database busy past the busy timeout, a full
         disk, an I/O error, a read-only or corrupt file) gets `storage_<kind>` with `error.retryable` saying
         whether sending the same command again later can help; the transaction that met it committed
@@ -101,7 +102,12 @@ class Runtime:
         name = "unknown"
         out = Outbox(self._hub)
         try:
-            parsed = command if isinstance(command, c.COMMAND_TYPES) else decode_command(command)
+            if isinstance(command, c.COMMAND_TYPES):
+                parsed = command
+            else:
+                data = parse_json(command) if isinstance(command, str | bytes) else command
+                name = command_type(data)  # a refusal names the type it read, even an unknown one
+                parsed = decode_command(data)
             name = getattr(parsed, "type", type(parsed).__name__)
             if self._closing:
                 raise ShuttingDownError("the runtime is shutting down")

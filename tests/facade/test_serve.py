@@ -7,8 +7,14 @@ onceflow/serve.py's docstring.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
 import json
+import os
+import pty
 import re
+import resource
 import select
 import shlex
 import shutil
@@ -18,21 +24,27 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from helpers import TESTS
+import trio.testing
+from helpers import TESTS, register
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 from wire_client import WireClient
 
-from onceflow.serve import OVERLONG, Request, _LineReader, split_request
+from onceflow import serve as serve_module
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.protocol.limits import MAX_MESSAGE_BYTES
+from onceflow.serve import OVERLONG, Request, ServeOptions, Server, _LineReader, split_request
 
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"
 CLIENT = Path(__file__).with_name("wire_client.py")
@@ -43,6 +55,7 @@ class Served:
     process: subprocess.Popen[bytes]
     socket: Path
     db: Path
+    log: list[str] = field(default_factory=list)  # the server's stderr lines after `serving on`
 
     def client(self) -> WireClient:
         return WireClient(str(self.socket))
@@ -51,9 +64,27 @@ class Served:
         self.process.send_signal(signum)
         return self.process.wait(timeout=30)
 
+    def wait_log(self, fragment: str, timeout: float = 30.0) -> str:
+        """The first stderr line holding `fragment`, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [line for line in self.log if fragment in line]
+            if found:
+                return found[0]
+            time.sleep(0.02)
+        raise AssertionError(f"the server never logged {fragment!r}: {self.log}")
 
-def _start(db: Path, where: list[str], *extra: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "onceflow.cli", "serve", "--db", str(db), "--workflow", str(WORKFLOW)]
+    def rss(self) -> int:
+        """The server's resident memory, in bytes."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def _start(
+    db: Path, where: list[str], *extra: str, workflow: Path = WORKFLOW, verbose: bool = False
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "onceflow.cli", *(["--verbose"] if verbose else []), "serve"]
+    command += ["--db", str(db), "--workflow", str(workflow)]
     return subprocess.Popen(
         [*command, *where, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -73,17 +104,24 @@ def _wait_ready(process: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
     raise AssertionError("server did not start")
 
 
+def _drain(stream: Any, lines: list[str]) -> None:
+    """Keep reading the server's stderr (a full pipe would stall its logging), line by line."""
+    for raw in iter(stream.readline, b""):
+        lines.append(raw.decode(errors="replace"))
+
+
 @contextmanager
-def serving(*extra: str) -> Iterator[Served]:
+def serving(*extra: str, workflow: Path = WORKFLOW) -> Iterator[Served]:
     """A server on a socket in a short temp dir (a socket path is limited to ~107 bytes)."""
     folder = Path(tempfile.mkdtemp(prefix="of-", dir="/tmp"))
     served = Served(
-        _start(folder / "board.db", ["--socket", str(folder / "s.sock")], *extra),
+        _start(folder / "board.db", ["--socket", str(folder / "s.sock")], *extra, workflow=workflow),
         folder / "s.sock",
         folder / "board.db",
     )
     try:
         assert _wait_ready(served.process) == f"serving on {served.socket}"
+        threading.Thread(target=_drain, args=(served.process.stderr, served.log), daemon=True).start()
         yield served
     finally:
         if served.process.poll() is None:
@@ -126,11 +164,22 @@ def test_issue13_serve_reply_echoes_string_and_int64_ids_and_refuses_bad_ones() 
         assert client.request({"id": 2**63 - 1, "type": "get_task", "task_id": "T1"})["id"] == 2**63 - 1
         assert client.request({"id": None, "type": "get_task", "task_id": "T1"})["id"] is None
         assert client.request({"type": "get_task", "task_id": "T1"})["id"] is None
-        for bad in (2**63, True, "x" * 257, [1], 1.5):
+        echoes = {
+            2**63: "9223372036854775808",
+            2**64: "18446744073709551616",
+            True: "true",
+            1.5: "1.5",
+            "x" * 257: "x" * 257,
+        }
+        for bad, echoed in [*echoes.items(), ([1, "a"], '[1,"a"]'), ({"n": 1}, '{"n":1}')]:
             frame = client.request({"id": bad, **_create("T-bad")})
-            assert frame["id"] is None
-            assert frame["reply"]["error"]["code"] == "invalid_message"
-            assert frame["reply"]["error"]["field"] == "id"
+            assert frame["id"] == echoed  # what was sent, as a string the client can match
+            reply = frame["reply"]
+            assert (reply["command"], reply["error"]["code"], reply["error"]["field"]) == (
+                "create_task",
+                "invalid_message",
+                "id",
+            )
         assert _step_of(client, "T-bad") is None  # a refused id never ran its command
 
 
@@ -394,3 +443,420 @@ def test_issue14_serve_refuses_a_bad_switch_interval_naming_the_flag(tmp_path: P
     assert done.returncode == 2
     assert "--switch-interval" in done.stderr.decode()
     assert not (tmp_path / "s.db").exists()
+
+
+# --- wire edges: the command a refusal names, the line limit -------------------------------------------
+
+
+def test_serve_refusals_name_the_command_type_whenever_it_was_read() -> None:
+    with serving() as served:
+        client = served.client()
+        bad_field = client.request({"id": 1, **_create("T1", priority="urgent")})["reply"]
+        assert (bad_field["command"], bad_field["error"]["field"]) == ("create_task", "priority")
+        unknown = client.request({"id": 2, "type": "launch_rockets"})["reply"]
+        assert (unknown["command"], unknown["error"]["field"]) == ("launch_rockets", "type")
+        missing = client.request({"id": 3, "type": "get_task"})["reply"]
+        assert (missing["command"], missing["error"]["field"]) == ("get_task", "task_id")
+        for not_a_name in ({"id": 4, "type": 7}, {"id": 5, "type": "t" * 257}, {"id": 6}, [1, 2]):
+            assert client.request(not_a_name)["reply"]["command"] == "unknown"  # type: ignore[arg-type]
+        client.write(b"not json\n")
+        assert client.reply()["reply"]["command"] == "unknown"
+
+
+def test_serve_reads_any_line_the_protocol_accepts_a_3_mib_template_registration() -> None:
+    """serve's default line limit is the protocol's message limit: a template near its 1 MiB cap, with
+    non-ASCII text that JSON escapes six bytes a character, is one ~3 MiB line, and it registers."""
+    assert ServeOptions().max_line == MAX_MESSAGE_BYTES
+    text = WORKFLOW.read_text(encoding="utf-8").replace("id: fixture", "id: wide", 1)
+    text += "# " + "é" * 500_000 + "\n"
+    line = json.dumps({"id": "wide", "type": "register_workflow", "yaml": text}).encode() + b"\n"
+    assert 3 << 20 > len(line) > 2 << 20
+    with serving() as served:
+        client = served.client()
+        client.write(line)
+        frame = client.reply()
+        assert (frame["id"], frame["reply"]["ok"]) == ("wide", True), frame["reply"]["error"]
+        client.write(b'{"id": "big", "type": "get_task", "task_id": "' + b"x" * MAX_MESSAGE_BYTES + b'"}\n')
+        overlong = client.reply()
+        assert overlong["id"] is None
+        assert f"longer than {MAX_MESSAGE_BYTES} bytes" in overlong["reply"]["error"]["message"]
+        created = client.request({"id": 1, "type": "create_task", "task_id": "W1", "workflow_id": "wide"})
+        assert created["reply"]["ok"]
+
+
+# --- outgoing bytes are bounded ---------------------------------------------------------------------------
+
+BIG_RUNS = """\
+id: fixture
+name: Big runs
+steps:
+  - id: todo
+    name: Todo
+    position: 0
+    is_start_step: true
+  - id: work
+    name: Work
+    position: 1
+    events:
+      on_enter:
+        - type: queue_run
+          config:
+            payload:
+              blob: {blob}
+"""
+
+
+def test_serve_never_reading_client_is_dropped_near_queue_bytes_and_others_keep_being_served(
+    tmp_path: Path,
+) -> None:
+    """Each list_runs reply here is ~1.2 MB (40 runs with a 30 KB payload each). A client that pipelines
+    200 of them and never reads would have 240 MB queued for it under the line bound alone; the byte
+    bound drops it once 4 MiB wait, the server's memory stays flat, and a reading client is served all
+    along."""
+    workflow = tmp_path / "big.yml"
+    workflow.write_text(BIG_RUNS.format(blob="x" * 30_000), encoding="utf-8")
+    limit = 4 << 20
+    with serving("--queue-bytes", str(limit), "--grace", "60", workflow=workflow) as served:
+        fast = served.client()
+        for n in range(40):
+            assert fast.request(_create(f"T{n}", primary_agent_id="agent"))["reply"]["ok"]
+            assert fast.request({"type": "move_task", "task_id": f"T{n}", "step_id": "work"})["reply"]["ok"]
+        runs = fast.request({"type": "list_runs"})
+        reply_bytes = len(json.dumps(runs))
+        assert len(runs["reply"]["result"]) == 40 and reply_bytes > 1_000_000
+        baseline = served.rss()
+
+        slow = served.client()
+        slow.write(*[{"id": n, "type": "list_runs"} for n in range(200)])  # and reads nothing, for now
+        dropped = served.wait_log("client_disconnected", timeout=60)
+        assert "code=slow_consumer" in dropped
+        peak = int(re.search(r"peak_queued_bytes=(\d+)", dropped).group(1))  # type: ignore[union-attr]
+        assert limit - reply_bytes < peak <= limit  # held about the limit, never more
+        for n in range(40, 45):  # served meanwhile, and after
+            assert fast.request(_create(f"T{n}"))["reply"]["ok"]
+            assert fast.request({"type": "list_runs", "task_id": "T0"})["reply"]["ok"]
+        assert served.rss() - baseline < 64 << 20
+
+        frames = []
+        while (frame := slow.line()) is not None:  # the slow client reads at last: queue, error, EOF
+            frames.append(frame)
+        assert frames[-1]["error"]["code"] == "slow_consumer"
+        assert [f["id"] for f in frames[:-1]] == list(range(len(frames) - 1))
+        assert 0 < len(frames) - 1 <= limit // reply_bytes + 1
+
+
+def test_serve_a_single_reply_larger_than_queue_bytes_makes_a_slow_consumer(tmp_path: Path) -> None:
+    workflow = tmp_path / "big.yml"
+    workflow.write_text(BIG_RUNS.format(blob="x" * 30_000), encoding="utf-8")
+    with serving("--queue-bytes", "20000", workflow=workflow) as served:
+        client = served.client()
+        assert client.request(_create("T1", primary_agent_id="agent"))["reply"]["ok"]
+        assert client.request({"type": "move_task", "task_id": "T1", "step_id": "work"})["reply"]["ok"]
+        client.write({"id": "runs", "type": "list_runs"})  # ~30 KB: more than the whole queue may hold
+        error = client.line()
+        assert error is not None and error["error"]["code"] == "slow_consumer"
+        assert "the limit is 20000" in error["error"]["message"]
+        assert client.line() is None
+        assert served.client().request({"type": "get_task", "task_id": "T1"})["reply"]["ok"]
+
+
+# --- bounded clients: a connection cap, an idle timeout, accept pausing on EMFILE -----------------------
+
+
+def test_serve_idle_clients_at_the_cap_time_out_and_a_new_client_gets_in() -> None:
+    """Three idle clients fill a 3-connection cap: a fourth is refused with one `busy` line; once the
+    idle ones time out (each told so by an error line), a new client is served."""
+    with serving("--max-connections", "3", "--idle-timeout", "1") as served:
+        idle = [served.client() for _ in range(3)]
+        for n, client in enumerate(idle):  # each accepted and served once, then silent
+            assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
+        over = served.client()
+        refused = over.line()
+        assert refused is not None and set(refused) == {"error"}
+        assert (refused["error"]["code"], refused["error"]["retryable"]) == ("busy", True)
+        assert "3 connections" in refused["error"]["message"]
+        assert over.line() is None  # closed after that one line
+        for client in idle:
+            timed_out = client.line()
+            assert timed_out is not None and timed_out["error"]["code"] == "idle_timeout"
+            assert client.line() is None
+        late = served.client()
+        assert late.request({"id": "late", **_create("T1")})["reply"]["ok"]
+        assert len([line for line in served.log if "connections_at_cap" in line]) == 1
+
+
+def _peak_fd(pid: int) -> int:
+    return max(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_serve_out_of_file_descriptors_pauses_accepting_with_one_warning_then_serves() -> None:
+    """The server's RLIMIT_NOFILE is lowered (prlimit) so that two clients use its last descriptors: two
+    more connect into the backlog, accept fails with EMFILE on every retry, and the server logs one
+    WARNING and no traceback while it serves the first two; once it has descriptors to spare again (its
+    limit restored), the waiting two are accepted and served, in that same one episode."""
+    with serving("--idle-timeout", "0") as served:
+        pid = served.process.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_peak_fd(pid) + 3, hard))
+        first = [served.client() for _ in range(2)]
+        for n, client in enumerate(first):
+            assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
+        waiting = [served.client() for _ in range(2)]  # the kernel queues them; accept has no fd left
+        for n, client in enumerate(waiting):
+            client.write({"id": f"w{n}", **_create(f"W{n}")})
+        paused = served.wait_log("accept_paused")
+        assert "errno=EMFILE" in paused
+        time.sleep(0.5)  # several retries, still one warning
+        for n, client in enumerate(first):  # connected clients are served throughout
+            assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))  # descriptors to spare again
+        for n, client in enumerate(waiting):
+            frame = client.reply()
+            assert (frame["id"], frame["reply"]["ok"]) == (f"w{n}", True)
+        assert served.client().request({"id": "after", "type": "get_task", "task_id": "W1"})["reply"]["ok"]
+        assert len([line for line in served.log if "accept_paused" in line]) == 1
+        assert not [line for line in served.log if "Traceback" in line or "[error" in line]
+
+
+# --- in process: the idle timeout and accept pausing on the Trio clock (MockClock), real sockets -------
+
+
+class Peer:
+    """The client end of a socketpair, non-blocking: what arrived can be looked at without waiting."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock, self._buffer = sock, b""
+
+    def send(self, *requests: dict[str, Any] | bytes) -> None:
+        self.sock.sendall(
+            b"".join(r if isinstance(r, bytes) else json.dumps(r).encode() + b"\n" for r in requests)
+        )
+
+    def _fill(self) -> bool:
+        """Take what arrived; False at end of stream."""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            self._buffer += chunk
+
+    def arrived(self) -> list[dict[str, Any]]:
+        """The whole lines that arrived so far, without waiting."""
+        self._fill()
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    async def line(self) -> dict[str, Any] | None:
+        """The next line, waiting for it; None at end of stream."""
+        while b"\n" not in self._buffer:
+            if not self._fill():
+                return None
+            if b"\n" not in self._buffer:
+                await trio.lowlevel.wait_readable(self.sock)
+        raw, self._buffer = self._buffer.split(b"\n", 1)
+        value: dict[str, Any] = json.loads(raw)
+        return value
+
+
+@asynccontextmanager
+async def served_in_process(
+    db: Path, options: ServeOptions
+) -> AsyncIterator[tuple[Server, Callable[[], Peer]]]:
+    """A Server on a real runtime; `connect()` hands it one end of a real socketpair."""
+    peers: list[Peer] = []
+    async with open_runtime(db) as rt:
+        await register(rt, WORKFLOW.read_text(encoding="utf-8"))
+        async with trio.open_nursery() as commands:
+            server = Server(rt, commands, options)
+            async with trio.open_nursery() as connections:
+
+                def connect() -> Peer:
+                    ours, theirs = socket.socketpair()
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+                    connections.start_soon(server.handle, stream)
+                    peers.append(Peer(theirs))
+                    return peers[-1]
+
+                yield server, connect
+                for peer in peers:
+                    peer.sock.close()
+                server.stop()
+
+
+async def elapse(clock: trio.testing.MockClock, seconds: float) -> None:
+    await trio.testing.wait_all_tasks_blocked()
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_serve_idle_timeout_counts_from_the_last_activity_and_spares_subscribers(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    async with served_in_process(tmp_path / "b.db", ServeOptions(idle_timeout=10, grace=1)) as (_, connect):
+        quiet, chatty, watcher = connect(), connect(), connect()
+        chatty.send({"id": 1, "type": "get_task", "task_id": "none"})
+        assert (await chatty.line() or {})["id"] == 1
+        watcher.send({"id": "s", "type": "subscribe"})
+        assert (await watcher.line() or {})["reply"]["ok"]
+
+        await elapse(mock_clock, 6)
+        chatty.send(b"\n")  # a blank line is activity too: its idle time starts again
+        await elapse(mock_clock, 3.9)
+        assert quiet.arrived() == [] and chatty.arrived() == []  # 9.9 s idle: still open
+        await elapse(mock_clock, 0.2)
+        (closing,) = quiet.arrived()
+        assert closing["error"]["code"] == "idle_timeout" and "10 seconds" in closing["error"]["message"]
+        assert await quiet.line() is None  # then closed
+        assert chatty.arrived() == []
+        await elapse(mock_clock, 6)
+        assert [frame["error"]["code"] for frame in chatty.arrived()] == ["idle_timeout"]
+
+        await elapse(mock_clock, 1000)
+        assert watcher.arrived() == []  # a subscriber waits for events, never idle
+        worker = connect()
+        worker.send({"id": "c", **_create("T1")})
+        assert (await worker.line() or {})["reply"]["ok"]
+        event = await watcher.line()
+        assert event is not None and event["event"]["type"] == "task_created"
+
+
+class _FlakyListener(trio.abc.Listener[trio.SocketStream]):
+    """The accept seam: each item of `script` is an errno to fail with, or a stream to return; then it
+    waits forever. Records the Trio time of every call."""
+
+    def __init__(self, script: list[int | trio.SocketStream]) -> None:
+        self.script, self.calls = script, list[float]()
+
+    async def accept(self) -> trio.SocketStream:
+        self.calls.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
+        if not self.script:
+            await trio.sleep_forever()
+        step = self.script.pop(0)
+        if isinstance(step, int):
+            raise OSError(step, os.strerror(step))
+        return step
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_serve_accept_pauses_grow_to_a_bound_with_one_warning_per_episode(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """EMFILE injected at the accept seam: the pauses double from 10 ms to 1 s and stay there; each
+    episode logs one WARNING (then one INFO when an accept succeeds); the streams accepted between the
+    failures are served."""
+    options = ServeOptions(idle_timeout=0)  # the autojump clock would time idle clients out at once
+    async with served_in_process(tmp_path / "b.db", options) as (server, _):
+        ours = [socket.socketpair() for _ in range(2)]
+        streams = [trio.SocketStream(trio.socket.from_stdlib_socket(a)) for a, _ in ours]
+        listener = _FlakyListener([*[errno.EMFILE] * 9, streams[0], errno.ENFILE, errno.EMFILE, streams[1]])
+        accepting = trio.CancelScope()
+        with capture_logs() as logs:
+            async with trio.open_nursery() as connections:
+                connections.start_soon(serve_module._accept, server, listener, accepting, connections)
+                for _, theirs in ours:
+                    peer = Peer(theirs)
+                    peer.send({"id": "p", "type": "get_task", "task_id": "none"})
+                    assert (await peer.line() or {})["id"] == "p"
+                    peer.sock.close()
+                accepting.cancel()
+        gaps = [round(b - a, 6) for a, b in itertools.pairwise(listener.calls)]
+        assert gaps[:10] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0, 0.0]
+        assert gaps[10:13] == [0.01, 0.02, 0.0]  # the second episode starts again from 10 ms
+        episodes = [(e["event"], e.get("errno"), e.get("retries")) for e in logs if "accept" in e["event"]]
+        assert episodes == [
+            ("accept_paused", "EMFILE", None),
+            ("accept_resumed", None, 9),
+            ("accept_paused", "ENFILE", None),
+            ("accept_resumed", None, 2),
+        ]
+        assert [e["log_level"] for e in logs if e["event"] == "accept_paused"] == ["warning", "warning"]
+
+
+def _stderr_of_serve(db: Path, *, tty: bool, env: dict[str, str] | None = None) -> bytes:
+    """The stderr of a --verbose `serve --stdio` run on empty input: a pipe, or a terminal (a pty)."""
+    command = [sys.executable, "-m", "onceflow.cli", "--verbose", "serve", "--db", str(db), "--stdio"]
+    environment = {**os.environ, **(env or {})}
+    if not tty:
+        return subprocess.run(command, input=b"", capture_output=True, timeout=60, env=environment).stderr
+    controller, terminal = pty.openpty()
+    try:
+        subprocess.run(
+            command, input=b"", stdout=subprocess.DEVNULL, stderr=terminal, timeout=60, env=environment
+        )
+    finally:
+        os.close(terminal)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once everything written was read
+        while chunk := os.read(controller, 65536):
+            seen += chunk
+    os.close(controller)
+    return seen
+
+
+def test_serve_logs_carry_no_colour_codes_unless_stderr_is_a_terminal(tmp_path: Path) -> None:
+    piped = _stderr_of_serve(tmp_path / "a.db", tty=False)
+    assert b"store_opened" in piped and b"\x1b[" not in piped
+    terminal = _stderr_of_serve(tmp_path / "b.db", tty=True)
+    assert b"store_opened" in terminal and b"\x1b[" in terminal
+    no_color = _stderr_of_serve(tmp_path / "c.db", tty=True, env={"NO_COLOR": "1"})
+    assert b"store_opened" in no_color and b"\x1b[" not in no_color
+
+
+async def test_serve_pipeline_holds_at_most_max_line_received_bytes(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Received lines wait their turn up to `max_line` bytes in all (one line always fits), whatever the
+    line count allows: a client pipelining big lines is read no faster than they are applied."""
+    held: list[int] = []
+    admit = serve_module._Connection.admit
+
+    async def recorded(conn: serve_module._Connection, size: int) -> None:
+        await admit(conn, size)
+        held.append(conn.pending_bytes)  # what the server holds of this client's lines, each admission
+
+    monkeypatch.setattr(serve_module._Connection, "admit", recorded)
+    options = ServeOptions(max_line=10_000, max_pipeline=64, idle_timeout=0)
+    async with served_in_process(tmp_path / "b.db", options) as (_, connect):
+        peer = connect()
+        padding = " " * 3_000  # JSON allows it: each line ~3 KB, 3 fit in 10 KB
+        lines = [
+            f'{{"id": {n}, "type": "get_task", "task_id": "none"{padding}}}\n'.encode() for n in range(40)
+        ]
+        peer.send(*lines)
+        seen = []
+        while len(seen) < 40:
+            frame = await peer.line()
+            assert frame is not None
+            seen.append(frame["id"])
+        assert seen == list(range(40))
+    assert len(held) == 40
+    assert max(held) <= options.max_line
+    assert max(held) > len(lines[0])  # still pipelined: lines wait while one runs
+
+
+def test_serve_stdio_client_is_never_timed_out_as_idle(tmp_path: Path) -> None:
+    """Over --stdio the one client's end ends the server, so a quiet host is never closed as idle."""
+    process = _start(tmp_path / "s.db", ["--stdio"], "--idle-timeout", "0.2")
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        _wait_ready(process)
+        process.stdin.write(json.dumps({"id": 1, **_create("T1")}).encode() + b"\n")
+        process.stdin.flush()
+        assert json.loads(process.stdout.readline())["id"] == 1
+        time.sleep(1.0)  # five idle timeouts
+        process.stdin.write(json.dumps({"id": 2, "type": "get_task", "task_id": "T1"}).encode() + b"\n")
+        process.stdin.close()
+        frame = json.loads(process.stdout.readline())
+        assert (frame["id"], frame["reply"]["ok"]) == (2, True)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

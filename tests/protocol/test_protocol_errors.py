@@ -170,3 +170,29 @@ def test_codec_round_trips_commands(command: c.Command) -> None:
     assert json.loads(line)["type"] == command.type
     assert decode_command(line) == command
     assert decode_command(line.encode()) == command
+
+
+@pytest.mark.parametrize(
+    ("message", "command"),
+    [
+        ({"type": "move_task", "step_id": "work"}, "move_task"),
+        ('{"type": "move_task", "task_id": 7, "step_id": "work"}', "move_task"),
+        (b'{"type": "create_task", "task_id": "T9", "priority": "urgent"}', "create_task"),
+        ({"type": "teleport_task", "task_id": "T1"}, "teleport_task"),
+        ({"type": "t" * 257}, "unknown"),
+        ({"type": "line\nbreak"}, "unknown"),
+        ('{"type": "\\ud800"}', "unknown"),
+        ({"type": 7}, "unknown"),
+        ({"task_id": "T1"}, "unknown"),
+        ('{"type": "get_task", ', "unknown"),
+    ],
+)
+async def test_a_refused_reply_names_the_type_it_read(
+    runtime: Runtime, message: dict[str, Any] | str | bytes, command: str
+) -> None:
+    """Whatever the input form, a refusal's `command` is the `type` the message named whenever it named
+    one shaped like a name, known or not; `unknown` only when there was none to read."""
+    reply = await runtime.send(message)
+    assert not reply.ok and reply.error is not None and reply.error.code == "invalid_message"
+    assert reply.command == command
+    encode(reply).encode("utf-8")  # whatever was sent, the reply encodes

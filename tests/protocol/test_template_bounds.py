@@ -7,6 +7,7 @@ for a step someone can be promoted into.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,10 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
+import yaml
 from helpers import FIXTURES, ok, register, send
+from pydantic import ValidationError
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.protocol import workflow as workflow_module
 from onceflow.protocol.limits import (
     MAX_PAYLOAD_BYTES,
     MAX_TEMPLATE_ACTIONS,
@@ -25,7 +29,7 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_STEPS,
     MAX_YAML_DEPTH,
 )
-from onceflow.protocol.workflow import Step, WorkflowError, _feeder_cycles, load_workflow_text
+from onceflow.protocol.workflow import Step, Workflow, WorkflowError, _feeder_cycles, load_workflow_text
 from onceflow.store.writer import StoreActor
 
 WORKFLOWS = FIXTURES / "workflows"
@@ -271,9 +275,13 @@ async def longest_stall(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
     return result, gap
 
 
-async def test_issue11_registration_parses_in_a_worker_thread(runtime: Runtime) -> None:
+async def test_issue11_registration_parses_in_a_worker_thread(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Parsing a template at the step cap takes a good fraction of a second of pure-Python YAML; other
-    Trio tasks keep running meanwhile (the parse runs in a worker thread, not on the Trio thread)."""
+    Trio tasks keep running meanwhile (the parse runs in a worker thread, not on the Trio thread). The
+    pure-Python loader is forced, so the parse is long enough to tell a worker thread from a stall."""
+    monkeypatch.setattr(workflow_module, "_CLoader", None)
     text = chain(MAX_TEMPLATE_STEPS)
     started = time.perf_counter()
     load_workflow_text(text)
@@ -326,3 +334,171 @@ async def test_issue11_start_up_still_pulls_from_a_feeder_and_onwards(db_path: P
     async with open_runtime(db_path) as rt:
         task = (await ok(rt, {"type": "get_task", "task_id": "A"})).result
         assert (task["step_id"], task["wip_admitted"]) == ("review", True)
+
+
+# --- libyaml reads every template as the pure-Python loader does -----------------------------------------
+
+YAML_FILES = sorted(
+    [*FIXTURES.rglob("*.yml"), *(FIXTURES.parent.parent / "onceflow" / "examples").rglob("*.yml")]
+)
+
+TRICKY_DOCUMENTS = [
+    "a: 0x1F\nb: 0o17\nc: 017\nd: 1_000\ne: 1:30\nf: -0b101\ng: +12\n",  # YAML 1.1 integers
+    "a: 1.5\nb: .inf\nc: -.Inf\nd: .nan\ne: 1e3\nf: 6.8523015e+5\ng: 190:20:30.15\n",
+    "a: yes\nb: No\nc: on\nd: OFF\ne: ~\nf: null\ng:\nh: true\n",
+    "a: 2001-12-14t21:59:43.10-05:00\nb: 2002-12-14\nc: !!timestamp 2001-13-45\n",
+    "a: !!str 12\nb: !!int '7'\nc: !!float '1'\nd: !!binary aGVsbG8=\ne: !!null ''\n",
+    "s: !!set {a, b}\no: !!omap [{x: 1}, {y: 2}]\np: !!pairs [{x: 1}, {x: 2}]\n",
+    "base: &b {x: 1}\nmerged: {<<: {y: 2}, z: 3}\n",
+    "lit: |\n  one\n  two\n\nfold: >-\n  one\n  two\nkeep: |+\n  x\n\n",
+    "q: \"tab\\there \\u00e9 \\x41 \\U0001F600\"\nsq: 'it''s'\nplain: a b c\n",
+    "flow: [a, {b: c}, [d, e], 'f', \"g\"]\nempty: []\nnone: {}\n",
+    "? complex\n: value\n? [a, b]\n: seq key\n",
+    "%YAML 1.1\n---\nid: x\n...\n",
+    "\ufeffid: bom\n",
+    "name: café ünïcode ✓ 😀\nmulti: line one\n  continued\n",
+    "# only a comment\n",
+    "a:\n  - b\n  -   - c\n      - d\n  - e: f\n    g: h\n",
+    "key with spaces: value # comment\n'quoted key': 1\n\"dq key\": 2\n",
+    "big: 123456789012345678901234567890\nneg: -9223372036854775809\n",
+    "lenient: !!binary '%%%'\n",
+    "name: 'R&D *not an alias*'\nother: \"&anchor-like *text\"\n",
+]
+
+MALFORMED_DOCUMENTS = [
+    "id: x\nsteps: [\n",
+    "id: x\nname: a\nid: y\n",
+    "a: &x 1\nb: &x 2\n",
+    "a: *nowhere\n",
+    "a: &x [1]\nb: *x\n",
+    "a: &x [*x]\n",
+    "a: &x\n  b: *x\n",
+    "---\na: 1\n---\nb: 2\n",
+    "a:\n\t- tab\n",
+    "a: b: c\n",
+    "a: [1, 2\nb: 3\n",
+    "a: 'unterminated\n",
+    'a: "bad escape \\q"\n',
+    "a: \x01control\n",
+    "a: \ud800\n",
+    "x: " + "[" * 70 + "]" * 70 + "\n",
+    "x: " + "[" * 2000 + "\n",
+    "x:\n" + "".join("  " * i + "- \n" for i in range(1, 80)),
+    "a: !!int nope\n",
+    "a: !!float nope\n",
+    "a: !!bool maybe\n",
+    "a: !custom 1\n",
+    "plain: a b: c\n",
+    "[a, b]: 1\n{c: d}: 2\n",
+    "- a\nb: c\n",
+]
+
+
+def _every_reading(text: str) -> dict[str, str]:
+    """`repr` of what each path reads from `text` (or of its refusal): the pure-Python loader, what
+    `load_workflow_text` parses, and libyaml's loader alone when it reads the text."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    loaders: list[tuple[str, Callable[[], Any]]] = [
+        ("python", lambda: yaml.load(text, Loader=workflow_module._StrictLoader)),
+        ("parse_yaml", lambda: workflow_module._parse_yaml(text, encoded)),
+    ]
+    readings = {}
+    for name, load in loaders:
+        try:
+            readings[name] = repr(load())
+        except yaml.YAMLError as exc:
+            readings[name] = f"{type(exc).__name__}: {workflow_module._yaml_problem(exc)}"
+    assert workflow_module._CLoader is not None, "PyYAML without libyaml: nothing to compare"
+    with contextlib.suppress(yaml.YAMLError, workflow_module._Unbounded):  # else `_StrictLoader` reads it
+        readings["libyaml"] = repr(yaml.load(encoded, Loader=workflow_module._CLoader))  # type: ignore[arg-type]
+    return readings
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=[p.name for p in YAML_FILES])
+def test_libyaml_reads_every_bundled_template_as_the_python_loader_does(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    readings = _every_reading(text)
+    assert set(readings.values()) == {readings["python"]}, readings
+
+
+@pytest.mark.parametrize("text", TRICKY_DOCUMENTS)
+def test_libyaml_reads_yaml_11_corner_cases_as_the_python_loader_does(text: str) -> None:
+    readings = _every_reading(text)
+    assert set(readings.values()) == {readings["python"]}, readings
+
+
+@pytest.mark.parametrize("text", MALFORMED_DOCUMENTS)
+def test_a_refusal_reads_as_the_python_loader_words_it(text: str) -> None:
+    """Whatever path refused it (libyaml's scanner, its composer, the node check, the constructor), the
+    refusal `load_workflow_text` gives is the pure-Python loader's, at the same line and column."""
+    readings = _every_reading(text)
+    assert readings["parse_yaml"] == readings["python"], readings
+    assert not readings["python"].startswith(("{", "[", "None")), readings  # each one is refused
+
+
+def test_libyaml_reads_a_template_at_the_step_cap_as_the_python_loader_does() -> None:
+    readings = _every_reading(chain(MAX_TEMPLATE_STEPS))
+    assert set(readings.values()) == {readings["python"]}
+
+
+# --- count limits first, before any step is validated ---------------------------------------------------
+
+
+def _steps_yaml(n: int, extra: str = "") -> str:
+    lines = ["id: counted", "name: Counted", "steps:"]
+    for i in range(n):
+        lines += [f"  - id: s{i}", f"    name: S{i}", f"    position: {i}"]
+        lines += ["    is_start_step: true"] if i == 0 else []
+        lines += [extra] if extra else []
+    return "\n".join(lines) + "\n"
+
+
+def test_too_many_steps_is_the_one_problem_reported_even_when_every_step_is_also_wrong() -> None:
+    """Full validation would check all 1,001 steps and report 1,001 unknown keys, burying the step cap;
+    the count is checked first and is the refusal, in the words full validation uses for it."""
+    error = refused(_steps_yaml(MAX_TEMPLATE_STEPS + 1, "    colour: red"))
+    assert (error.step_id, error.field, error.others) == (None, "steps", ())
+    assert error.message.startswith(f"Tuple should have at most {MAX_TEMPLATE_STEPS} items")
+    valid = _steps_yaml(MAX_TEMPLATE_STEPS + 1)
+    with pytest.raises(ValidationError) as full:
+        Workflow.model_validate(yaml.safe_load(valid))
+    (expected,) = [workflow_module._problem(e, Workflow) for e in full.value.errors()]
+    assert (("steps",), refused(valid).message) == expected
+
+
+def test_every_count_problem_is_reported_in_document_order_before_validation() -> None:
+    actions = "    events:\n      on_turn_complete:\n" + "        - type: nope\n" * (MAX_TEMPLATE_ACTIONS + 1)
+    rules = "".join(
+        f"                - {{agent_name: a{n}, operation: keep}}\n" for n in range(MAX_TEMPLATE_ACTIONS + 1)
+    )
+    configure = (
+        "    events:\n      on_enter:\n        - type: configure_session\n          config:\n"
+        "            rules:\n" + rules
+    )
+    text = _steps_yaml(3).replace("    position: 1\n", "    position: 1\n" + actions, 1)
+    text = text.replace("    position: 2\n", "    position: 2\n" + configure, 1)
+    error = refused(text)
+    fields = [(problem.step_id, problem.field) for problem in (error, *error.others)]
+    assert fields == [
+        ("s1", "steps[1].events.on_turn_complete"),
+        ("s2", "steps[2].events.on_enter[0].config.rules"),
+    ]
+    assert all(f"at most {MAX_TEMPLATE_ACTIONS} items" in p.message for p in (error, *error.others))
+
+
+def test_within_the_counts_every_problem_is_still_found_in_one_pass() -> None:
+    error = refused(_steps_yaml(3, "    colour: red"))
+    assert [p.field for p in (error, *error.others)] == [f"steps[{i}].colour" for i in range(3)]
+
+
+def test_a_pull_from_cycle_through_every_step_at_the_cap_is_refused_at_its_first_step() -> None:
+    text = chain(MAX_TEMPLATE_STEPS).replace(
+        "    is_start_step: true\n",
+        f"    is_start_step: true\n    pull_from_step_id: s{MAX_TEMPLATE_STEPS - 1}\n",
+    )
+    error = refused(text)
+    assert (error.step_id, error.field) == ("s0", "steps[0].pull_from_step_id")
+    assert error.message.startswith(
+        f"pull_from_step_id links form a cycle: s0 -> s{MAX_TEMPLATE_STEPS - 1} -> "
+    )
+    assert error.message.endswith(" -> s1 -> s0")

@@ -8,10 +8,11 @@ What goes, once older than the retention (seconds, never below the 24 h key wind
   A key is honoured while its run is unresolved and 24 h after it resolves (store/runs.py
   `key_honoured`), so a run resolved longer ago than the retention holds no honoured key: a redelivery
   inside the window is a no-op whatever was pruned;
-- terminal step entries (their markers cascade) that are not the latest of their (task, step): the latest
-  is kept, since the next entry's `entry_seq` is one more than it (a reused number would reuse run keys),
-  and no open entry is ever deleted (the recovery scan needs them); code-review launches of the same
-  entries go with them;
+- terminal step entries (their markers cascade) whose markers too are older than the retention (an entry
+  a recovery scan just finished is kept a whole retention) and that are not the latest of their (task,
+  step): the latest is kept, since the next entry's `entry_seq` is one more than it (a reused number would
+  reuse run keys), and no open entry is ever deleted (the recovery scan needs them); code-review launches
+  of the same entries go with them;
 - decisions superseded by a later one of the same seat and decider (the latest of each still counts);
 - decision receipts (a redelivered decision within the window is still recognised);
 - acknowledged coordinator outcomes (by `acknowledged_at`), their acknowledgements cascading.
@@ -37,8 +38,11 @@ _LATEST = (
 _ENTRIES = (
     "DELETE FROM step_entries WHERE (task_id, step_id, entry_seq) IN"
     " (SELECT e.task_id, e.step_id, e.entry_seq FROM step_entries AS e"
-    " WHERE e.terminal = 1 AND e.created_at < ?"
-    f" AND e.entry_seq < {_LATEST.format(t='e', step='step_id')} ORDER BY e.created_at LIMIT ?)"
+    " WHERE e.terminal = 1 AND e.created_at < ?1"
+    f" AND e.entry_seq < {_LATEST.format(t='e', step='step_id')}"
+    " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = e.task_id"
+    " AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq AND m.updated_at >= ?1)"
+    " ORDER BY e.created_at LIMIT ?2)"
 )
 _REVIEW_RUNS = (
     "DELETE FROM task_review_runs WHERE id IN (SELECT r.id FROM task_review_runs AS r WHERE r.created_at < ?"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 import trio
 
@@ -23,12 +23,27 @@ _Level = Literal["debug", "info", "warning", "error"]
 _LEVELS = frozenset(get_args(_Level))
 
 
+class Watcher(Protocol):
+    """What the hub tells of every published event of a type in `watches`, before any subscriber."""
+
+    @property
+    def watches(self) -> frozenset[str]: ...
+
+    def on_publish(self, event: Event) -> None: ...
+
+
 class EventHub:
     """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
 
-    def __init__(self, *on_publish: Callable[[Event], None]) -> None:
+    def __init__(self, *watchers: Watcher) -> None:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
-        self._on_publish = on_publish  # told of every event first (waiting claims, the retention trigger)
+        # the watchers by event type (waiting claims, the retention trigger): an event of a type nobody
+        # watches costs one dict lookup
+        hooks: dict[str, list[Callable[[Event], None]]] = {}
+        for watcher in watchers:
+            for type_ in watcher.watches:
+                hooks.setdefault(type_, []).append(watcher.on_publish)
+        self._hooks = {type_: tuple(found) for type_, found in hooks.items()}
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
@@ -36,7 +51,7 @@ class EventHub:
         return receive
 
     def publish(self, event: Event) -> None:
-        for hook in self._on_publish:
+        for hook in self._hooks.get(event.type, ()):
             hook(event)
         if not self._subscribers:
             return

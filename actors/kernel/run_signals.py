@@ -1,6 +1,6 @@
 """Wake-ups for claims waiting for work (`claim_run` with `wait_seconds`). Trio thread.
 
-The event hub tells `RunSignals` of every event it publishes (`EventHub(on_publish=...)`); a `run_queued`,
+The event hub tells `RunSignals` of the events it watches (`EventHub(signals, ...)`); a `run_queued`,
 `run_lease_expired` or `run_retry_scheduled` of an agent wakes every claim of that agent waiting now, and a
 `run_claimed` wakes the lease sweep (a new lease may end before the one it sleeps for). A waiter takes the
 agent's current `trio.Event` *before* it tries to claim, so a run committed after its attempt began wakes
@@ -20,9 +20,14 @@ WAKING = frozenset({"run_queued", "run_lease_expired", "run_retry_scheduled"})
 """The events after which a waiting claim of the event's agent looks again (a retry's time may be
 sooner than the one it waits for)."""
 
+WATCHES = WAKING | {"run_claimed"}
+
 
 class RunSignals:
     """Per agent profile, the `trio.Event` its waiting claims sleep on; set (and replaced) on a wake-up."""
+
+    watches = WATCHES
+    """The event types the hub tells it of (`on_publish`)."""
 
     def __init__(self) -> None:
         self._events: dict[str, trio.Event] = {}
@@ -58,8 +63,9 @@ class RunSignals:
 
     def on_publish(self, event: Event) -> None:
         """The hub's hook: wake the waiters of a `WAKING` event's agent; tell the lease sweep of a claim."""
-        if event.type in WAKING and self._events:
-            self.notify(getattr(event, "agent_profile_id", ""))
-        elif event.type == "run_claimed":
+        if event.type != "run_claimed":
+            if self._events:
+                self.notify(getattr(event, "agent_profile_id", ""))
+        else:
             self.leased.set()
             self.leased = trio.Event()

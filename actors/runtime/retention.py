@@ -37,15 +37,16 @@ class RetentionTrigger:
     """Counts the events that leave history behind (the hub's hook, `on_publish`); `due` is set once
     `every` of them were published since the last pass."""
 
+    watches = HISTORY_EVENTS
+    """The event types the hub tells it of (`on_publish`)."""
+
     def __init__(self, every: int) -> None:
         self.every = every
         self.count = 0
         self.due = trio.Event()
 
     def on_publish(self, event: Event) -> None:
-        if event.type in HISTORY_EVENTS and (
-            event.type != "diagnostic" or getattr(event, "code", "") == "outcome_acknowledged"
-        ):
+        if event.type != "diagnostic" or getattr(event, "code", "") == "outcome_acknowledged":
             self.count += 1
             if self.count >= self.every:
                 self.due.set()

@@ -149,7 +149,7 @@ async def open_runtime(
                 task_rows=task_rows.TaskRows() if store.postgres else rows,
                 run_policy=run_policy or RunPolicy(),
             )
-            hub = EventHub(services.run_signals.on_publish, trigger.on_publish)
+            hub = EventHub(services.run_signals, trigger)
             outcome_supervisor = OutcomeSupervisor(
                 store,
                 hub,

@@ -48,6 +48,11 @@ def _claim_all(agents: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{"type": "claim_run", "agent_profile_id": agent} for agent in agents]
 
 
+def _finish(agent: str) -> dict[str, Any]:
+    """`finish_run` of the run `agent` claimed last, fenced with its token (filled in as it is played)."""
+    return {"type": "finish_run", "run_of": agent}
+
+
 def first_half() -> list[dict[str, Any]]:
     """Set-up, Backlog → Work → Review, a rejection that sends the task back to Work, and its redelivery."""
     return [
@@ -83,8 +88,10 @@ def first_half() -> list[dict[str, Any]]:
         {"type": "turn_complete", "task_id": TASK},
         *_claim_all(REVIEWERS),
         _decide(REVIEWERS[0], "review", "approved", "reviewer", "r1-ada"),
+        _finish(REVIEWERS[0]),
         _decide(REVIEWERS[1], "review", "rejected", "reviewer", "r1-grace"),
         _decide(REVIEWERS[1], "review", "rejected", "reviewer", "r1-grace"),  # redelivered: idempotent
+        _finish(REVIEWERS[1]),  # its entry was left meanwhile: the finish says superseded
     ]
 
 
@@ -94,9 +101,12 @@ def second_half() -> list[dict[str, Any]]:
         {"type": "turn_complete", "task_id": TASK},
         *_claim_all(REVIEWERS),
         _decide(REVIEWERS[0], "review", "approved", "reviewer", "r2-ada"),
+        _finish(REVIEWERS[0]),
         _decide(REVIEWERS[1], "review", "approved", "reviewer", "r2-grace"),
+        _finish(REVIEWERS[1]),
         *_claim_all((APPROVER,)),
         _decide(APPROVER, "approval", "approved", "approver", "a1-linus"),
+        _finish(APPROVER),
         {"type": "get_task", "task_id": TASK},
     ]
 
@@ -113,16 +123,24 @@ async def _play(
     echo: Callable[[str], None],
     stop: trio.Event,
 ) -> None:
+    claims: dict[str, dict[str, Any]] = {}  # the run each agent claimed last: a host keeps its tokens
     for command in commands:
         if stop.is_set():
             return
+        if "run_of" in command:
+            claim = claims[command["run_of"]]
+            command = {"type": "finish_run", "run_id": claim["id"], "claim_token": claim["claim_token"]}
         reply = await runtime.send(command)
         replies.append(reply)
         status = "ok" if reply.ok else f"REFUSED {reply.error.code if reply.error else ''}"
         if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
             status = "ok (idempotent: already applied, nothing ran)"
         if command["type"] == "claim_run" and isinstance(reply.result, dict):
+            claims[command["agent_profile_id"]] = reply.result
             status += f" claimed run #{reply.result['id']} ({reply.result['reason']})"
+        if command["type"] == "finish_run" and isinstance(reply.result, dict):
+            status += f" run #{reply.result['run_id']} {reply.result['status']}"
+            status += " (superseded: its entry was left)" if reply.result["superseded"] else ""
         echo(f"> {_label(command)}  [{status}]")
         for event in reply.events:
             echo(f"    {describe(event)}")

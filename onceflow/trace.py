@@ -64,6 +64,19 @@ def _describe(event: e.Event) -> str:
             return f"run for {event.agent_profile_id} suppressed (same key as #{event.existing_run_id})"
         case e.RunCoalesced():
             return f"run #{event.run_id} for {event.agent_profile_id} coalesced (x{event.coalesced_count})"
+        case e.RunClaimed():
+            return f"run #{event.run_id} claimed by {event.agent_profile_id} (attempt {event.attempt})"
+        case e.RunFinished():
+            superseded = ", its entry left meanwhile" if event.superseded else ""
+            return f"run #{event.run_id} finished{superseded}"
+        case e.RunRetryScheduled():
+            return f"run #{event.run_id} failed ({event.error}); retry {event.retries} scheduled"
+        case e.RunFailed():
+            return f"run #{event.run_id} failed for good ({event.reason})"
+        case e.RunCancelled():
+            return f"run #{event.run_id} cancelled ({event.reason})"
+        case e.RunLeaseExpired():
+            return f"run #{event.run_id}'s lease expired: queued again"
         case e.DecisionRecorded():
             return f"decision by {event.decider_id} at {event.step_id}: {event.decision}"
         case e.DecisionsCleared():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 from helpers import (
     FakeClock,
     events,
@@ -294,3 +295,24 @@ async def test_a_lease_outside_the_policy_is_refused_naming_lease_seconds(
 ) -> None:
     reply = await send(runtime, {"type": "claim_run", "agent_profile_id": "worker", "lease_seconds": lease})
     assert (reply.ok, reply.error.field) == (False, "lease_seconds")
+
+
+async def test_concurrent_claimers_never_share_a_run(runtime: Runtime) -> None:
+    """60 claimers of one agent at once, 120 runs: each run handed out exactly once (PostgreSQL with several
+    runtimes: tests/postgres/test_pg_runs.py)."""
+    await ok(runtime, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+    for n in range(120):
+        await ok(
+            runtime, {"type": "create_task", "task_id": f"T{n}", "workflow_id": "m", "primary_agent_id": "w"}
+        )
+        await comment(runtime, f"T{n}", f"c-{n}")
+    claimed: list[int] = []
+
+    async def claimer() -> None:
+        while (run := await claim(runtime, "w")) is not None:
+            claimed.append(run["id"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(60):
+            nursery.start_soon(claimer)
+    assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 120

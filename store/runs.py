@@ -233,17 +233,17 @@ def list_runs(
 
 
 def run_info(run: RunRecord) -> RunInfo:
-    """The run as replies show it."""
-    return RunInfo(
-        id=run.id,
-        agent_profile_id=run.agent_profile_id,
-        task_id=run.task_id,
-        step_id=run.step_id,
-        reason=run.reason,
-        payload=run.payload,
-        idempotency_key=run.idempotency_key,
-        exclude_from_coalescing=run.exclude_from_coalescing,
-        status=run.status,
-        coalesced_count=run.coalesced_count,
-        requested_at=run.requested_at,
-    )
+    """The run as replies show it (a dict display: calling a typed dict class costs a dict(**kwargs))."""
+    return {
+        "id": run.id,
+        "agent_profile_id": run.agent_profile_id,
+        "task_id": run.task_id,
+        "step_id": run.step_id,
+        "reason": run.reason,
+        "payload": run.payload,
+        "idempotency_key": run.idempotency_key,
+        "exclude_from_coalescing": run.exclude_from_coalescing,
+        "status": run.status,
+        "coalesced_count": run.coalesced_count,
+        "requested_at": run.requested_at,
+    }

@@ -101,7 +101,7 @@ class Runtime:
         name = "unknown"
         out = Outbox(self._hub)
         try:
-            parsed = command if isinstance(command, c.COMMAND_TYPES) else decode_command(command)
+            parsed = command if c.is_command(command) else decode_command(command)
             name = getattr(parsed, "type", type(parsed).__name__)
             if self._closing:
                 raise ShuttingDownError("the runtime is shutting down")

@@ -10,7 +10,7 @@ surrogate is not valid Unicode and is refused. Operation-id shapes follow operat
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, cast, get_args
+from typing import Annotated, Literal, TypeGuard, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -591,10 +591,26 @@ RuntimeCommand = (
 
 _RUNTIME_TYPES = get_args(RuntimeCommand)
 
+_EXACT_TYPES = frozenset(COMMAND_TYPES)
+_EXACT_TASK_TYPES = frozenset(t for t in COMMAND_TYPES if not issubclass(t, _RUNTIME_TYPES))
+"""The command classes, and those of them (and of no runtime command) that always go to a task's actor:
+an exact type is looked up in these first, since an isinstance over a tuple of pydantic classes asks each
+class's metaclass in turn."""
+
+
+def is_command(value: object) -> TypeGuard[BaseModel]:
+    """Whether `value` is an instance of a command model (`COMMAND_TYPES`)."""
+    kind = type(value)
+    return kind in _EXACT_TYPES or (issubclass(kind, BaseModel) and isinstance(value, COMMAND_TYPES))
+
 
 def route(command: BaseModel) -> tuple[str, TaskCommand] | RuntimeCommand:
     """(the task id, the command) for a command its task's actor handles, else the command itself, which
     the runtime handles. Raises TypeError for a model that is not a command."""
+    if type(command) in _EXACT_TASK_TYPES:
+        task_id = getattr(command, "task_id", None)
+        if isinstance(task_id, str):
+            return task_id, cast(TaskCommand, command)
     if isinstance(command, AddParticipant):
         return (command.task_id, command) if command.task_id else command
     if isinstance(command, _RUNTIME_TYPES):

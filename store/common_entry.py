@@ -70,8 +70,9 @@ class Plan:
     reason in the writer).
 
     `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `markers`: the
-    marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, position,
-    config digest, reason, payload JSON] per fan-out in dispatch order ('' when there is none)."""
+    marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, key head,
+    key tail (`keys.suffix_around` of its position and config digest), reason, payload JSON] per fan-out in
+    dispatch order ('' when there is none)."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
@@ -89,7 +90,8 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
             reason = fan_out_reason(action, "on_enter")
             payload: dict[str, Any] | None = getattr(action.config, "payload", None)
             role: str = getattr(action.config, "role", "")
-            fan_outs.append([role, position, fan_out_digest(action, reason), reason, payload_json(payload)])
+            head, tail = keys.suffix_around(position, fan_out_digest(action, reason))
+            fan_outs.append([role, head, tail, reason, payload_json(payload)])
     return Plan(
         step,
         order,
@@ -133,11 +135,11 @@ def admit_common(
 _RUNS = (
     "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
     " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " WITH a (n, role, position, digest, reason, payload) AS MATERIALIZED"
+    " WITH a (n, role, head, tail, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?6)),"
     " s (n, agent, reason, payload, k, position, id) AS"
     " (SELECT a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" ?5 || {keys.entry_suffix_sql('a.position', 'p.agent_profile_id', 'a.digest')}, p.position, p.id"
+    f" ?5 || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
     f" FROM a CROSS JOIN {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
     " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
     " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, s.k, 1, ?3,"
@@ -275,11 +277,11 @@ _RUNS_GROUP = (
     " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
     " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
     " (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM json_each(?1)),"
-    " a (n, role, position, digest, reason, payload) AS MATERIALIZED"
+    " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
     " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?4)),"
     " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
     " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" e.prefix || {keys.entry_suffix_sql('a.position', 'p.agent_profile_id', 'a.digest')}, p.position, p.id"
+    f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
     f" FROM e CROSS JOIN a CROSS JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
     " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
     " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"

@@ -12,7 +12,7 @@ characters, so every id component is percent-encoded (`%` as `%25`, then `:` as 
 either character is written as it is, so keys of ordinary ids are byte for byte what they always were, and
 every key parses back into its parts. The operation id comes first in its shape and is written as it is
 (it holds colons of its own); the parser takes it as what precedes the last four fields. The SQL builders
-produce the same bytes inside a statement (both backends have `replace` and `||`).
+produce the same bytes inside a statement (both backends have `LIKE ... ESCAPE`, `replace` and `||`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,12 @@ def decode(field: str) -> str:
 
 
 def encoded_sql(expression: str) -> str:
-    """SQL for `encode(expression)`."""
-    return f"replace(replace({expression}, '%', '%25'), ':', '%3A')"
+    """SQL for `encode(expression)`: an id with neither character is taken as it is, without the two
+    `replace` calls (each copies the string)."""
+    return (
+        f"CASE WHEN {expression} LIKE '%!%%' ESCAPE '!' OR {expression} LIKE '%:%'"
+        f" THEN replace(replace({expression}, '%', '%25'), ':', '%3A') ELSE {expression} END"
+    )
 
 
 def config_digest(config: dict[str, Any]) -> str:
@@ -99,6 +103,17 @@ def entry_prefix_sql(task_sql: str, step_sql: str, seq_sql: str) -> str:
 def entry_suffix_sql(position_sql: str, agent_sql: str, digest_sql: str) -> str:
     """SQL for `entry_suffix` of three SQL expressions (the position an integer or its text)."""
     return f"{position_sql} || ':' || {encoded_sql(agent_sql)} || ':' || {digest_sql}"
+
+
+def suffix_around(position: int, digest: str) -> tuple[str, str]:
+    """What `entry_suffix` puts before and after the encoded agent: `<position>:` and `:<digest>`, for a
+    statement that builds many runs' keys of one plan (`suffix_around_sql`)."""
+    return f"{position}:", f":{digest}"
+
+
+def suffix_around_sql(head_sql: str, agent_sql: str, tail_sql: str) -> str:
+    """SQL for `entry_suffix` from `suffix_around`'s two parts (SQL expressions) and the agent's."""
+    return f"{head_sql} || {encoded_sql(agent_sql)} || {tail_sql}"
 
 
 def position_in(key: str, prefix: str) -> int:

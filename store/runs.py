@@ -295,27 +295,27 @@ def leave_entries(
 
 
 def run_info(run: RunRecord) -> RunInfo:
-    """The run as replies show it."""
-    return RunInfo(
-        id=run.id,
-        agent_profile_id=run.agent_profile_id,
-        task_id=run.task_id,
-        step_id=run.step_id,
-        reason=run.reason,
-        payload=run.payload,
-        idempotency_key=run.idempotency_key,
-        exclude_from_coalescing=run.exclude_from_coalescing,
-        status=run.status,
-        coalesced_count=run.coalesced_count,
-        requested_at=run.requested_at,
-        trigger=run.trigger,
-        entry_seq=run.entry_seq,
-        admission_seq=run.admission_seq,
-        attempt=run.attempt,
-        retries=run.retries,
-        lease_expires_at=run.lease_expires_at if run.status == "claimed" else None,
-        retry_at=run.retry_at if run.status == "queued" else None,
-        superseded=run.superseded,
-        outcome_reason=run.outcome_reason,
-        last_error=run.last_error,
-    )
+    """The run as replies show it (a dict display: calling a typed dict class costs a dict(**kwargs))."""
+    return {
+        "id": run.id,
+        "agent_profile_id": run.agent_profile_id,
+        "task_id": run.task_id,
+        "step_id": run.step_id,
+        "reason": run.reason,
+        "payload": run.payload,
+        "idempotency_key": run.idempotency_key,
+        "exclude_from_coalescing": run.exclude_from_coalescing,
+        "status": run.status,
+        "coalesced_count": run.coalesced_count,
+        "requested_at": run.requested_at,
+        "trigger": run.trigger,
+        "entry_seq": run.entry_seq,
+        "admission_seq": run.admission_seq,
+        "attempt": run.attempt,
+        "retries": run.retries,
+        "lease_expires_at": run.lease_expires_at if run.status == "claimed" else None,
+        "retry_at": run.retry_at if run.status == "queued" else None,
+        "superseded": run.superseded,
+        "outcome_reason": run.outcome_reason,
+        "last_error": run.last_error,
+    }

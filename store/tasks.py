@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from onceflow.protocol.commands import Priority
+from onceflow.protocol.commands import CreateTask, Priority
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.results import TaskInfo
 from onceflow.protocol.workflow import Step
@@ -109,21 +109,12 @@ def insert_task(
 
 
 def create_task(
-    conn: Connection,
-    *,
-    task_id: str,
-    workflow_id: str,
-    target: Step,
-    feeder: Step | None,
-    title: str,
-    session_id: str | None,
-    primary_agent_id: str | None,
-    ceo_agent_id: str | None,
-    priority: Priority,
-    now: float,
+    conn: Connection, command: CreateTask, workflow_id: str, target: Step, feeder: Step | None, now: float
 ) -> TaskRecord:
-    """Insert a new task where `wip.place` lands it at `target` (a creation is not a step entry): admitted
-    there, queued there when it is full, or admitted at its `feeder` tagged for it.
+    """Insert the task `command` creates where `wip.place` lands it at `target` of `workflow_id` (a creation
+    is not a step entry): admitted there, queued there when it is full, or admitted at its `feeder` tagged
+    for it. Takes the command whole: a store request's keyword arguments cost a dict on the way to the
+    writer thread.
 
     Raises:
         WipLimitError: `target` and its feeder are both full (field step_id).
@@ -132,14 +123,14 @@ def create_task(
     placement = wip.place(conn, workflow_id, target, feeder=feeder)
     return insert_task(
         conn,
-        task_id=task_id,
+        task_id=command.task_id,
         workflow_id=workflow_id,
         step_id=placement.step_id,
-        title=title,
-        session_id=session_id,
-        primary_agent_id=primary_agent_id,
-        ceo_agent_id=ceo_agent_id,
-        priority=priority,
+        title=command.title,
+        session_id=command.session_id,
+        primary_agent_id=command.primary_agent_id,
+        ceo_agent_id=command.ceo_agent_id,
+        priority=command.priority,
         now=now,
         admitted=placement.admitted,
         queued_for_step_id=placement.queued_for,
@@ -227,19 +218,19 @@ def delete_task(conn: Connection, task_id: str) -> bool:
 
 
 def task_info(task: TaskRecord) -> TaskInfo:
-    """The task as replies show it."""
-    return TaskInfo(
-        task_id=task.id,
-        workflow_id=task.workflow_id,
-        step_id=task.step_id,
-        title=task.title,
-        session_id=task.session_id,
-        primary_agent_id=task.primary_agent_id,
-        ceo_agent_id=task.ceo_agent_id,
-        priority=task.priority,
-        wip_admitted=task.wip_admitted,
-        queued_for_step_id=task.queued_for_step_id,
-    )
+    """The task as replies show it (a dict display: calling a typed dict class costs a dict(**kwargs))."""
+    return {
+        "task_id": task.id,
+        "workflow_id": task.workflow_id,
+        "step_id": task.step_id,
+        "title": task.title,
+        "session_id": task.session_id,
+        "primary_agent_id": task.primary_agent_id,
+        "ceo_agent_id": task.ceo_agent_id,
+        "priority": task.priority,
+        "wip_admitted": task.wip_admitted,
+        "queued_for_step_id": task.queued_for_step_id,
+    }
 
 
 def places(conn: Connection, task_ids: Iterable[str]) -> dict[str, tuple[str, str]]:

@@ -143,7 +143,8 @@ class Engine:
             TransitionFailedError, StorageError: the admission failed; nothing was written.
             StaleRow: `cached`, and the row was stale; nothing was written.
         """
-        await self._preflight(task, target, cached)
+        if self._asks_preflight:  # the default host's preflight accepts everything: not even a coroutine
+            await self._preflight(task, target, cached)
         request, on_exit = plan_entry(self.services, self._plans, task, workflow, target, path, cached=cached)
         entered = await self._commit(request)
         if entered.outcome == "stale":
@@ -192,10 +193,8 @@ class Engine:
         return True
 
     async def _preflight(self, task: TaskRecord, target: Step, cached: bool) -> None:
-        """Ask the host whether the task may leave its step for `target` (skipped for a host that accepts
+        """Ask the host whether the task may leave its step for `target` (not called for a host that accepts
         every transition). Raises TransitionRefusedError (field step_id), or StaleRow for a cached row."""
-        if not self._asks_preflight:  # the default host's preflight accepts everything: no await for it
-            return
         try:
             await self.services.host.preflight_transition(
                 task_id=task.id, from_step=task.step_id, to_step=target.id

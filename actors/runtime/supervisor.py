@@ -102,7 +102,7 @@ class Runtime:
         name = "unknown"
         out = Outbox(self._hub)
         try:
-            if isinstance(command, c.COMMAND_TYPES):
+            if c.is_command(command):
                 parsed = command
             else:
                 data = parse_json(command) if isinstance(command, str | bytes) else command

@@ -12,8 +12,6 @@ from typing import TypeAlias
 
 import attrs
 
-from onceflow.actors.engine.engine import Engine
-from onceflow.actors.kernel.operation_locks import TaskLocks
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task import decisions, lifecycle, moves, triggers
 from onceflow.actors.task.context import TaskContext
@@ -57,12 +55,9 @@ TaskResult: TypeAlias = (
 
 
 @attrs.frozen
-class TaskActor:
-    """Handles the commands of one task with the engine current at each command's start."""
-
-    task_id: str
-    engine: Engine
-    locks: TaskLocks
+class TaskActor(TaskContext):
+    """Handles the commands of one task with the engine current at each command's start (built per command,
+    it is that command's `TaskContext` for the handlers)."""
 
     async def handle(self, message: TaskMessage, out: Outbox) -> TaskResult:
         """Apply one message. Raises OnceflowError subclasses for refused commands.
@@ -71,7 +66,7 @@ class TaskActor:
         row outside the admission's compare-and-set (actors/kernel/task_rows.py). A cancellation leaves
         what the handler committed so far (every handler states what that is).
         """
-        ctx = TaskContext(self.task_id, self.engine, self.locks)
+        ctx: TaskContext = self
         if not isinstance(message, c.MoveTask | c.CreateTask | c.GetTask):
             ctx.services.task_rows.forget(self.task_id)
         match message:

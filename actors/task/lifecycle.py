@@ -31,19 +31,7 @@ async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskIn
     workflow = services.workflows.get(command.workflow_id)
     target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
     feeder = workflow.step(target.pull_from_step_id) if target.pull_from_step_id else None
-    task = await ctx.store.transact(
-        tasks.create_task,
-        task_id=command.task_id,
-        workflow_id=workflow.id,
-        target=target,
-        feeder=feeder,
-        title=command.title,
-        session_id=command.session_id,
-        primary_agent_id=command.primary_agent_id,
-        ceo_agent_id=command.ceo_agent_id,
-        priority=command.priority,
-        now=services.now(),
-    )
+    task = await ctx.store.transact(tasks.create_task, command, workflow.id, target, feeder, services.now())
     services.task_rows.put(task)
     out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
     if not task.wip_admitted:

@@ -35,16 +35,16 @@ async def move(ctx: TaskContext, step_id: str, path: EntryPath, trigger: str, ou
                 moved = await engine.enter_step(
                     cached, workflow, workflow.step(step_id), path=path, trigger=trigger, out=out, cached=True
                 )
-                return MoveResult(moved=moved, step_id=step_id if moved else cached.step_id)
+                return {"moved": moved, "step_id": step_id if moved else cached.step_id}
             except StaleRow:
                 pass  # nothing was written: decide it from the committed row
     task = await ctx.load()
     workflow = ctx.services.workflows.get(task.workflow_id)
     target = find_step(workflow, step_id)
     if target.id == task.step_id:
-        return MoveResult(moved=False, step_id=task.step_id)
+        return {"moved": False, "step_id": task.step_id}
     moved = await engine.enter_step(task, workflow, target, path=path, trigger=trigger, out=out)
-    return MoveResult(moved=moved, step_id=target.id if moved else task.step_id)
+    return {"moved": moved, "step_id": target.id if moved else task.step_id}
 
 
 async def switch_workflow(

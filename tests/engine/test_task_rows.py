@@ -142,9 +142,9 @@ def test_issue14_a_cached_row_makes_a_move_one_writer_request(
             calls: list[object] = []
             submit = store._submit  # every request, grouped or not, goes through it
 
-            async def counted(fn: Any, *args: Any) -> Any:
+            def counted(fn: Any, *args: Any) -> None:
                 calls.append(fn)
-                return await submit(fn, *args)
+                submit(fn, *args)
 
             store._submit = counted  # type: ignore[method-assign]
             await ok(rt, {"type": "move_task", "task_id": "T0", "step_id": "done"})

@@ -296,10 +296,10 @@ async def count_transactions(monkeypatch: pytest.MonkeyPatch, work: Callable[[],
     count = 0
     real = StoreActor._submit  # every request, grouped or not, goes through it
 
-    async def counted(self: StoreActor, *args: Any) -> Any:
+    def counted(self: StoreActor, *args: Any) -> None:
         nonlocal count
         count += 1
-        return await real(self, *args)
+        real(self, *args)
 
     with monkeypatch.context() as patched:
         patched.setattr(StoreActor, "_submit", counted)

@@ -89,11 +89,21 @@ async def test_the_sql_builders_write_the_python_bytes(db_path: Path | str) -> N
     sql = (
         "SELECT " + keys.entry_prefix_sql("?1", "?2", "?3") + " || " + keys.entry_suffix_sql("?4", "?5", "?6")
     )
+    around = (
+        "SELECT "
+        + keys.entry_prefix_sql("?1", "?2", "?3")
+        + " || "
+        + keys.suffix_around_sql("?4", "?5", "?6")
+    )
     async with open_store(db_path) as store:
         for task, step, seq, position, agent in cases:
             expected = keys.entry_key(task, step, seq, position, agent, "0123456789abcdef")
             params = (task, step, seq, position, agent, "0123456789abcdef")
             (got,) = await store.transact(lambda conn, p=params: conn.execute(sql, p).fetchone())
+            assert got == expected
+            head, tail = keys.suffix_around(position, "0123456789abcdef")
+            parts = (task, step, seq, head, agent, tail)
+            (got,) = await store.transact(lambda conn, p=parts: conn.execute(around, p).fetchone())
             assert got == expected
 
 

@@ -110,9 +110,9 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
     )
     if not moved:
         return Entered("stale" if request.version is not None else "abandoned")
-    left = tuple(runs.leave_entries(conn, [task.id], request.now))
+    leaving = runs.leave_entries(conn, [task.id], request.now)
     if not placement.admitted:  # a queued placement: not an entry, nothing allocated
-        return Entered("queued", left=left)
+        return Entered("queued", left=leaving.changes())
     # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
     key = step_entries.allocate_for(
         conn,
@@ -123,19 +123,20 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         now=request.now,
     )
     if key is None or request.lead is None:
-        return Entered("admitted", key, left=left)
+        return Entered("admitted", key, left=leaving.changes())
     actions, finish = request.lead
     segment = Segment(
         request.entered, target, key, actions, request.executors, check_digest=False, finish=finish
     )
     try:
         with savepoint(conn, "dispatch"):
-            return Entered("admitted", key, run_segment(conn, segment, source, request.now), left)
+            first = run_segment(conn, segment, source, request.now)
+            return Entered("admitted", key, first, leaving.changes())
     except Exception as exc:  # the move stands; the dispatch runs on its own after the commit
         if faults.fails_request(conn, exc):  # unless the database itself failed
             raise
         log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
-    return Entered("admitted", key, left=left)
+    return Entered("admitted", key, left=leaving.changes())
 
 
 def group_key(request: EntryRequest) -> tuple[int, str, str] | None:

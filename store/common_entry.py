@@ -181,7 +181,7 @@ def _admit(
     )
     if not moved:
         raise Anomaly("the task moved")
-    left = runs.leave_entries(conn, [task.id], now)
+    leaving = runs.leave_entries(conn, [task.id], now)
     (seq,) = conn.execute(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
         " terminal, created_at) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3, ?4, ?5, 1, ?6"
@@ -207,7 +207,7 @@ def _admit(
         returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
         for run_id, agent, run in returned:
             queued.setdefault(keys.position_in(run, prefix), []).append((agent, run_id, run))
-    return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued), tuple(left))
+    return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued), leaving.changes())
 
 
 @attrs.frozen
@@ -316,11 +316,7 @@ def _admit_group(
     members = json.dumps([_member(admission) for admission in admissions])
     if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
-    left: dict[str | None, list[Change]] = {}
-    for change in runs.leave_entries(
-        conn, [admission.task.id for admission in admissions], admissions[0].now
-    ):
-        left.setdefault(change.task_id, []).append(change)
+    leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
     conn.execute(_ENTRIES_GROUP, (step.id, workflow_id, plan.declaration, path, members))
     seqs, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = []
@@ -348,6 +344,9 @@ def _admit_group(
         for run_id, task_id, agent, run in sorted(json.loads(returned)):
             position = keys.position_in(run, prefixes[task_id])
             queued.setdefault(task_id, {}).setdefault(position, []).append((agent, run_id, run))
+    left: dict[str | None, list[Change]] = {}
+    for change in leaving.changes():  # read last: its answer came with the later statements'
+        left.setdefault(change.task_id, []).append(change)
     return [
         Admitted(
             EntryKey(task_id, step.id, seq),

@@ -211,6 +211,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
         WHERE status IN ('queued', 'claimed');
     CREATE INDEX runs_by_task ON runs(task_id);
+    CREATE INDEX runs_open_by_task ON runs(task_id) WHERE status IN ('queued', 'claimed');
     CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
     ALTER TABLE decision_receipts ADD COLUMN created_at DOUBLE PRECISION;
     UPDATE decision_receipts SET created_at = EXTRACT(EPOCH FROM now());

@@ -15,14 +15,16 @@ Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 
 from onceflow.protocol.results import RunInfo
-from onceflow.store.connection import Connection
+from onceflow.store.connection import Connection, Cursor
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
+from onceflow.store.urls import on_postgres
 
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 COALESCE_WINDOW_SECONDS = 5.0
@@ -271,27 +273,51 @@ _LEAVE = (
     "UPDATE runs SET status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END,"
     " outcome_reason = CASE status WHEN 'queued' THEN ?3 ELSE outcome_reason END,"
     " finished_at = CASE status WHEN 'queued' THEN ?2 ELSE finished_at END, superseded = 1"
-    " WHERE task_id IN (SELECT value FROM json_each(?1)) AND status IN ('queued', 'claimed')"
-    " AND admission_seq IS NOT NULL AND superseded = 0"
+    " WHERE {tasks} AND status IN ('queued', 'claimed') AND admission_seq IS NOT NULL AND superseded = 0"
     " RETURNING id, status, agent_profile_id, attempt, task_id"
 )
+_LEAVE_ONE = _LEAVE.format(tasks="task_id = ?1")
+_LEAVE_MANY = _LEAVE.format(tasks="task_id IN (SELECT value FROM json_each(?1))")
+_LEAVE_MANY_PG = _LEAVE.format(tasks="task_id = ANY(?1)")  # a planner estimate a json set would not give
+
+
+@attrs.frozen
+class Leaving:
+    """`leave_entries`' statement, sent: its answer is read by `changes`, as late as the caller can (on
+    PostgreSQL, a pipelined answer read after a later statement's costs no round trip of its own)."""
+
+    cursor: Cursor
+    reason: str
+
+    def changes(self) -> tuple[Change, ...]:
+        """The runs it cancelled (queued ones) and superseded (claimed ones)."""
+        return tuple(
+            Change(
+                "cancelled" if status == "cancelled" else "superseded",
+                run_id,
+                task_id,
+                agent,
+                attempt,
+                self.reason,
+            )
+            for run_id, status, agent, attempt, task_id in self.cursor.fetchall()
+        )
 
 
 def leave_entries(
-    conn: Connection, task_ids: list[str], now: float, reason: str = "entry_left"
-) -> list[Change]:
-    """The tasks are leaving the step entries they are in (a step change, a promotion, a workflow switch,
-    a deletion): their queued runs that belong to an entry of their own are cancelled (`reason`), their
-    claimed ones marked superseded (their holders are told; a finish still counts). Runs queued for them by
-    another task (no admission) are left alone. Call it after the compare-and-set step change and before the
-    new entry queues its own runs. One statement for all of them."""
-    rows = conn.execute(_LEAVE, (json.dumps(task_ids), now, reason)).fetchall()
-    return [
-        Change(
-            "cancelled" if status == "cancelled" else "superseded", run_id, task_id, agent, attempt, reason
-        )
-        for run_id, status, agent, attempt, task_id in rows
-    ]
+    conn: Connection, task_ids: Sequence[str], now: float, reason: str = "entry_left"
+) -> Leaving:
+    """The tasks are leaving the step entries they are in (a step change, a WIP queue, a workflow switch):
+    their queued runs that belong to an entry of their own are cancelled (`reason`), their claimed ones
+    marked superseded (their holders are told; a finish still counts). Runs queued for them by another task
+    (no admission) are left alone. Call it after the compare-and-set step change and before the new entry
+    queues its own runs; read `Leaving.changes` once the transaction's later reads are done. One statement
+    for all of them, over the open runs only (`runs_open_by_task`)."""
+    if len(task_ids) == 1:
+        return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)), reason)
+    if on_postgres(conn):
+        return Leaving(conn.execute(_LEAVE_MANY_PG, (list(task_ids), now, reason)), reason)
+    return Leaving(conn.execute(_LEAVE_MANY, (json.dumps(list(task_ids)), now, reason)), reason)
 
 
 def run_info(run: RunRecord) -> RunInfo:

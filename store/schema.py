@@ -354,6 +354,7 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
             WHERE status IN ('queued', 'claimed');
         CREATE INDEX runs_by_task ON runs(task_id);
+        CREATE INDEX runs_open_by_task ON runs(task_id) WHERE status IN ('queued', 'claimed');
         CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
         CREATE TABLE step_entry_markers_next (
             task_id    TEXT NOT NULL,

@@ -284,13 +284,15 @@ _LEAVE_MANY_PG = _LEAVE.format(tasks="task_id = ANY(?1)")  # a planner estimate 
 @attrs.frozen
 class Leaving:
     """`leave_entries`' statement, sent: its answer is read by `changes`, as late as the caller can (on
-    PostgreSQL, a pipelined answer read after a later statement's costs no round trip of its own)."""
+    PostgreSQL, a pipelined answer read after a later statement's costs no round trip of its own; on SQLite
+    the rows are read at once, since a statement left unread blocks the next savepoint)."""
 
-    cursor: Cursor
+    rows: Cursor | list[Any]
     reason: str
 
     def changes(self) -> tuple[Change, ...]:
         """The runs it cancelled (queued ones) and superseded (claimed ones)."""
+        rows = self.rows if isinstance(self.rows, list) else self.rows.fetchall()
         return tuple(
             Change(
                 "cancelled" if status == "cancelled" else "superseded",
@@ -300,7 +302,7 @@ class Leaving:
                 attempt,
                 self.reason,
             )
-            for run_id, status, agent, attempt, task_id in self.cursor.fetchall()
+            for run_id, status, agent, attempt, task_id in rows
         )
 
 
@@ -313,11 +315,13 @@ def leave_entries(
     (no admission) are left alone. Call it after the compare-and-set step change and before the new entry
     queues its own runs; read `Leaving.changes` once the transaction's later reads are done. One statement
     for all of them, over the open runs only (`runs_open_by_task`)."""
-    if len(task_ids) == 1:
-        return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)), reason)
     if on_postgres(conn):
+        if len(task_ids) == 1:
+            return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)), reason)
         return Leaving(conn.execute(_LEAVE_MANY_PG, (list(task_ids), now, reason)), reason)
-    return Leaving(conn.execute(_LEAVE_MANY, (json.dumps(list(task_ids)), now, reason)), reason)
+    if len(task_ids) == 1:
+        return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)).fetchall(), reason)
+    return Leaving(conn.execute(_LEAVE_MANY, (json.dumps(list(task_ids)), now, reason)).fetchall(), reason)
 
 
 def run_info(run: RunRecord) -> RunInfo:

@@ -73,9 +73,11 @@ def run_ranks(url: str) -> dict[int, int]:
 
 
 def renumbered(value: Any, ranks: dict[int, int]) -> Any:
-    """`value` (replies, events or logs as plain data) with every `run_id` replaced by its rank."""
+    """`value` (replies, events or logs as plain data) with every run id (`run_id`, `existing_run_id`)
+    replaced by its rank: PostgreSQL's sequence is not rolled back with a savepoint, so the two paths may
+    number the same runs differently."""
     if isinstance(value, dict):
-        return {k: ranks.get(v, v) if k == "run_id" else renumbered(v, ranks) for k, v in value.items()}
+        return {k: ranks.get(v, v) if k.endswith("run_id") else renumbered(v, ranks) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return type(value)(renumbered(v, ranks) for v in value)
     return value

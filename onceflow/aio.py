@@ -28,6 +28,7 @@ from pydantic import BaseModel
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
+from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 

@@ -12,8 +12,9 @@ import asyncio
 import threading
 import time
 from importlib import resources
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -24,6 +25,8 @@ from onceflow.protocol.coordinator import AcknowledgeRequest, DeliveryRequest, R
 from onceflow.protocol.events import Diagnostic, Reply
 from onceflow.protocol.host import BaseHost, SessionActionRequest
 from onceflow.protocol.outcome import derive_outcome_id
+
+T = TypeVar("T")
 
 OFFICE = resources.files("onceflow") / "examples" / "office-example.yml"
 WAIT = 10.0  # seconds of real time any single wait may take before the test fails instead of hanging
@@ -225,6 +228,27 @@ class HangingHost(BaseHost):
             raise
 
 
+def _run_bounded(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(main())` on a daemon thread, failing after 3 * WAIT seconds instead of hanging the
+    suite when a shutdown waits on host code (leaving `open_runtime` cannot itself be cancelled)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(asyncio.run(main()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(3 * WAIT)
+    assert not thread.is_alive(), "the runtime did not close: it waits on a host call"
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
 def test_leaving_cancels_a_pending_asyncio_host_call_and_closes_promptly(tmp_path: Path) -> None:
     host = HangingHost()
 
@@ -238,14 +262,14 @@ def test_leaving_cancels_a_pending_asyncio_host_call_and_closes_promptly(tmp_pat
         await asyncio.wait_for(host.cancelled.wait(), WAIT)  # the asyncio side saw CancelledError
         return moving, closed
 
-    moving, closed = asyncio.run(main())
+    moving, closed = _run_bounded(main)
     assert closed < 5.0
     moved = moving.result()  # the command drained: the transition stands, the host call is reported
     assert moved.ok, moved.error
     [failed] = _diagnostics(moved, "session_action_failed")
     assert (failed.fields["action"], failed.fields["error_type"]) == (
         "auto_start_agent",
-        "HostCallCancelledError",
+        onceflow.aio.HostCallCancelledError.__name__,
     )
     assert "shutting down" in failed.fields["error"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from importlib import resources
 from collections.abc import Callable, Coroutine
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 

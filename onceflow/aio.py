@@ -8,7 +8,8 @@
 `open_runtime` starts one thread running `trio.run`; calls go in through the Trio token
 (`TrioToken.run_sync_soon`, first in first out) and answers come back through
 `loop.call_soon_threadsafe`, so the asyncio loop never blocks on the runtime and the runtime never
-waits on asyncio. A `Host` or `Coordinator` passed in is called on the Trio thread (Trio code).
+waits on asyncio. The coroutine methods of a `Host` or `Coordinator` passed in run on the caller's asyncio
+loop (onceflow/aio_hosts.py), unless `host_loop="trio"` says they are Trio code.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import trio
 from pydantic import BaseModel
 
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
+from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
+from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 
@@ -87,6 +90,7 @@ class AsyncioRuntime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._host_calls = AsyncioCalls(loop)
         self._token: trio.lowlevel.TrioToken | None = None
         self._runtime: supervisor.Runtime | None = None  # the rest: Trio thread only
         self._commands: trio.Nursery | None = None
@@ -139,6 +143,12 @@ class AsyncioRuntime:
                         subscription._cancel()
             finally:
                 self._accepting = False
+
+    def _close(self) -> None:
+        """Stop taking commands and give up every asyncio host call, pending or later: the commands
+        already submitted drain without waiting on asyncio code."""
+        self._host_calls.close()
+        self._stop.set()
 
     def _start_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
         if not self._accepting or self._commands is None:
@@ -237,7 +247,9 @@ async def _wait_through_cancellation(future: asyncio.Future[T]) -> T:
 
 
 @asynccontextmanager
-async def open_runtime(db_path: str | os.PathLike[str], **options: Any) -> AsyncIterator[AsyncioRuntime]:
+async def open_runtime(
+    db_path: str | os.PathLike[str], *, host_loop: Literal["asyncio", "trio"] = "asyncio", **options: Any
+) -> AsyncIterator[AsyncioRuntime]:
     """Open a runtime for an asyncio program: `async with open_runtime(db) as rt` under `asyncio.run`.
 
     Takes the keyword arguments of `onceflow.open_runtime` (host, durability, coordinator, ...). Entering
@@ -246,22 +258,40 @@ async def open_runtime(db_path: str | os.PathLike[str], **options: Any) -> Async
     taking commands, lets the ones submitted finish, ends every subscription, closes the store and
     joins the thread — even when the leaving task is cancelled (the cancellation is re-raised after).
     An error that stopped the runtime while open is raised on leaving.
+
+    `host_loop` says where the coroutine methods of `host` and `coordinator` run. "asyncio" (default): as
+    tasks on this loop, awaited by the runtime across threads (onceflow/aio_hosts.py), so they may await
+    any asyncio code; a method that is not a coroutine function, and `BaseHost`'s own no-ops, are still
+    called on the Trio thread. A call the runtime gives up on is cancelled on this loop (the coroutine
+    sees CancelledError): at a coordinator attempt's timeout, and for every call pending or started once
+    leaving begins (it fails as `HostCallCancelledError`, reported like any raising host call; leaving
+    never waits on host code). "trio": every method is Trio code on the runtime's thread, as under
+    `trio.run`.
+
+    Raises:
+        ValueError: `host_loop` is neither "asyncio" nor "trio" (before anything is opened).
     """
+    if host_loop not in ("asyncio", "trio"):
+        raise ValueError(f"host_loop must be 'asyncio' or 'trio', got {host_loop!r}")
     runtime = AsyncioRuntime(asyncio.get_running_loop())
+    if host_loop == "asyncio":
+        for option, methods in (("host", HOST_METHODS), ("coordinator", COORDINATOR_METHODS)):
+            if options.get(option) is not None:
+                options[option] = runtime._host_calls.adapt(options[option], methods)
     thread = threading.Thread(target=runtime._thread, args=(db_path, options), name="onceflow-trio")
     thread.start()
     try:
         await _wait_through_cancellation(runtime.ready)
     except BaseException:  # opening failed, or this task was cancelled while it opened
         if runtime._token is not None:
-            runtime._call_in_trio(runtime._stop.set)
+            runtime._call_in_trio(runtime._close)
         await _wait_through_cancellation(runtime.finished)
         thread.join()
         raise
     try:
         yield runtime
     finally:
-        runtime._call_in_trio(runtime._stop.set)
+        runtime._call_in_trio(runtime._close)
         try:
             await _wait_through_cancellation(runtime.finished)
         finally:

@@ -241,7 +241,8 @@ class OnEnterDispatch:
 
         run_code_review records its review-run row with the claim, then asks the host to start the pass with
         the entry identity and the row's id (a re-claim after a crash reuses the row); a
-        failed start is recorded on the row and warned, and neither blocks the entry nor fails the action
+        failed start is recorded on the row and warned (`code_review_start_failed`, with the exception's
+        `error_type`, `error` message and `cause` repr), and neither blocks the entry nor fails the action
         (AC-A8). Any other engine-owned type without an executor is skipped(no_executor) with the AC-A6
         warning. A crash between claim and completion re-runs the action on recovery (at-least-once).
         """
@@ -275,7 +276,13 @@ class OnEnterDispatch:
                         DiagnosticNote(
                             "warning",
                             "code_review_start_failed",
-                            {"task_id": self.task.id, "step_id": self.step.id, "cause": start_failure},
+                            {
+                                "task_id": self.task.id,
+                                "step_id": self.step.id,
+                                "cause": start_failure,
+                                "error_type": type(exc).__name__,
+                                "error": str(exc),
+                            },
                         ),
                     ),
                 )

@@ -34,7 +34,8 @@ async def request_session_action(
 
     With no live session the action is skipped (info diagnostic, "no_session") and nothing durable is
     recorded (on-enter-action-dispatch.md AC-A10, AC-B8); a host that raises gets an ERROR diagnostic
-    ("failed"). Never raises for a host failure.
+    `session_action_failed` ("failed") whose fields carry the exception: `error_type` (its class name),
+    `error` (its message) and `cause` (its repr). Never raises for a host failure.
     """
     fields: dict[str, Any] = {
         "task_id": task.id,
@@ -64,7 +65,8 @@ async def request_session_action(
     try:
         await services.host.perform_session_action(request)
     except Exception as exc:
-        out.diagnostic("error", "session_action_failed", cause=repr(exc), **fields)
+        error = {"cause": repr(exc), "error_type": type(exc).__name__, "error": str(exc)}
+        out.diagnostic("error", "session_action_failed", **error, **fields)
         return "failed"
     out.emit(SessionAction(**attrs.asdict(request)))  # the event shows exactly what the host was asked
     return "performed"

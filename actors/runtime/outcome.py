@@ -206,7 +206,13 @@ class OutcomeActor:
             receipt = OutcomeDelivery.model_validate(raw, context={"envelope": self._envelope})
         except Exception as exc:
             await self._update(outcomes.fail_cycle)
-            self._emit("warning", "outcome_delivery_failed", cycle_id=cycle_id, error=repr(exc))
+            self._emit(
+                "warning",
+                "outcome_delivery_failed",
+                cycle_id=cycle_id,
+                error=repr(exc),
+                error_type=type(exc).__name__,
+            )
             return False
         await self._update(
             outcomes.record_delivery, receipt.delivery_ref, receipt.coordinator_fence, self._clock()
@@ -252,7 +258,13 @@ class OutcomeActor:
             )
         except Exception as exc:
             self._record = await self._transact(outcomes.consume_ack, ack)
-            self._emit("warning", "outcome_acknowledgement_failed", cycle_id=cycle_id, error=repr(exc))
+            self._emit(
+                "warning",
+                "outcome_acknowledgement_failed",
+                cycle_id=cycle_id,
+                error=repr(exc),
+                error_type=type(exc).__name__,
+            )
             return False
         await self._update(outcome_claims.acknowledge_and_release, ack.acknowledged_by, self._clock())
         self._emit(

@@ -26,7 +26,8 @@ WORKFLOW = FIXTURES / "workflows" / "minimal.yml"
 
 @attrs.define
 class SlowHost(RecordingHost):
-    """Takes `delay` seconds (Trio time, on the runtime's thread) for each session action."""
+    """Takes `delay` seconds (Trio time, on the runtime's thread: `host_loop="trio"`) for each session
+    action."""
 
     delay: float = 0.3
 
@@ -80,7 +81,7 @@ def test_issue13_aio_cancelled_caller_still_gets_the_committed_effect_whole(tmp_
     host = SlowHost()
 
     async def main() -> None:
-        async with onceflow.aio.open_runtime(tmp_path / "b.db", host=host) as rt:
+        async with onceflow.aio.open_runtime(tmp_path / "b.db", host=host, host_loop="trio") as rt:
             await _registered(rt)
             assert (await rt.send(_create("T1"))).ok
             with pytest.raises(TimeoutError):

@@ -90,7 +90,8 @@ async def test_ac_co_4_ac_co_7_an_exhausted_cycle_fails_and_the_next_cycle_comes
 ) -> None:
     coordinator.down = True
     events, env = await start(rt)
-    await diagnostic(events, "outcome_delivery_failed")
+    failed = await diagnostic(events, "outcome_delivery_failed")
+    assert failed.fields["error_type"] == "ConnectionError"
     assert coordinator.delivery_ids() == [(deliver_id(env, 1), n) for n in range(1, 6)]
     assert gaps(coordinator.deliveries) == [1.0, 2.0, 4.0, 8.0]
     failed_at = coordinator.deliveries[-1][0]
@@ -274,7 +275,11 @@ async def test_ac_co_10_ack_failures_exhaust_their_retries_and_a_later_ack_compl
     events, env = await start(rt)
     await diagnostic(events, "outcome_delivered")
     await ok(rt, ack(env, "coord-1"))
-    await diagnostic(events, "outcome_acknowledgement_failed")
+    failed = await diagnostic(events, "outcome_acknowledgement_failed")
+    assert (failed.fields["error_type"], failed.fields["error"]) == (
+        "ConnectionError",
+        repr(ConnectionError("canonical store unreachable")),
+    )
     assert coordinator.ack_ids() == [(ack_id(env, 1), n) for n in range(1, 6)]
     assert gaps(coordinator.acks) == [1.0, 2.0, 4.0, 8.0]
     failed_at = coordinator.acks[-1][0]

@@ -179,6 +179,10 @@ async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(
         assert failure.level == "error"
         assert (failure.fields["task_id"], failure.fields["action"]) == ("T1", "auto_start_agent")
         assert "ConnectionError" in failure.fields["cause"]
+        assert (failure.fields["error_type"], failure.fields["error"]) == (
+            "ConnectionError",
+            "session session-T1 is gone",
+        )
 
         healthy = await move(rt, "T2", "work")
         assert [a.task_id for a in events(healthy, "session_action")] == ["T2"]

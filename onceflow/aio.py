@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from pydantic import BaseModel
@@ -28,6 +28,9 @@ import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+
+if TYPE_CHECKING:
+    from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
 
@@ -121,6 +124,18 @@ class AsyncioRuntime:
         if not self._call_in_trio(self._start_subscription, subscription):
             subscription._queue.put_nowait(_END)
         return subscription
+
+    def runs(self, agent_profile_id: str, **options: Any) -> AsyncioRuns:
+        """A worker over the runs queue for one agent profile, for `async with` / `async for` /
+        `async with run` on this loop (onceflow/worker_aio.py; the options and rules are `Runtime.runs`'s).
+
+        Raises:
+            ProtocolError: a bad option, naming the field.
+            ShuttingDownError: the runtime is not open.
+        """
+        from onceflow.worker_aio import AsyncioRuns
+
+        return AsyncioRuns(self, agent_profile_id, **options)
 
     # Trio thread ------------------------------------------------------------------------------
 

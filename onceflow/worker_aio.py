@@ -19,6 +19,7 @@ and its run handed back.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -80,7 +81,8 @@ class AsyncioRun(Run):
         if self._cancelled_by_loss and self._task is not None:
             absorbed = self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
         error = None if absorbed else exc
-        _, cancelled = await self._runs._call(self._runs._worker._end, self, error)
+        end = functools.partial(self._runs._worker._end, cancelled=absorbed)
+        _, cancelled = await self._runs._call(end, self, error)
         if cancelled and not isinstance(error, asyncio.CancelledError):
             raise asyncio.CancelledError
         return error is None or isinstance(error, Exception)

@@ -64,6 +64,9 @@ third of that, so two failures in a row still leave a third of the lease)."""
 CLAIM_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds between claims that failed with a retryable error (a busy database): one after another."""
 
+LOST_CLAIMS = frozenset({"claim_lost", "cancelled", "lease_expired"})
+"""The `Run.lost` reasons after which the claim's token is stale: nothing to finish or hand back."""
+
 FINISH_ATTEMPTS = 3
 """How many times a finish that failed with a retryable error is sent (it is an idempotent replay)."""
 
@@ -168,7 +171,7 @@ class Run:
             await self._worker._end(self, remaining)
             raise
         error = None if absorbed else exc
-        await self._worker._end(self, error)
+        await self._worker._end(self, error, cancelled=self._scope.cancelled_caught)
         return error is None or isinstance(error, Exception)
 
     def _enter(self) -> None:
@@ -398,9 +401,16 @@ class RunWorker:
 
     def _lose(self, run: Run, why: str, cause: str | None = None) -> None:
         """The claim is lost (`why`: superseded, claim_lost, cancelled, lease_expired, worker_closed): say
-        so, stop the body."""
+        so, stop the renewals and the body."""
         if run.lost is not None or run._ended:
             return
+        self._say_lost(run, why, cause)
+        if run._renewal is not None:
+            run._renewal.cancel()
+        run._cancel_body()
+
+    def _say_lost(self, run: Run, why: str, cause: str | None) -> None:
+        """Record why the claim was lost, as `run.lost` and a WARNING `run_lost` diagnostic."""
         run.lost = why
         fields: dict[str, Any] = {
             "run_id": run.id,
@@ -408,14 +418,11 @@ class RunWorker:
             "agent_profile_id": run.agent_profile_id,
         }
         Outbox(self._hub, reply=False).diagnostic("warning", "run_lost", **fields, reason=why, cause=cause)
-        if run._renewal is not None:
-            run._renewal.cancel()
-        run._cancel_body()
 
-    async def _end(self, run: Run, error: BaseException | None) -> None:
-        """Resolve `run` once its body ended with `error` (None: it completed, or a lost claim cancelled it):
-        finish, fail or release it (module docstring). Never raises; shielded from cancellation (each step
-        is one store transaction)."""
+    async def _end(self, run: Run, error: BaseException | None, *, cancelled: bool = False) -> None:
+        """Resolve `run` once its body ended with `error` (None: it completed, or a lost claim cancelled it:
+        `cancelled`): finish, fail or release it (module docstring). Never raises; shielded from
+        cancellation (each step is one store transaction)."""
         if run._ended:
             return
         run._ended = True
@@ -426,16 +433,18 @@ class RunWorker:
             if run._renewal is not None:
                 run._renewal.cancel()
                 await run._renewed.wait()
-            if isinstance(error, RunError):
+            if run.lost in LOST_CLAIMS:
+                return  # another claim holds it, or it is over: nothing is left to finish
+            if error is not None and not isinstance(error, Exception):
+                await self._release(run)
+            elif isinstance(error, RunError):
                 await self._finish(run, "failed", error.message, error.retryable, error.retry_at)
-            elif isinstance(error, Exception):
+            elif error is not None:
                 log.warning("run_body_failed", run_id=run.id, cause=shown(error), exc_info=error)
                 await self._finish(run, "failed", f"{type(error).__name__}: {error}", True, None)
-            elif error is not None:
-                await self._release(run)
-            elif run.lost == "superseded":
+            elif cancelled:  # superseded, the body stopped: not retried (the runs queue cancels it)
                 await self._finish(run, "failed", "its task left the step entry that queued it", False, None)
-            elif run.lost is None:
+            else:  # completed (superseded or not: a finish still counts)
                 await self._finish(run, "finished", None, True, None)
 
     async def _finish(
@@ -461,7 +470,7 @@ class RunWorker:
             return
         assert reply.error is not None
         if reply.error.code == "conflict" and reply.error.field == "claim_token":
-            self._lose(run, "claim_lost", cause=reply.error.message)
+            self._say_lost(run, "claim_lost", reply.error.message)
         else:  # the lease ends the claim: the run is handed out again then
             log.warning("run_finish_failed", run_id=run.id, code=reply.error.code, cause=reply.error.message)
 

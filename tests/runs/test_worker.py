@@ -276,6 +276,20 @@ async def test_a_superseded_run_cancels_its_body_and_is_not_retried(
     assert (row["status"], row["outcome_reason"]) == ("cancelled", "entry_left")
 
 
+async def test_a_body_that_completes_after_superseding_its_own_run_finishes_it(rt: Runtime) -> None:
+    """The agent's own move leaves the entry (as a developer's turn_complete does): its finish counts."""
+    await queue(rt, "T1")
+    async with rt.runs("worker", wait_seconds=0, until_idle=True) as runs:
+        async for run in runs:
+            async with run:
+                await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "done"})
+    assert run.lost is None
+    assert run.outcome is not None and (run.outcome["status"], run.outcome["superseded"]) == (
+        "finished",
+        True,
+    )
+
+
 async def test_cancelling_the_consumer_hands_its_run_back(rt: Runtime) -> None:
     await queue(rt, "T1")
     watch = rt.subscribe()

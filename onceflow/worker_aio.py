@@ -107,6 +107,7 @@ class AsyncioRuns:
         self._close: trio.Event | None = None  # Trio thread
         self._closed: asyncio.Future[None] = self._loop.create_future()
         self._session_over = False  # Trio thread
+        self._entered = False
 
     @property
     def agent_profile_id(self) -> str:
@@ -123,6 +124,7 @@ class AsyncioRuns:
             self._owner._call_in_trio(self._stop_session)
             await _wait_through(self._closed)
             raise
+        self._entered = True
         return self
 
     async def __aexit__(
@@ -140,6 +142,8 @@ class AsyncioRuns:
         return self
 
     async def __anext__(self) -> AsyncioRun:
+        if not self._entered:
+            raise RuntimeError("iterate it inside `async with rt.runs(...) as runs`")
         run, cancelled = await self._call(self._worker._next, self._make)
         if cancelled:
             if isinstance(run, Run):  # claimed as the wait was cancelled: hand it back before going

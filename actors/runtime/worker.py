@@ -35,6 +35,7 @@ cancellation by another runtime is seen at the next renewal (no event reaches th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -78,9 +79,16 @@ class RunError(Exception):
     policy's backoff (a rate limit's reset). Any other exception fails the run retryable."""
 
     def __init__(self, message: str, *, retryable: bool = True, retry_at: float | None = None) -> None:
+        """Raises ProtocolError (field retry_at) for a `retry_at` that is not a finite number >= 0."""
+        if retry_at is not None and (
+            isinstance(retry_at, bool)
+            or not isinstance(retry_at, int | float)
+            or not 0 <= retry_at < math.inf
+        ):
+            raise ProtocolError(f"retry_at must be Unix seconds, got {shown(retry_at)}", field="retry_at")
         super().__init__(message)
-        self.message = message
-        self.retryable = retryable
+        self.message = str(message)
+        self.retryable = bool(retryable)
         self.retry_at = retry_at
 
 
@@ -233,6 +241,7 @@ class RunWorker:
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
         self._stopping = False
+        self._left = False
         self._claiming: trio.CancelScope | None = None
 
     # the worker's life -------------------------------------------------------------------------
@@ -251,6 +260,7 @@ class RunWorker:
         """Release what was handed out and not ended, stop the renewals and the watch, and let the block's
         exception (if any) propagate as it is."""
         self.stop()
+        self._left = True
         for run in list(self._active.values()):  # bodies in other tasks (or on the asyncio loop)
             self._lose(run, "worker_closed")
         for run in [*self._active.values(), *([self._unentered] if self._unentered else [])]:
@@ -280,7 +290,15 @@ class RunWorker:
 
     async def _next(self, make: Callable[[ClaimedRun], Run]) -> Run | None:
         """Release the run handed out last if it was never entered, then claim the next (`_claim_next`) and
-        hand it out as `make(info)`; None once stopped."""
+        hand it out as `make(info)`; None once stopped or left.
+
+        Raises:
+            RuntimeError: the worker was never entered (`async with rt.runs(...)`).
+        """
+        if self._nursery is None:
+            raise RuntimeError("iterate a RunWorker inside `async with rt.runs(...) as runs`")
+        if self._left:
+            return None
         if self._unentered is not None:
             log.warning("run_not_entered", run_id=self._unentered.id, agent_profile_id=self.agent_profile_id)
             await self._end(self._unentered, HANDED_BACK)

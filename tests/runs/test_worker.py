@@ -397,3 +397,16 @@ async def test_bad_options_name_their_field(rt: Runtime) -> None:
         with pytest.raises(ProtocolError) as refused:
             rt.runs(**options)
         assert refused.value.field == field
+
+
+async def test_a_worker_iterated_without_entering_it_says_so(rt: Runtime) -> None:
+    with pytest.raises(RuntimeError, match="async with"):
+        async for _ in rt.runs("worker"):
+            pass
+
+
+def test_run_error_refuses_a_retry_time_that_is_not_unix_seconds() -> None:
+    for retry_at in (-1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ProtocolError) as refused:
+            RunError("x", retry_at=retry_at)
+        assert refused.value.field == "retry_at"

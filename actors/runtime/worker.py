@@ -197,7 +197,8 @@ class RunWorker:
     iterator sends the next one at once, so it waits for a run as long as it takes); `until_idle` True ends
     the iteration instead when a claim found no run (after its wait: with `wait_seconds=0`, as soon as none
     is eligible); `cancel_superseded` False lets a body whose task left its step entry run on
-    (`run.superseded` says so).
+    (`run.superseded` says so). Leaving it, however (an error, a cancellation), hands back every run it
+    handed out and did not end, and cancels a body still running in another task: it leaves no claim.
 
     Raises (at construction):
         ProtocolError: a bad `agent_profile_id`, `lease_seconds` (above the policy's `max_lease` too) or

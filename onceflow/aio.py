@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import trio
 from pydantic import BaseModel
@@ -28,9 +28,7 @@ import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
-
-if TYPE_CHECKING:
-    from onceflow.worker_aio import AsyncioRuns
+from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
 
@@ -125,7 +123,15 @@ class AsyncioRuntime:
             subscription._queue.put_nowait(_END)
         return subscription
 
-    def runs(self, agent_profile_id: str, **options: Any) -> AsyncioRuns:
+    def runs(
+        self,
+        agent_profile_id: str,
+        *,
+        lease_seconds: float | None = None,
+        wait_seconds: float = 60.0,
+        until_idle: bool = False,
+        cancel_superseded: bool = True,
+    ) -> AsyncioRuns:
         """A worker over the runs queue for one agent profile, for `async with` / `async for` /
         `async with run` on this loop (onceflow/worker_aio.py; the options and rules are `Runtime.runs`'s).
 
@@ -133,9 +139,14 @@ class AsyncioRuntime:
             ProtocolError: a bad option, naming the field.
             ShuttingDownError: the runtime is not open.
         """
-        from onceflow.worker_aio import AsyncioRuns
-
-        return AsyncioRuns(self, agent_profile_id, **options)
+        return AsyncioRuns(
+            self,
+            agent_profile_id,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+            until_idle=until_idle,
+            cancel_superseded=cancel_superseded,
+        )
 
     # Trio thread ------------------------------------------------------------------------------
 

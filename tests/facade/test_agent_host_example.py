@@ -33,7 +33,7 @@ async def test_the_agent_host_example_reaches_done(tmp_path: Path) -> None:
         "FEAT-1: review -> done (record_decision)",
     ]
     assert lines[-1] == "FEAT-1 is at done"
-    assert "developer: run 1 failed, retry scheduled in 1 s" in lines
+    assert any(line.startswith("developer: run 1 failed, retry scheduled in ") for line in lines)
     async with open_runtime(db) as rt:
         rows = await list_runs(rt, task_id="FEAT-1")
     assert [(row["agent_profile_id"], row["status"], row["attempt"]) for row in rows] == [

@@ -26,8 +26,9 @@ Leaving `async with run` resolves the run from how the block ended (`RunWorker._
   committed (a cancelled `send` still runs its command to completion), so the next claim may repeat part of
   the work: key the agent's side effects on the run id.
 
-A run handed out by the iterator but never entered is released the same way by the next `__anext__` or
-by leaving the worker. Leaving the worker (or `stop()`) ends a waiting claim, which claims nothing.
+Runs may be worked on concurrently (hand each to a task of your nursery, which enters it). A run handed
+out by the iterator but never entered is handed back the same way when the worker is left. Leaving the
+worker (or `stop()`) ends a waiting claim, which claims nothing.
 What a cancellation leaves behind, then: no run claimed by this worker, every claim it made finished or
 released; only a runtime that dies (no code runs) leaves a claim, which its lease ends. On PostgreSQL a
 cancellation by another runtime is seen at the next renewal (no event reaches this one).
@@ -237,8 +238,8 @@ class RunWorker:
         self._hub = hub
         self._cancel_superseded = cancel_superseded
         self._until_idle = until_idle
-        self._active: dict[int, Run] = {}  # entered, not yet ended
-        self._unentered: Run | None = None
+        self._active: dict[str, Run] = {}  # by claim token: entered, not yet ended
+        self._unentered: dict[str, Run] = {}  # by claim token: handed out, not yet entered
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
         self._stopping = False
@@ -264,7 +265,7 @@ class RunWorker:
         self._left = True
         for run in list(self._active.values()):  # bodies in other tasks (or on the asyncio loop)
             self._lose(run, "worker_closed")
-        for run in [*self._active.values(), *([self._unentered] if self._unentered else [])]:
+        for run in [*self._active.values(), *self._unentered.values()]:
             await self._end(run, HANDED_BACK)
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
@@ -290,8 +291,7 @@ class RunWorker:
         return run
 
     async def _next(self, make: Callable[[ClaimedRun], Run]) -> Run | None:
-        """Release the run handed out last if it was never entered, then claim the next (`_claim_next`) and
-        hand it out as `make(info)`; None once stopped or left.
+        """Claim the next run (`_claim_next`) and hand it out as `make(info)`; None once stopped or left.
 
         Raises:
             RuntimeError: the worker was never entered (`async with rt.runs(...)`).
@@ -300,13 +300,12 @@ class RunWorker:
             raise RuntimeError("iterate a RunWorker inside `async with rt.runs(...) as runs`")
         if self._left:
             return None
-        if self._unentered is not None:
-            log.warning("run_not_entered", run_id=self._unentered.id, agent_profile_id=self.agent_profile_id)
-            await self._end(self._unentered, HANDED_BACK)
         info = await self._claim_next()
         if info is None:
             return None
-        run = self._unentered = make(info)  # no checkpoint since the claim: a cancellation cannot strand it
+        run = self._unentered[info["claim_token"]] = make(
+            info
+        )  # no checkpoint since the claim: nothing strands it
         return run
 
     async def _claim_next(self) -> ClaimedRun | None:
@@ -351,12 +350,11 @@ class RunWorker:
 
     def _begin(self, run: Run) -> None:
         """The body of `run` starts: renew its lease in the background until `_end`."""
-        if self._unentered is run:
-            self._unentered = None
+        self._unentered.pop(run.claim_token, None)
         if run._ended:  # released meanwhile (the worker closed before the asyncio body began)
             run._cancel_body()
             return
-        self._active[run.id] = run
+        self._active[run.claim_token] = run
         assert self._nursery is not None
         run._renewal = trio.CancelScope()
         run._renewed = trio.Event()
@@ -411,12 +409,14 @@ class RunWorker:
                     self._lose(run, event.type[len("run_") :], cause=getattr(event, "reason", None))
 
     def _lost_by(self, event: Event) -> Run | None:
+        """The run being worked on whose claim `event` ends (None: none)."""
         if event.type not in ("run_cancelled", "run_lease_expired"):
             return None
-        run = self._active.get(getattr(event, "run_id", -1))
-        if run is None or getattr(event, "attempt", None) != run.attempt or run.lost is not None:
-            return None
-        return run
+        run_id, attempt = getattr(event, "run_id", None), getattr(event, "attempt", None)
+        for run in self._active.values():
+            if run.id == run_id and run.attempt == attempt and run.lost is None:
+                return run
+        return None
 
     def _lose(self, run: Run, why: str, cause: str | None = None) -> None:
         """The claim is lost (`why`: superseded, claim_lost, cancelled, lease_expired, worker_closed): say
@@ -445,9 +445,8 @@ class RunWorker:
         if run._ended:
             return
         run._ended = True
-        self._active.pop(run.id, None)
-        if self._unentered is run:
-            self._unentered = None
+        self._active.pop(run.claim_token, None)
+        self._unentered.pop(run.claim_token, None)
         with trio.CancelScope(shield=True):
             if run._renewal is not None:
                 run._renewal.cancel()

@@ -369,6 +369,28 @@ async def test_cancel_while_waiting_claims_nothing_and_stop_ends_the_loop(rt: Ru
     assert row["status"] == "queued"
 
 
+async def test_runs_handed_to_tasks_are_worked_on_concurrently(rt: Runtime) -> None:
+    """Each run is entered by a task of the host's nursery: three at once, each finished on its own."""
+    for task in ("T1", "T2", "T3"):
+        await queue(rt, task)
+    release = trio.Event()
+    working: list[Run] = []
+
+    async def handle(run: Run) -> None:
+        async with run:
+            working.append(run)
+            await release.wait()
+
+    async with rt.runs("worker", wait_seconds=0, until_idle=True) as runs, trio.open_nursery() as nursery:
+        async for run in runs:
+            nursery.start_soon(handle, run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(run.task_id or "" for run in working) == ["T1", "T2", "T3"]
+        assert [row["status"] for row in await list_runs(rt)] == ["claimed"] * 3
+        release.set()
+    assert [row["status"] for row in await list_runs(rt)] == ["finished"] * 3
+
+
 async def test_a_run_never_entered_is_handed_back(rt: Runtime) -> None:
     await queue(rt, "T1")
     async with rt.runs("worker", wait_seconds=0, until_idle=True) as runs:

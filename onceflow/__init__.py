@@ -3,7 +3,8 @@ runs on the thread that opens it (a Trio run), with the store's writer thread be
 
 The public API, all importable from `onceflow`:
 
-- the runtime: `open_runtime` (an async context manager yielding a `Runtime`), `Durability`;
+- the runtime: `open_runtime` (an async context manager yielding a `Runtime`), `Durability`; the runs
+  queue's worker `rt.runs(agent)` (`RunWorker`, handing out `Run`s; raise `RunError` to fail one);
 - the host side: the `Host` protocol, `BaseHost` and `SessionActionRequest`; the `Coordinator` protocol and
   what it is handed and returns (outcome delivery in Gas City's wire format: `OutcomeEnvelope`,
   `OutcomeDeliveryRequest`, `OutcomeDelivery`, `OutcomeAcknowledgement`, `Evidence`, `ProducerFence`,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         open_runtime,
     )
     from onceflow.actors.runtime.supervisor import Runtime
+    from onceflow.actors.runtime.worker import Run, RunError, RunWorker
     from onceflow.protocol import (
         ActionError,
         ActionNotWiredError,
@@ -200,6 +202,9 @@ _HOMES: dict[str, str] = {
     "RunQueued": "onceflow.protocol",
     "RunSuppressed": "onceflow.protocol",
     "Runtime": "onceflow.actors.runtime.supervisor",
+    "Run": "onceflow.actors.runtime.worker",
+    "RunError": "onceflow.actors.runtime.worker",
+    "RunWorker": "onceflow.actors.runtime.worker",
     "SessionAction": "onceflow.protocol",
     "SessionActionRequest": "onceflow.protocol.host",
     "ShuttingDownError": "onceflow.protocol",
@@ -284,9 +289,11 @@ __all__ = [
     "RenewRun",
     "Reply",
     "RetryPolicy",
+    "Run",
     "RunCancelled",
     "RunClaimed",
     "RunCoalesced",
+    "RunError",
     "RunFailed",
     "RunFinished",
     "RunLeaseExpired",
@@ -294,6 +301,7 @@ __all__ = [
     "RunQueued",
     "RunRetryScheduled",
     "RunSuppressed",
+    "RunWorker",
     "Runtime",
     "SessionAction",
     "SessionActionRequest",

@@ -31,6 +31,7 @@ from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
 
@@ -125,6 +126,31 @@ class AsyncioRuntime:
         if not self._call_in_trio(self._start_subscription, subscription):
             subscription._queue.put_nowait(_END)
         return subscription
+
+    def runs(
+        self,
+        agent_profile_id: str,
+        *,
+        lease_seconds: float | None = None,
+        wait_seconds: float = 60.0,
+        until_idle: bool = False,
+        cancel_superseded: bool = True,
+    ) -> AsyncioRuns:
+        """A worker over the runs queue for one agent profile, for `async with` / `async for` /
+        `async with run` on this loop (onceflow/worker_aio.py; the options and rules are `Runtime.runs`'s).
+
+        Raises:
+            ProtocolError: a bad option, naming the field.
+            ShuttingDownError: the runtime is not open.
+        """
+        return AsyncioRuns(
+            self,
+            agent_profile_id,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+            until_idle=until_idle,
+            cancel_superseded=cancel_superseded,
+        )
 
     # Trio thread ------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime import handlers
 from onceflow.actors.runtime.handlers import RuntimeResult
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
+from onceflow.actors.runtime.worker import RunWorker
 from onceflow.actors.task.actor import TaskActor, TaskMessage, TaskResult
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
@@ -79,6 +80,36 @@ class Runtime:
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on; it ends when the runtime closes."""
         return self._hub.subscribe()
+
+    def runs(
+        self,
+        agent_profile_id: str,
+        *,
+        lease_seconds: float | None = None,
+        wait_seconds: float = 60.0,
+        until_idle: bool = False,
+        cancel_superseded: bool = True,
+    ) -> RunWorker:
+        """A worker over the runs queue for one agent profile (actors/runtime/worker.py `RunWorker`):
+
+            async with rt.runs("reviewer") as runs:
+                async for run in runs:
+                    async with run:  # renews the lease meanwhile; finishes (or fails) the run on leaving
+                        ...
+
+        Raises:
+            ProtocolError: a bad `agent_profile_id`, `lease_seconds` or `wait_seconds` (0 only with
+                `until_idle`), naming the field.
+        """
+        return RunWorker(
+            self,
+            self._hub,
+            agent_profile_id,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+            until_idle=until_idle,
+            cancel_superseded=cancel_superseded,
+        )
 
     async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
         """Apply one command and return its reply. Never raises (but for cancellation): the reply says what

@@ -25,7 +25,7 @@ def _run_snippet(snippet: str, folder: Path) -> subprocess.CompletedProcess[str]
 
 
 def test_readme_embedding_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
-    trio_snippet, _ = _blocks("python")
+    trio_snippet = _blocks("python")[0]
     done = _run_snippet(trio_snippet, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "turn_complete -> run_queued" in done.stdout
@@ -33,7 +33,7 @@ def test_readme_embedding_example_runs_from_an_empty_folder(tmp_path: Path) -> N
 
 def test_issue13_readme_asyncio_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
     """README's asyncio embedding runs as written under asyncio.run, printing only its events."""
-    _, asyncio_snippet = _blocks("python")
+    asyncio_snippet = _blocks("python")[1]
     done = _run_snippet(asyncio_snippet, tmp_path)
     assert done.returncode == 0, done.stderr
     printed = done.stdout.splitlines()
@@ -58,3 +58,24 @@ def test_readme_run_example_uses_only_bundled_files(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "'done'" in done.stdout or '"step_id": "done"' in done.stdout
+
+
+def test_readme_runs_worker_example_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    """README's worker loop claims the developer's run, moves the task to Review and finishes the run."""
+    [snippet] = [block for block in _blocks("python") if "rt.runs(" in block]
+    done = _run_snippet(snippet, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["developer works on T-1 for work_started", "run 1 finished"]
+
+
+def test_readme_agent_host_example_reaches_done(tmp_path: Path) -> None:
+    (line,) = [
+        line
+        for block in _blocks("sh")
+        for line in block.splitlines()
+        if line.startswith("python -m onceflow.examples.")
+    ]
+    argv = shlex.split(line)[1:]
+    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "FEAT-1 is at done"

@@ -50,7 +50,9 @@ type). `onceflow schema --template` prints the JSON Schema of the workflow templ
 `onceflow-template.schema.json`, and start a template with
 `# yaml-language-server: $schema=./onceflow-template.schema.json`, or map it to your templates in the
 editor's settings (VS Code: `yaml.schemas`). Checks a schema cannot express (unique step ids and positions,
-one start step, move targets and feeders that exist) are `onceflow validate`'s.
+one start step, move targets and feeders that exist) are `onceflow validate`'s. What each template key does is
+[docs/templates.md](templates.md); what survives a crash, a restart or a database fault is
+[docs/guarantees.md](guarantees.md).
 """
 
 _INTERNAL = (
@@ -155,11 +157,12 @@ and the connection stays open. Every other [limit](#limits) applies to the decod
 
 **Bounds.** A client that stops reading is sent `{{"error": {{"code": "slow_consumer", ...}}}}` and
 disconnected once {serve.queue_size:,} lines or {serve.queue_bytes:,} bytes ({_mib(serve.queue_bytes)})
-wait for it (`--queue-size`, `--queue-bytes`; a frame is counted whole); one that sends nothing and has
-nothing in flight for {serve.idle_timeout:g} seconds (`--idle-timeout`, 0: never; a subscriber is never
-idle) gets `idle_timeout` and is closed; past {serve.max_connections} connections (`--max-connections`)
-a new one gets one `busy` line and is closed. SIGTERM or SIGINT lets every received command finish and
-its reply be written, then closes the store and removes the socket."""
+wait for it (`--queue-size`, `--queue-bytes`; a frame is counted whole: one larger than that is never
+sent); one that sends nothing and has nothing in flight for {serve.idle_timeout:g} seconds
+(`--idle-timeout`, 0: never; a subscriber is never idle) gets `idle_timeout` and is closed; past
+{serve.max_connections} connections (`--max-connections`) a new one gets one `busy` line and is closed.
+SIGTERM or SIGINT lets every received command finish and its reply be written, then closes the store and
+removes the socket."""
 
 
 def _reply() -> str:

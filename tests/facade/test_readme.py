@@ -58,3 +58,26 @@ def test_readme_run_example_uses_only_bundled_files(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "'done'" in done.stdout or '"step_id": "done"' in done.stdout
+
+
+def test_readme_demo_trace_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """The walkthrough's excerpts of the demo's trace (the ```text blocks holding `>` command lines or its
+    summary) are lines the demo prints, in that order; its decisions show `decider_type`, which
+    `record_decision` requires."""
+    excerpts = [block for block in _blocks("text") if "> record_decision" in block or "Summary:" in block]
+    assert len(excerpts) == 2
+    done = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "demo", "--db", str(tmp_path / "demo.db")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    for excerpt in excerpts:
+        shown = excerpt.splitlines()
+        starts = [i for i, line in enumerate(printed) if line == shown[0]]
+        assert any(printed[i : i + len(shown)] == shown for i in starts), excerpt
+    decisions = [line for excerpt in excerpts for line in excerpt.splitlines() if "> record_decision" in line]
+    assert decisions and all("decider_type=agent" in line for line in decisions)

@@ -191,7 +191,7 @@ TASK_FIELDS = {
 
 
 SOURCE_CITATION = re.compile(
-    r"(?<!docs/)\b[\w-]+\.md\b"  # a spec file name (a link into docs/ is a user's page)
+    r"(?<!docs/)(?<!\]\()\b[\w-]+\.md\b"  # a spec file name (docs/ and links are a user's pages)
     r"|\bAC-[A-Z]+(?:-[A-Z]+)?-?\d+\b"  # an acceptance-criterion id
     r"|\bissue\s*#?\d+|#\d+\b",  # an issue number
     flags=re.IGNORECASE,
@@ -225,6 +225,7 @@ def test_schema_descriptions_say_what_a_field_does_not_where_its_rule_came_from(
     assert cited == []
     assert SOURCE_CITATION.search("see kandev-engine-notes.md") and SOURCE_CITATION.search("(AC-CO-3)")
     assert SOURCE_CITATION.search("(AC-E3)") and not SOURCE_CITATION.search("docs/templates.md")
+    assert not SOURCE_CITATION.search("[the guide](templates.md)")
 
 
 def test_the_reference_page_describes_the_socket_framing_with_the_servers_own_bounds() -> None:

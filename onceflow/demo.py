@@ -112,7 +112,7 @@ def second_half() -> list[dict[str, Any]]:
 
 
 def _label(command: dict[str, Any]) -> str:
-    details = {k: v for k, v in command.items() if k not in ("type", "yaml", "decider_type")}
+    details = {k: v for k, v in command.items() if k not in ("type", "yaml")}
     return " ".join([str(command["type"]), *(f"{k}={v}" for k, v in details.items())])
 
 
@@ -122,11 +122,14 @@ async def _play(
     replies: list[Reply],
     echo: Callable[[str], None],
     stop: trio.Event,
-) -> None:
+) -> bool:
+    """Send `commands` in turn, echoing each with its events; False (after saying why) at the first one
+    refused, which sends no more: the walkthrough's later steps rest on every earlier one (a database that
+    already holds the demo's task refuses its `create_task`)."""
     claims: dict[str, dict[str, Any]] = {}  # the run each agent claimed last: a host keeps its tokens
     for command in commands:
         if stop.is_set():
-            return
+            return True
         if "run_of" in command:
             claim = claims[command["run_of"]]
             command = {"type": "finish_run", "run_id": claim["id"], "claim_token": claim["claim_token"]}
@@ -144,6 +147,11 @@ async def _play(
         echo(f"> {_label(command)}  [{status}]")
         for event in reply.events:
             echo(f"    {describe(event)}")
+        if not reply.ok:
+            message = reply.error.message if reply.error else ""
+            echo(f"-- demo stopped: {command['type']} was refused ({message}); it needs a new database")
+            return False
+    return True
 
 
 def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
@@ -163,20 +171,23 @@ def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
 async def run_demo(
     db_path: Path | str, echo: Callable[[str], None] = print, stop: trio.Event | None = None
 ) -> str:
-    """Run the walkthrough against `db_path`; returns the task's final step id, or "stopped" when `stop`
-    was set (no command is sent after that; the one under way finishes and the runtime closes)."""
+    """Run the walkthrough against `db_path`; returns the task's final step id, "stopped" when `stop`
+    was set (no command is sent after that; the one under way finishes and the runtime closes), or
+    "refused" when a command was refused (a database that already holds the demo's task)."""
     stop = trio.Event() if stop is None else stop
     replies: list[Reply] = []
     echo(f"onceflow demo: database {db_path}")
     async with open_runtime(db_path) as runtime:
         echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
-        await _play(runtime, first_half(), replies, echo, stop)
+        if not await _play(runtime, first_half(), replies, echo, stop):
+            return "refused"
     if stop.is_set():
         return "stopped"
     echo("-- runtime stopped: simulated restart on the same database file")
     async with open_runtime(db_path) as runtime:
         echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
-        await _play(runtime, second_half(), replies, echo, stop)
+        if not await _play(runtime, second_half(), replies, echo, stop):
+            return "refused"
     if stop.is_set():
         return "stopped"
     final = replies[-1].result["step_id"] if replies[-1].ok else "unknown"

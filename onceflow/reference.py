@@ -25,7 +25,7 @@ from onceflow.protocol import errors, limits, results
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event, Reply
-from onceflow.serve import IdleTimeoutError, SlowConsumerError
+from onceflow.serve import MAX_ID_LENGTH, IdleTimeoutError, ServeOptions, SlowConsumerError
 
 PAGE = "docs/protocol.md"
 REGENERATE = f"onceflow schema --markdown > {PAGE}"
@@ -50,7 +50,9 @@ type). `onceflow schema --template` prints the JSON Schema of the workflow templ
 `onceflow-template.schema.json`, and start a template with
 `# yaml-language-server: $schema=./onceflow-template.schema.json`, or map it to your templates in the
 editor's settings (VS Code: `yaml.schemas`). Checks a schema cannot express (unique step ids and positions,
-one start step, move targets and feeders that exist) are `onceflow validate`'s.
+one start step, move targets and feeders that exist) are `onceflow validate`'s. What each template key does is
+[docs/templates.md](templates.md); what survives a crash, a restart or a database fault is
+[docs/guarantees.md](guarantees.md).
 """
 
 _INTERNAL = (
@@ -63,7 +65,7 @@ _INTERNAL = (
 
 def render() -> str:
     """The whole page, as Markdown (ends with one newline)."""
-    sections = [_INTRO.rstrip(), _contents()]
+    sections = [_INTRO.rstrip(), _contents(), _socket()]
     sections += [_reply(), _commands(), _events(), _types(), _results(), _errors(), _limits()]
     return "\n\n".join(sections) + "\n"
 
@@ -73,6 +75,7 @@ def _contents() -> str:
         [
             "## Contents",
             "",
+            "- [Over a socket: framing and ids](#over-a-socket-framing-and-ids)",
             "- [Replies](#replies)",
             "- [Commands](#commands): " + ", ".join(_link(m) for m in COMMAND_TYPES),
             "- [Events](#events): " + ", ".join(_link(m) for m in _EVENT_TYPES),
@@ -85,6 +88,81 @@ def _contents() -> str:
 
 
 # --- sections -----------------------------------------------------------------------------------------
+
+
+def _socket() -> str:
+    """The framing of `onceflow serve` (onceflow/serve.py's wire format), with the bounds read from the
+    code: the id length, the line limit and the server's defaults."""
+    serve = ServeOptions()
+    frames = [
+        (
+            "request",
+            "client → server",
+            'a command object, optionally with an `"id"`: `{"id": 7, "type": "move_task", ...}`',
+        ),
+        ("reply", "server → client", '`{"id": <the request\'s id>, "reply": <Reply>}`, one per request line'),
+        (
+            "event",
+            "server → client",
+            '`{"event": <Event>}`, only after the connection sent `{"type": "subscribe"}`',
+        ),
+        (
+            "connection error",
+            "server → client",
+            '`{"error": <ErrorInfo>}`, the last line before the server closes the connection',
+        ),
+    ]
+    table = ["| Line | Direction | Shape |", "| --- | --- | --- |"]
+    table += [f"| {kind} | {direction} | {shape} |" for kind, direction, shape in frames]
+    rows = "\n".join(table)
+    return f"""\
+## Over a socket: framing and ids
+
+`onceflow serve` speaks this protocol as JSON lines over a Unix domain socket (`--socket PATH`, created
+mode 0600) or over stdin/stdout (`--stdio`). Every line, each way, is one JSON object in UTF-8 ended by
+`\\n`; a blank line is ignored.
+
+{rows}
+
+**Ids.** `id` is optional: a string of at most {MAX_ID_LENGTH} characters or an integer in the signed
+64-bit range, echoed unchanged in the reply; it is removed before the command is decoded, so it never
+counts as an unknown field. Without one the reply's `id` is `null`. Ids are the client's own: the server
+does not require them to be unique, and replies come back in the order the requests were sent, so a
+client may also match replies by order. A bad `id` (a float, an integer outside int64, a boolean, an
+array or object, a string over {MAX_ID_LENGTH} characters) is refused with `invalid_message`,
+`field: "id"`, and the command does not run; the reply's `id` is then the value as a string a client can
+still match: a string id itself, any other value its compact JSON text (`1.5` → `"1.5"`, `[1]` →
+`"[1]"`, `true` → `"true"`). The reply's `id` is `null` only when the line had no `id` or could not be
+read.
+
+**Replies.** A reply is the same [`Reply`](#reply) an in-process `send` returns. Its `command` is the
+line's `type` whenever the line named one (known or not), `unknown` when the line is not JSON or has no
+`type`. A line that is not JSON, names an unknown command or has a bad field gets an `invalid_message`
+reply, and the connection stays open.
+
+**Order.** One connection's commands are applied one at a time, in the order sent, and replied to in that
+order (for parallelism, open more connections; many clients are served at once). A command whose client
+went away still runs to completion; only its reply is dropped.
+
+**`subscribe`.** `{{"type": "subscribe"}}` (no other field) is answered
+`{{"id": ..., "reply": {{"command": "subscribe", "ok": true, "result": {{"subscribed": true}}, ...}}}}`;
+from then on the connection also receives every event the runtime emits, from any client's commands, as
+`{{"event": ...}}` lines interleaved with its replies. Subscribing twice is the same as once. A reply's
+own `events` are still in the reply.
+
+**Sizes.** A request line is at most {serve.max_line:,} bytes ({_mib(serve.max_line)}; `--max-line`, by
+default the protocol's own message limit, `MAX_MESSAGE_BYTES` below): a longer line is answered with
+`invalid_message` (`command` `unknown`, `id` `null`: the line is not read) and skipped up to its newline,
+and the connection stays open. Every other [limit](#limits) applies to the decoded command.
+
+**Bounds.** A client that stops reading is sent `{{"error": {{"code": "slow_consumer", ...}}}}` and
+disconnected once {serve.queue_size:,} lines or {serve.queue_bytes:,} bytes ({_mib(serve.queue_bytes)})
+wait for it (`--queue-size`, `--queue-bytes`; a frame is counted whole: one larger than that is never
+sent); one that sends nothing and has nothing in flight for {serve.idle_timeout:g} seconds
+(`--idle-timeout`, 0: never; a subscriber is never idle) gets `idle_timeout` and is closed; past
+{serve.max_connections} connections (`--max-connections`) a new one gets one `busy` line and is closed.
+SIGTERM or SIGINT lets every received command finish and its reply be written, then closes the store and
+removes the socket."""
 
 
 def _reply() -> str:
@@ -190,6 +268,10 @@ def _limits() -> str:
         shown = f"{value:,}" if isinstance(value, int) else f"`{value}`"
         lines.append(f"| `{name}` | {_cell(shown)} | {_cell(_join(doc))} |")
     return "\n".join(lines)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:g} MiB"
 
 
 # --- what goes into them ------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ class RegisterWorkflow(_Command):
     type: Literal["register_workflow"] = "register_workflow"
     """The command name."""
     yaml: Annotated[str, Field(max_length=MAX_TEMPLATE_BYTES)]
-    """The template, as YAML text in Kandev's format (`onceflow schema --template` is its JSON Schema)."""
+    """The template, as YAML text (the workflow template format; `onceflow schema --template` is its JSON
+    Schema)."""
     source: Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS, pattern=ID_PATTERN)] = (
         "<protocol>"
     )

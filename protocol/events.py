@@ -363,7 +363,7 @@ class ErrorInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
     code: str
-    """Stable, machine-readable: `invalid_message`, `not_found`, `storage_busy`, ... (docs/protocol.md)."""
+    """Stable, machine-readable: `invalid_message`, `not_found`, `storage_busy`, ... (see Error codes)."""
     message: str
     """What went wrong, for people."""
     field: str | None = None

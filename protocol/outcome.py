@@ -223,15 +223,16 @@ class _Identity(_Message):
 _OmittedWhenEmpty = Field(default=None, exclude_if=lambda value: value is None)
 
 
+# Validated as AC-CO-1 requires; the outcome id rule is AC-CO-2.
 class OutcomeEnvelope(_Message):
-    """Gas City's `OutcomeReady`: an agent's outcome for the coordinator, validated (AC-CO-1).
+    """Gas City's `OutcomeReady`: an agent's outcome for the coordinator, validated.
 
     Fields, in the order a Go producer writes them: contract_version (1), outcome_id, producer, store_ref,
     work_id, source_root_id, workflow_id and workflow_run_id (optional; "" or null mean absent, and absent
     ones are omitted on output), step_key, summary (<= 512 bytes, no NUL/CR), impact (<= 1024 bytes, no
     NUL/CR), state, evidence (1-64), fence, occurred_at (RFC 3339 in UTC with `Z`, up to nanoseconds, kept
     exactly as received; not the zero time). `outcome_id` must equal `derive_outcome_id` of the envelope's
-    own fields (AC-CO-2). Every failure names its field.
+    own fields. Every failure names its field.
     """
 
     contract_version: ContractVersion
@@ -296,8 +297,9 @@ class OutcomeEnvelope(_Message):
         return self
 
 
+# AC-CO-4.
 class OutcomeDeliveryRequest(_Message):
-    """What a coordinator's local delivery adapter receives: `{envelope, delivery_cycle}` (AC-CO-4).
+    """What a coordinator's local delivery adapter receives: `{envelope, delivery_cycle}`.
 
     `delivery_cycle` names the redelivery round (`cycle-000003`); every attempt of one round repeats it.
     """
@@ -308,8 +310,9 @@ class OutcomeDeliveryRequest(_Message):
     """The redelivery round (`cycle-000003`); every attempt of one round repeats it."""
 
 
+# AC-CO-5.
 class OutcomeDelivery(_Message):
-    """The coordinator's receipt for one delivery cycle: `{delivery_ref, coordinator_fence}` (AC-CO-5).
+    """The coordinator's receipt for one delivery cycle: `{delivery_ref, coordinator_fence}`.
 
     `delivery_ref` is the adapter's idempotent local reference, any URI-like string (`bead:hq-mail-42`):
     non-empty, no whitespace or control characters, <= 512 bytes of UTF-8. `coordinator_fence` (a segment)
@@ -341,12 +344,13 @@ class OutcomeDelivery(_Message):
         return value
 
 
+# AC-CO-9 (what completes the outcome) and AC-CO-16 (acknowledged_by).
 class OutcomeAcknowledgement(_Message):
     """Gas City's acknowledgement: `{store_ref, outcome_id, work_id, coordinator_fence, acknowledged_by}`.
 
     It completes the outcome only when store ref, outcome id and work id are the envelope's and the fence is
-    the current delivery's (AC-CO-9). `acknowledged_by` (a segment) names who acknowledged; once the outcome
-    is acknowledged, the same `acknowledged_by` again is a no-op and a different one a conflict (AC-CO-16).
+    the current delivery's. `acknowledged_by` (a segment) names who acknowledged; once the outcome is
+    acknowledged, the same `acknowledged_by` again is a no-op and a different one a conflict.
     """
 
     store_ref: StoreRef
@@ -361,8 +365,9 @@ class OutcomeAcknowledgement(_Message):
     """Who acknowledged; the same one again is a no-op, another one a `conflict`."""
 
 
+# AC-CO-11.
 class OutcomeReady(_Message):
-    """Command `outcome_ready`: start delivering `envelope`, or count a repeat of it (AC-CO-11)."""
+    """Command `outcome_ready`: start delivering `envelope`, or count a repeat of it."""
 
     type: Literal["outcome_ready"] = "outcome_ready"
     """The command name."""
@@ -377,8 +382,9 @@ class CoordinatorAck(OutcomeAcknowledgement):
     """The command name."""
 
 
+# The coordinator-outcome-state query of AC-CO-3.
 class GetOutcome(_Message):
-    """Query `get_outcome`: the outcome's state, as the spec's `coordinator-outcome-state` query (AC-CO-3)."""
+    """Query `get_outcome`: the outcome's durable state (phase, attempts, receipt, acknowledgement)."""
 
     type: Literal["get_outcome"] = "get_outcome"
     """The command name."""

@@ -302,8 +302,8 @@ class ReviewRunInfo(TypedDict):
 
 
 @_result
-class OutcomeInfo(TypedDict):
-    """A coordinator outcome's durable state (`get_outcome`, AC-CO-3)."""
+class OutcomeInfo(TypedDict):  # AC-CO-3
+    """A coordinator outcome's durable state (`get_outcome`)."""
 
     outcome_id: str
     """The outcome."""
@@ -531,8 +531,8 @@ class TaskPage(TypedDict):
 
 
 @_result
-class OutcomeReceived(TypedDict):
-    """`outcome_ready`: the outcome is recorded (AC-CO-11)."""
+class OutcomeReceived(TypedDict):  # AC-CO-11
+    """`outcome_ready`: the outcome is recorded."""
 
     outcome_id: str
     """The outcome."""
@@ -543,8 +543,8 @@ class OutcomeReceived(TypedDict):
 
 
 @_result
-class AckQueued(TypedDict):
-    """`coordinator_ack`: the acknowledgement is in the outcome's inbox (AC-CO-16)."""
+class AckQueued(TypedDict):  # AC-CO-16
+    """`coordinator_ack`: the acknowledgement is in the outcome's inbox."""
 
     outcome_id: str
     """The outcome."""

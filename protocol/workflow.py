@@ -115,7 +115,8 @@ class _Located(ValueError):
 
 
 class Trigger(StrEnum):
-    """The triggers a step may declare actions for (kandev-engine-notes.md, Template format)."""
+    """The triggers a step may declare actions for: when the task enters or leaves the step, when its agent
+    starts or finishes a turn, and the seven event commands (task_comment, blockers_resolved, ...)."""
 
     on_enter = "on_enter"
     on_turn_start = "on_turn_start"
@@ -222,7 +223,7 @@ class QuorumGuard(_Model):
     """`{role, threshold}`: a transition waits until the role's seats satisfy the threshold.
 
     threshold is all_approve | all_decide | majority_approve | any_reject | n_approve:N (N a positive
-    integer). Both keys are required (kandev-engine-notes.md, Template format and Quorum guards).
+    integer). Both keys are required.
     """
 
     role: str = Field(min_length=1)
@@ -307,7 +308,8 @@ class QueueRunConfig(_Model):
 
 
 class QueueRunForEachParticipantConfig(_Model):
-    """Config of queue_run_for_each_participant. An empty role loads; it is a run-time error (AC-E3)."""
+    """Config of queue_run_for_each_participant. An empty role loads, but the action then fails when it runs
+    (an ERROR diagnostic `fan_out_role_missing`)."""
 
     role: str = ""
     """The role whose seats each get a run (an empty role is a run-time error)."""
@@ -345,14 +347,14 @@ class ConfigureSessionRule(_Model):
 
 
 class ConfigureSessionConfig(_Model):
-    """Config of configure_session (import path only, see IMPORT_ALLOWED_ACTIONS)."""
+    """Config of configure_session (declarable only by a template registered with `import_path: true`)."""
 
     rules: Annotated[tuple[ConfigureSessionRule, ...], Strict(False), Field(max_length=MAX_TEMPLATE_ACTIONS)]
     """The rules, applied in order."""
 
 
 class RunCodeReviewConfig(_Model):
-    """Config of run_code_review (import path only, see IMPORT_ALLOWED_ACTIONS)."""
+    """Config of run_code_review (declarable only by a template registered with `import_path: true`)."""
 
     agent_profile_id: str | None = None
     """The reviewing agent profile, if not the host's default."""
@@ -406,7 +408,7 @@ class ActionDecl(_Model):
     """
 
     type: str
-    """The action type; which ones a trigger allows is fixed (kandev-engine-notes.md, Template format)."""
+    """The action type; each trigger allows a fixed set of types."""
     config: ActionConfig
     """The action's settings; absent or null: the type's defaults."""
 
@@ -490,7 +492,7 @@ class StepEvents(_Model):
 
 
 class Step(_Model):
-    """One workflow step (kandev-engine-notes.md, Template format).
+    """One workflow step.
 
     An empty or null stage_type means "custom". onceflow extensions: `wip_limit` (<= 0 is unlimited) and
     `pull_from_step_id` (the feeder step; checked by Workflow: another step of the same workflow, no cycles).
@@ -503,9 +505,9 @@ class Step(_Model):
     position: _Int64
     """Its place in the board, unique; move_to_next and move_to_previous follow position order."""
     color: str = ""
-    """Kandev's display color (kept; onceflow does not use it)."""
+    """A display color (accepted for Kandev compatibility; onceflow ignores it)."""
     prompt: str = ""
-    """Kandev's prompt for the step's agent (kept; onceflow does not use it)."""
+    """A prompt for the step's agent (accepted for Kandev compatibility; onceflow ignores it)."""
     stage_type: Annotated[
         Literal["work", "review", "approval", "custom"],
         WithJsonSchema({"enum": ["work", "review", "approval", "custom", "", None]}, mode="validation"),
@@ -514,31 +516,33 @@ class Step(_Model):
     is_start_step: bool = False
     """The step new tasks start at; exactly one step has it."""
     show_in_command_panel: bool = False
-    """Kandev UI flag (kept; onceflow does not use it)."""
+    """A UI flag (accepted for Kandev compatibility; onceflow ignores it)."""
     allow_manual_move: bool = False
-    """Kandev UI flag (kept; onceflow does not use it: move_task is always allowed)."""
+    """A UI flag (accepted for Kandev compatibility; onceflow ignores it: move_task is always allowed)."""
     auto_archive_after_hours: _Int64 | None = None
-    """Kandev setting (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     auto_advance_requires_signal: bool = False
-    """Kandev setting (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     cancel_triggers_turn_complete: bool = False
-    """Kandev setting (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     events: StepEvents = StepEvents()
     """The actions declared per trigger."""
     agent_profile_id: str | None = None
-    """Kandev's later revisions: the step's agent profile (kept; onceflow does not use it)."""
+    """The step's agent profile (accepted for Kandev compatibility; onceflow ignores it)."""
     profile_session_start_policy: str | None = None
-    """Kandev's later revisions (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     profile_session_end_policy: str | None = None
-    """Kandev's later revisions (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     session_target: str | None = None
-    """Kandev's later revisions (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     complete_task_on_enter: bool = False
-    """Kandev's later revisions (kept; onceflow does not use it)."""
+    """Accepted for Kandev compatibility; onceflow ignores it."""
     wip_limit: _Int64 = 0
-    """onceflow: at most this many admitted tasks at the step (<= 0: unlimited); more wait, queued."""
+    """At most this many admitted tasks at the step (<= 0: unlimited); a task moved into a full step waits
+    there, queued, and its on_enter runs when it is admitted."""
     pull_from_step_id: str | None = None
-    """onceflow: the feeder step a full step's promotion pulls from (another step, no cycles)."""
+    """The feeder step: when a slot frees here, a task waiting in the feeder is pulled in (another step of
+    this workflow; the links may not form a cycle)."""
 
     @field_validator("stage_type", mode="before")
     @classmethod
@@ -561,7 +565,7 @@ class Workflow(_Model):
     description: str = ""
     """What it is for."""
     hidden: bool = False
-    """Kandev UI flag (kept; onceflow does not use it)."""
+    """A UI flag (accepted for Kandev compatibility; onceflow ignores it)."""
     steps: Annotated[tuple[Step, ...], Strict(False), Field(max_length=MAX_TEMPLATE_STEPS)]
     """The steps, in any order (position orders them)."""
 

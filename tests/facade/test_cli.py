@@ -71,6 +71,22 @@ def test_demo_ends_with_the_task_in_done(tmp_path: Path, capsys: pytest.CaptureF
     assert "finished in step 'done'" in out
     assert "simulated restart" in out
     assert "idempotent" in out
+    decisions = [line for line in out.splitlines() if line.startswith("> record_decision ")]
+    assert decisions and all(" decider_type=agent " in line for line in decisions)  # it is required
+
+
+def test_demo_on_a_database_that_already_ran_it_stops_at_the_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's steps rest on each other: run again on its own database, its create_task is refused and
+    it stops there with one line saying so (exit 1), instead of a traceback further on."""
+    db = str(tmp_path / "demo.db")
+    assert main(["demo", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["demo", "--db", db]) == 1
+    out = capsys.readouterr().out
+    assert "-- demo stopped: create_task was refused" in out and "it needs a new database" in out
+    assert "> claim_run" not in out
 
 
 def test_validate_accepts_every_kandev_fixture_template(capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,3 +79,58 @@ def test_readme_agent_host_example_reaches_done(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "FEAT-1 is at done"
+
+
+def test_readme_demo_trace_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """The walkthrough's excerpts of the demo's trace (the ```text blocks holding `>` command lines or its
+    summary) are lines the demo prints, in that order; its decisions show `decider_type`, which
+    `record_decision` requires."""
+    excerpts = [block for block in _blocks("text") if "> record_decision" in block or "Summary:" in block]
+    assert len(excerpts) == 2
+    done = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "demo", "--db", str(tmp_path / "demo.db")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    for excerpt in excerpts:
+        shown = excerpt.splitlines()
+        starts = [i for i, line in enumerate(printed) if line == shown[0]]
+        assert any(printed[i : i + len(shown)] == shown for i in starts), excerpt
+    decisions = [line for excerpt in excerpts for line in excerpt.splitlines() if "> record_decision" in line]
+    assert decisions and all("decider_type=agent" in line for line in decisions)
+
+
+def _globbed(word: str) -> list[str]:
+    """A shell word with its wildcards expanded from the repository root (itself when it matches none)."""
+    matched = sorted(str(path.relative_to(REPO)) for path in REPO.glob(word)) if "*" in word else []
+    return matched or [word]
+
+
+def test_readme_walkthrough_lines_print_what_their_comments_say() -> None:
+    """Each `onceflow ...  # ok: ...` line of a ```sh block runs from the repository root and prints that
+    on every line (`...` stands for anything)."""
+    lines = [
+        line
+        for block in _blocks("sh")
+        for line in block.splitlines()
+        if line.startswith("onceflow ") and "# ok:" in line
+    ]
+    assert len(lines) >= 2
+    for line in lines:
+        command, _, expected = line.partition("#")
+        argv = [found for word in shlex.split(command)[1:] for found in _globbed(word)]  # as a shell would
+        done = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli", *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (line, done.stderr)
+        pattern = ".*".join(re.escape(part) for part in expected.strip().split("..."))
+        printed = done.stdout.splitlines()
+        assert printed and all(re.fullmatch(pattern, out) for out in printed), (line, done.stdout)

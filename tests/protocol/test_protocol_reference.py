@@ -188,3 +188,60 @@ TASK_FIELDS = {
     "wip_admitted": True,
     "queued_for_step_id": None,
 }
+
+
+SOURCE_CITATION = re.compile(
+    r"(?<!docs/)(?<!\]\()\b[\w-]+\.md\b"  # a spec file name (docs/ and links are a user's pages)
+    r"|\bAC-[A-Z]+(?:-[A-Z]+)?-?\d+\b"  # an acceptance-criterion id
+    r"|\bissue\s*#?\d+|#\d+\b",  # an issue number
+    flags=re.IGNORECASE,
+)
+
+
+def descriptions(node: Any) -> Iterator[str]:
+    """Every `description` string anywhere in a JSON Schema."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and isinstance(value, str):
+                yield value
+            else:
+                yield from descriptions(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from descriptions(item)
+
+
+def test_schema_descriptions_say_what_a_field_does_not_where_its_rule_came_from() -> None:
+    """What a user reads (`onceflow schema`, `schema --template` with and without the import path, and
+    docs/protocol.md) names no spec file, acceptance-criterion id or issue number: they cite material a
+    user does not have."""
+    shown = [
+        *descriptions(command_schema()),
+        *descriptions(template_schema()),
+        *descriptions(template_schema(import_path=True)),
+        reference.render(),
+    ]
+    cited = sorted({match.group(0) for text in shown for match in SOURCE_CITATION.finditer(text)})
+    assert cited == []
+    assert SOURCE_CITATION.search("see kandev-engine-notes.md") and SOURCE_CITATION.search("(AC-CO-3)")
+    assert SOURCE_CITATION.search("(AC-E3)") and not SOURCE_CITATION.search("docs/templates.md")
+    assert not SOURCE_CITATION.search("[the guide](templates.md)")
+
+
+def test_the_reference_page_describes_the_socket_framing_with_the_servers_own_bounds() -> None:
+    """docs/protocol.md says how `onceflow serve` frames lines (request ids, replies, events after
+    `subscribe`, connection errors) and states the id and line limits the server enforces."""
+    from onceflow.serve import MAX_ID_LENGTH, ServeOptions
+
+    page = reference.render()
+    section = page.split("## Over a socket: framing and ids", 1)[1].split("\n## ", 1)[0]
+    for frame in (
+        '{"id": <the request\'s id>, "reply": <Reply>}',
+        '{"event": <Event>}',
+        '{"error": <ErrorInfo>}',
+    ):
+        assert frame in section
+    assert '{"type": "subscribe"}' in section
+    assert f"a string of at most {MAX_ID_LENGTH} characters or an integer in the signed" in section
+    assert f"A request line is at most {ServeOptions().max_line:,} bytes" in section
+    assert ServeOptions().max_line == limits.MAX_MESSAGE_BYTES

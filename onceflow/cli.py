@@ -11,8 +11,8 @@ subcommand runs its own Trio run.
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
-  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]
-                                                              read-only views (onceflow.views)
+  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
+                                                              read-only views (onceflow.views), streamed
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
   onceflow --version
 
@@ -21,7 +21,8 @@ command cannot run: a usage error, or a file it names cannot be used (missing, a
 a database, a database another runtime owns, a --db whose folder does not exist: no folder is created), or
 a `postgresql://` --db that cannot be used (a bad URL, a server that does not answer, credentials refused,
 no such database, no onceflow schema). Such a file or URL gets one `error:` line on stderr naming it
-(password redacted), never a traceback. SIGINT or SIGTERM during `run` or
+(password redacted), never a traceback. A closed stdout (`onceflow runs --json | head -1`) ends the command
+quietly with 141. SIGINT or SIGTERM during `run` or
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
@@ -31,6 +32,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import json
@@ -65,6 +67,9 @@ REFUSED = 1
 """Exit status: a template is invalid or a replayed command was refused."""
 CANNOT_RUN = 2
 """Exit status: a usage error, or a file the command names cannot be used."""
+CLOSED_PIPE = 128 + signal.SIGPIPE
+"""Exit status when stdout was closed under the command (its reader, such as `head`, went away): 141, as a
+tool killed by SIGPIPE, with nothing on stderr."""
 
 
 def configure_logging(verbose: bool) -> None:
@@ -305,6 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the signal receiver (start-up, validate): nothing is left open
         say("onceflow: interrupted by SIGINT", err=True)
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # the reader went away (`onceflow runs | head -1`): as a killed-by-SIGPIPE tool
+        _discard_stdout()
+        return CLOSED_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail on the closed pipe again
+    (and print 'Exception ignored')."""
+    with open(os.devnull, "wb") as null, contextlib.suppress(OSError, ValueError):
+        os.dup2(null.fileno(), sys.stdout.fileno())
 
 
 def _main(argv: list[str] | None) -> int:
@@ -330,6 +345,8 @@ def _main(argv: list[str] | None) -> int:
     except DatabaseOwnedError as exc:
         say(f"error: {exc}", err=True)
         return CANNOT_RUN
+    except BrokenPipeError:
+        raise  # stdout closed: `main` exits quietly
     except OSError as exc:
         say(f"error: {_os_error(exc)}", err=True)
         return CANNOT_RUN

@@ -127,6 +127,16 @@ def get(conn: Connection, outcome_id: str) -> OutcomeRecord:
     return record
 
 
+def outcomes_page(conn: Connection, *, after_id: str | None, limit: int) -> tuple[list[OutcomeRecord], bool]:
+    """Up to `limit` outcomes with ids after `after_id` (None: from the first), in outcome-id order, and
+    whether more follow (the outcomes view's pages)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM outcomes WHERE outcome_id > ? ORDER BY outcome_id LIMIT ?",
+        (after_id or "", limit + 1),
+    ).fetchall()
+    return [OutcomeRecord(row[0], json.loads(row[1]), *row[2:]) for row in rows[:limit]], len(rows) > limit
+
+
 def unfinished(conn: Connection) -> list[str]:
     """Ids of every outcome not yet acknowledged, oldest first (resumed at start, AC-CO-14)."""
     rows = conn.execute("SELECT outcome_id FROM outcomes WHERE phase != ? ORDER BY rowid", (ACKNOWLEDGED,))

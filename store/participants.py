@@ -164,6 +164,24 @@ def decisions_for(conn: Connection, *, task_id: str, step_id: str | None = None)
     return [_decision(row) for row in rows.fetchall()]
 
 
+def decisions_page(
+    conn: Connection, *, task_id: str | None, step_id: str | None = None, after_id: int | None, limit: int
+) -> tuple[list[Decision], bool]:
+    """Up to `limit` decisions (of a task, optionally one step; None: of every task) with ids after
+    `after_id` (None: from the first), in id order (oldest first), and whether more follow (a page of
+    `list_decisions`)."""
+    clauses, args = ["id > ?"], list[object]([after_id if after_id is not None else -1])
+    for column, value in (("task_id", task_id), ("step_id", step_id)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    rows = conn.execute(
+        f"SELECT {_D_COLUMNS} FROM decisions WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?",
+        [*args, limit + 1],
+    ).fetchall()
+    return [_decision(row) for row in rows[:limit]], len(rows) > limit
+
+
 def clear_decisions(conn: Connection, *, task_id: str, step_id: str) -> int:
     """Delete every decision of (task, step) in ONE statement; returns the count.
 

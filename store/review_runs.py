@@ -10,6 +10,8 @@ transaction.
 
 from __future__ import annotations
 
+from typing import Any
+
 from onceflow.protocol.results import ReviewRunInfo
 from onceflow.store.connection import Connection
 
@@ -65,7 +67,25 @@ def list_review_runs(conn: Connection, *, task_id: str | None = None) -> list[Re
     """Review runs (of one task, or all), oldest first, as replies show them; entry_seq and position are
     null for rows recorded before they were kept."""
     where, args = (" WHERE task_id = ?", (task_id,)) if task_id is not None else ("", ())
-    rows = conn.execute(f"{_SELECT} FROM task_review_runs{where} ORDER BY id", args).fetchall()
+    return _infos(conn.execute(f"{_SELECT} FROM task_review_runs{where} ORDER BY id", args).fetchall())
+
+
+def review_runs_page(
+    conn: Connection, *, task_id: str | None, after_id: int | None, limit: int
+) -> tuple[list[ReviewRunInfo], bool]:
+    """Up to `limit` review runs (of one task, or all) with ids after `after_id` (None: from the first), in
+    id order, and whether more follow (a page of `list_review_runs`)."""
+    where, args = "id > ?", list[object]([after_id if after_id is not None else -1])
+    if task_id is not None:
+        where += " AND task_id = ?"
+        args.append(task_id)
+    rows = conn.execute(
+        f"{_SELECT} FROM task_review_runs WHERE {where} ORDER BY id LIMIT ?", [*args, limit + 1]
+    ).fetchall()
+    return _infos(rows[:limit]), len(rows) > limit
+
+
+def _infos(rows: list[Any]) -> list[ReviewRunInfo]:
     return [
         ReviewRunInfo(
             id=row[0],

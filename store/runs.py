@@ -240,6 +240,29 @@ def list_runs(
     return [run_from_row(row) for row in rows]
 
 
+def runs_page(
+    conn: Connection,
+    *,
+    after_id: int | None,
+    limit: int,
+    task_id: str | None = None,
+    agent_profile_id: str | None = None,
+    status: str | None = None,
+) -> tuple[list[RunRecord], bool]:
+    """Up to `limit` runs matching every given filter with ids after `after_id` (None: from the first), in
+    id order (oldest first), and whether more follow (a page of `list_runs`; keyed by id, so a page costs
+    the same however deep it is)."""
+    clauses, args = ["id > ?"], list[object]([after_id if after_id is not None else -1])
+    for column, value in (("task_id", task_id), ("agent_profile_id", agent_profile_id), ("status", status)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM runs WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?", [*args, limit + 1]
+    ).fetchall()
+    return [run_from_row(row) for row in rows[:limit]], len(rows) > limit
+
+
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
     """The run `run_id`, or None when there is none."""
     row = conn.execute(f"SELECT {COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()

@@ -14,10 +14,11 @@ from helpers import create_task, decide, ok, send, to_review
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onceflow import views
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
-from onceflow.store import schema, tasks
+from onceflow.store import bulk, schema, tasks
 from onceflow.store.lock import DatabaseOwnedError
 
 
@@ -144,3 +145,88 @@ def test_issue13_list_tasks_pages_cover_every_task_once(ids: set[str], limit: in
             break
         after = page[-1].id
     assert seen == sorted(ids)
+
+
+def _board(path: Path, tasks_: int = 700) -> Path:
+    """A board of `tasks_` tasks with 3 entries each and 2 runs per entry (several view pages of each)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn)
+    conn.execute("BEGIN")
+    bulk.fill_history(
+        conn, workflow_id="w", step_ids=("a", "b", "c"), tasks=tasks_, entries_per_task=3, runs_per_entry=2,
+        now=1_700_000_000.0,
+    )  # fmt: skip
+    conn.execute("COMMIT")
+    conn.close()
+    return path
+
+
+def test_views_stream_every_row_once_in_order_across_pages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _board(tmp_path / "big.db")
+    expected = {"runs": 4200, "entries": 2100, "decisions": 2100, "tasks": 700}
+    assert all(count > views.PAGE for count in expected.values())  # more than one page of each
+    for view, count in expected.items():
+        assert main([view, "--db", str(db), "--json"]) == 0
+        shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(shown) == count, view
+        keys = [
+            (row["task_id"], row["step_id"], row["entry_seq"]) if view == "entries"
+            else row["task_id"] if view == "tasks" else row["id"]
+            for row in shown
+        ]  # fmt: skip
+        assert keys == sorted(keys) and len(set(keys)) == count, view
+    assert main(["entries", "--db", str(db), "--json", "--task", "bulk-123"]) == 0
+    entries = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["step_id"], [m["state"] for m in e["markers"]]) for e in entries] == [
+        ("a", ["done"]), ("b", ["done"]), ("c", ["done"])
+    ]  # fmt: skip
+
+
+def test_views_limit_bounds_the_rows_and_the_table_has_one_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _board(tmp_path / "big.db")
+    assert main(["runs", "--db", str(db), "--json", "--limit", "7"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == list(range(1, 8))
+    assert main(["runs", "--db", str(db), "--limit", "600"]) == 0  # more than one page, as a table
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 601 and table[0].split()[:2] == ["id", "task_id"]
+    assert sum(line.startswith("id ") for line in table) == 1
+    assert main(["runs", "--db", str(db), "--task", "bulk-005", "--json", "--limit", "4"]) == 0
+    assert {json.loads(line)["task_id"] for line in capsys.readouterr().out.splitlines()} == {"bulk-005"}
+    with pytest.raises(SystemExit):
+        main(["runs", "--db", str(db), "--limit", "0"])
+    assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_views_read_page_by_page_never_everything_first(tmp_path: Path) -> None:
+    """The first row of a view costs one bounded query: no statement reads the whole table."""
+    db = _board(tmp_path / "big.db")
+    for view in ("runs", "entries", "decisions", "tasks", "outcomes"):
+        with views.open_read_only(db) as conn:
+            statements: list[str] = []
+            assert isinstance(conn, sqlite3.Connection)
+            conn.set_trace_callback(statements.append)
+            rows = views.stream(conn, view)
+            next(rows, None)
+            assert statements and all("LIMIT" in sql for sql in statements if "step_entry_markers" not in sql)
+            assert len(statements) <= 2, (view, statements)
+
+
+def test_views_exit_quietly_when_the_reader_goes_away(tmp_path: Path) -> None:
+    """`onceflow runs --json | head -1`: the view ends with 0 or 141 and no traceback on stderr."""
+    db = _board(tmp_path / "big.db")  # ~1.5 MB of JSON lines: far more than a pipe holds
+    for args in (["runs", "--json"], ["runs"]):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "onceflow.cli", *args, "--db", str(db)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline()
+        child.stdout.close()  # as `head -1` exits
+        err = child.stderr.read().decode()
+        assert child.wait(timeout=60) in (0, 141)
+        assert err == "", err

@@ -269,7 +269,7 @@ def head_fields(head: bytes) -> tuple[object, object]:
             at = _skip_space(text, at)
             if not text.startswith('"', at):
                 break
-            key, at = json.decoder.scanstring(text, at + 1)
+            key, at = _DECODER.raw_decode(text, at)  # a JSON string: the member's name
             at = _skip_space(text, at)
             if not text.startswith(":", at):
                 break

@@ -2,7 +2,7 @@
 subcommand runs its own Trio run.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
-  onceflow run --workflow FILE --script FILE [--db PATH] [--json]
+  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
@@ -60,7 +60,7 @@ from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
-from onceflow.store.urls import database_arg
+from onceflow.store.urls import database_arg, redacted
 from onceflow.trace import describe, escape_controls
 
 REFUSED = 1
@@ -123,8 +123,9 @@ def read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def load_script(path: Path) -> list[Any]:
-    """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
+def load_script(path: Path) -> list[tuple[int, Any]]:
+    """Commands from a script, each with its 1-based line number in the file: JSON lines (`.jsonl`/`.json`;
+    `#` starts a comment line), or a YAML list (the line each item starts on).
 
     A JSON line is passed to the runtime as its raw bytes, so a line that is not UTF-8 or not JSON gets its
     own typed reply and the rest of the script still runs.
@@ -134,45 +135,70 @@ def load_script(path: Path) -> list[Any]:
         names the file).
     """
     if path.suffix not in (".jsonl", ".json"):
+        text = read_text(path)
         try:
-            loaded = yaml.safe_load(read_text(path))
+            loaded = yaml.safe_load(text)
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, list):
+        if not isinstance(loaded, list) or not isinstance(node, yaml.SequenceNode):
             raise ValueError(f"{path}: a YAML script must be a list of commands")
-        return loaded
+        return [(item.start_mark.line + 1, value) for item, value in zip(node.value, loaded, strict=True)]
     return [
-        line for line in path.read_bytes().splitlines() if line.strip() and not line.lstrip().startswith(b"#")
+        (number, line)
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith(b"#")
     ]
 
 
-async def replay(workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event) -> int:
+async def replay(
+    workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event, keep_going: bool = False
+) -> int:
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
-    Stops before the next command once `stop` is set; the command under way finishes and is printed.
+    Once the runtime is open, one line `database: PATH` (a URL with its password redacted) on stderr: where
+    the run's state is, also when the CLI picked a fresh file. A refusal names where the command came from (`FILE:LINE`, the
+    workflow file for the registration): in the human output on the reply's line, with `--json` as one
+    `refused: FILE:LINE: ...` line on stderr (stdout stays one reply per line). A refused
+    `register_workflow` (the workflow's or one in the script) stops the run there, since the commands
+    after it would be refused in a cascade: one `stopped: ...` line on stderr, exit 1; with `keep_going`
+    the run goes on. Stops before the next command once `stop` is set; the command under way finishes and
+    is printed.
     """
     commands = load_script(script)
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
     async with open_runtime(db) as runtime:
-        for command in [register, *commands]:
+        say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
+        for where, command in [(str(workflow), register), *((f"{script}:{n}", c) for n, c in commands)]:
             if stop.is_set():
                 break
             reply = await runtime.send(command)
             refused += not reply.ok
+            kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
+            error = f"{reply.error.code}: {reply.error.message}" if reply.error else ""
             if as_json:
                 print(encode(reply), flush=True)
-                continue
-            kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
-            status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
-            if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
-                status = "ok, idempotent: already applied, nothing ran"
-            say(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
-            for event in reply.events:
-                say(f"    {describe(event)}")
-            if reply.ok and str(kind).startswith(("get_", "list_", "claim_")):
-                say(f"    result: {json.dumps(reply.result)}")
-            sys.stdout.flush()
+                if not reply.ok:
+                    say(f"refused: {where}: {kind}: {error}", err=True)
+            else:
+                status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
+                if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
+                    status = "ok, idempotent: already applied, nothing ran"
+                said = f" {reply.error.message} ({where})" if reply.error else ""
+                say(f"> {kind} [{status}]{said}")
+                for event in reply.events:
+                    say(f"    {describe(event)}")
+                if reply.ok and str(kind).startswith(("get_", "list_", "claim_")):
+                    say(f"    result: {json.dumps(reply.result)}")
+                sys.stdout.flush()
+            if not reply.ok and reply.command == "register_workflow" and not keep_going:
+                say(
+                    f"stopped: register_workflow refused ({where}); the commands after it were not sent"
+                    " (--keep-going sends them anyway)",
+                    err=True,
+                )
+                break
     return REFUSED if refused else 0
 
 
@@ -285,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
+    run.add_argument(
+        "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
+    )
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
     schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
@@ -340,7 +369,9 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "demo":
             work = functools.partial(demo, db)
         else:
-            work = functools.partial(replay, args.workflow, args.script, db, args.json)
+            work = functools.partial(
+                replay, args.workflow, args.script, db, args.json, keep_going=args.keep_going
+            )
         status = trio.run(until_signalled, work, signalled)
     except DatabaseOwnedError as exc:
         say(f"error: {exc}", err=True)

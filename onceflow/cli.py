@@ -157,9 +157,9 @@ async def replay(
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
     Once the runtime is open, one line `database: PATH` (a URL with its password redacted) on stderr: where
-    the run's state is, also when the CLI picked a fresh file. A refusal names where the command came from (`FILE:LINE`, the
-    workflow file for the registration): in the human output on the reply's line, with `--json` as one
-    `refused: FILE:LINE: ...` line on stderr (stdout stays one reply per line). A refused
+    the run's state is, also when the CLI picked a fresh file. A refusal names where the command came from
+    (`FILE:LINE`, the workflow file for the registration): in the human output on the reply's line, with
+    `--json` as one `refused: FILE:LINE: ...` line on stderr (stdout stays one reply per line). A refused
     `register_workflow` (the workflow's or one in the script) stops the run there, since the commands
     after it would be refused in a cascade: one `stopped: ...` line on stderr, exit 1; with `keep_going`
     the run goes on. Stops before the next command once `stop` is set; the command under way finishes and

@@ -84,7 +84,8 @@ class CreateTask(_Command):
 
 
 class AddParticipant(_Command):
-    """Add a participant row. With `task_id` it is per-task; otherwise template-level for `workflow_id`."""
+    """Add a participant row. With `task_id` it is per-task; otherwise template-level for `workflow_id`. The
+    same seat again (every field identical) adds nothing: the reply names the row with `already_existed`."""
 
     type: Literal["add_participant"] = "add_participant"
     """The command name."""

@@ -365,10 +365,13 @@ class WorkflowRegistered(TypedDict):
 
 @_result
 class ParticipantAdded(TypedDict):
-    """`add_participant`: the new row."""
+    """`add_participant`: the new row, or the identical one already there (adding the same seat twice is
+    idempotent)."""
 
     participant_id: int
     """The row's id (`remove_participant` and `record_decision.participant_id` take it)."""
+    already_existed: bool
+    """True when an identical row (every field equal) was already seated: nothing was added."""
 
 
 @_result

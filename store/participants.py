@@ -55,13 +55,55 @@ def add_participant(
     decision_required: bool,
     position: int,
 ) -> int:
-    """Insert a participant row; `task_id` None makes it template-level. Returns the new id."""
+    """`seat_participant`'s row id (idempotent: an identical row is not added twice)."""
+    return seat_participant(
+        conn,
+        workflow_id=workflow_id,
+        step_id=step_id,
+        task_id=task_id,
+        role=role,
+        agent_profile_id=agent_profile_id,
+        decision_required=decision_required,
+        position=position,
+    )[0]
+
+
+def seat_participant(
+    conn: Connection,
+    *,
+    workflow_id: str,
+    step_id: str,
+    task_id: str | None,
+    role: str,
+    agent_profile_id: str,
+    decision_required: bool,
+    position: int,
+) -> tuple[int, bool]:
+    """Insert a participant row (`task_id` None: template-level) unless an identical one exists (every
+    field equal: the same seat sent again); returns (its id, whether it already existed). Rows that differ
+    in any field (another position, say) are separate seats, agentless ones included."""
+    scope = "task_id IS NULL" if task_id is None else "task_id = ?"
+    found = conn.execute(
+        f"SELECT id FROM participants WHERE workflow_id = ? AND step_id = ? AND {scope} AND role = ?"
+        " AND agent_profile_id = ? AND decision_required = ? AND position = ? ORDER BY id LIMIT 1",
+        [
+            workflow_id,
+            step_id,
+            *([] if task_id is None else [task_id]),
+            role,
+            agent_profile_id,
+            int(decision_required),
+            position,
+        ],
+    ).fetchone()
+    if found is not None:
+        return int(found[0]), True
     cur = conn.execute(
         "INSERT INTO participants (workflow_id, step_id, task_id, role, agent_profile_id, decision_required,"
         " position) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (workflow_id, step_id, task_id, role, agent_profile_id, int(decision_required), position),
     )
-    return int(cur.lastrowid or 0)
+    return int(cur.lastrowid or 0), False
 
 
 def remove_participant(conn: Connection, participant_id: int) -> bool:

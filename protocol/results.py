@@ -534,6 +534,48 @@ class TaskPage(TypedDict):
 
 
 @_result
+class RunPage(TypedDict):
+    """`list_runs`: one page of runs in run-id order."""
+
+    runs: list[RunInfo]
+    """The page."""
+    next_after_run_id: int | None
+    """Pass it as `after_run_id` for the next page; None on the last page."""
+
+
+@_result
+class DecisionPage(TypedDict):
+    """`list_decisions`: one page of a task's decisions in decision-id order."""
+
+    decisions: list[DecisionInfo]
+    """The page."""
+    next_after_decision_id: int | None
+    """Pass it as `after_decision_id` for the next page; None on the last page."""
+
+
+@_result
+class StepEntryPage(TypedDict):
+    """`list_step_entries`: one page of a task's step entries in (step_id, entry_seq) order."""
+
+    entries: list[StepEntryInfo]
+    """The page."""
+    next_after_step_id: str | None
+    """Pass it as `after_step_id` (with `next_after_entry_seq`) for the next page; None on the last page."""
+    next_after_entry_seq: int | None
+    """Pass it as `after_entry_seq` for the next page; None on the last page."""
+
+
+@_result
+class ReviewRunPage(TypedDict):
+    """`list_review_runs`: one page of review runs in review-run-id order."""
+
+    review_runs: list[ReviewRunInfo]
+    """The page."""
+    next_after_review_run_id: int | None
+    """Pass it as `after_review_run_id` for the next page; None on the last page."""
+
+
+@_result
 class OutcomeReceived(TypedDict):
     """`outcome_ready`: the outcome is recorded (AC-CO-11)."""
 
@@ -586,10 +628,10 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "budget_alert": TriggerResult,
         "get_task": TaskInfo,
         "list_tasks": TaskPage,
-        "list_runs": list[RunInfo],
-        "list_decisions": list[DecisionInfo],
-        "list_step_entries": list[StepEntryInfo],
-        "list_review_runs": list[ReviewRunInfo],
+        "list_runs": RunPage,
+        "list_decisions": DecisionPage,
+        "list_step_entries": StepEntryPage,
+        "list_review_runs": ReviewRunPage,
         "outcome_ready": OutcomeReceived,
         "coordinator_ack": AckQueued,
         "get_outcome": OutcomeInfo,

@@ -72,7 +72,7 @@ def op_of(rows: list[dict[str, Any]]) -> str:
 
 
 async def parent_runs(rt: Runtime) -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_runs", "task_id": "P"})).result)
+    return list((await ok(rt, {"type": "list_runs", "task_id": "P"})).result["runs"])
 
 
 async def test_children_completed_fires_only_when_every_child_terminal(runtime: Runtime) -> None:

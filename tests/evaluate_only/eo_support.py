@@ -89,7 +89,7 @@ async def step_of(rt: Runtime, task_id: str = TASK) -> str:
 
 
 async def runs_for(rt: Runtime, agent: str) -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_runs", "agent_profile_id": agent})).result)
+    return list((await ok(rt, {"type": "list_runs", "agent_profile_id": agent})).result["runs"])
 
 
 def callbacks(events: list[Any]) -> list[tuple[str, str, str]]:

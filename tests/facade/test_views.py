@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -230,3 +231,69 @@ def test_views_exit_quietly_when_the_reader_goes_away(tmp_path: Path) -> None:
         err = child.stderr.read().decode()
         assert child.wait(timeout=60) in (0, 141)
         assert err == "", err
+
+
+async def _pages(rt: Runtime, command: dict[str, Any], rows: str, *cursor: str) -> list[list[Any]]:
+    pages = []
+    while True:
+        page = (await ok(rt, command)).result
+        pages.append(page[rows])
+        following = {field: page[f"next_{field}"] for field in cursor}
+        if all(value is None for value in following.values()):
+            return pages
+        command = {**command, **following}
+
+
+async def test_list_runs_of_one_task_pages_by_run_id_with_a_bounded_limit(office: Runtime) -> None:
+    await to_review(office, "T1")
+    for round_ in range(3):  # three more review rounds of T1, and T2's runs among its runs
+        await decide(office, "T1", "review", "rev-a", "rejected")
+        await send(office, {"type": "move_task", "task_id": "T1", "step_id": "review"})
+        await to_review(office, f"T2-{round_}")
+    everything = (await ok(office, {"type": "list_runs", "task_id": "T1", "limit": 1000})).result
+    assert everything["next_after_run_id"] is None
+    ids = [run["id"] for run in everything["runs"]]
+    assert len(ids) >= 6 and ids == sorted(ids)
+    pages = await _pages(office, {"type": "list_runs", "task_id": "T1", "limit": 4}, "runs", "after_run_id")
+    assert [len(page) for page in pages[:-1]] == [4] * (len(pages) - 1) and 0 < len(pages[-1]) <= 4
+    assert [run["id"] for page in pages for run in page] == ids  # every run of T1 once, in order
+    assert {run["task_id"] for page in pages for run in page} == {"T1"}
+    default = (await ok(office, {"type": "list_runs"})).result
+    assert len(default["runs"]) <= 100
+    for limit in (0, 1001):
+        refused = await send(office, {"type": "list_runs", "task_id": "T1", "limit": limit})
+        assert refused.error is not None and (refused.error.code, refused.error.field) == (
+            "invalid_message",
+            "limit",
+        )
+
+
+async def test_list_decisions_and_step_entries_page_with_their_cursors(office: Runtime) -> None:
+    await to_review(office, "T1")
+    for _ in range(3):
+        await decide(office, "T1", "review", "rev-a", "rejected")  # back to work: a new review entry each
+        await send(office, {"type": "move_task", "task_id": "T1", "step_id": "review"})
+    entries = await _pages(
+        office,
+        {"type": "list_step_entries", "task_id": "T1", "limit": 2},
+        "entries",
+        "after_step_id",
+        "after_entry_seq",
+    )
+    keys = [(e["step_id"], e["entry_seq"]) for page in entries for e in page]
+    assert len(entries) > 1 and keys == sorted(keys) and len(set(keys)) == len(keys) >= 4
+    one = (await ok(office, {"type": "list_step_entries", "task_id": "T1", "limit": 1000})).result
+    assert [(e["step_id"], e["entry_seq"]) for e in one["entries"]] == keys
+    half = await send(office, {"type": "list_step_entries", "task_id": "T1", "after_step_id": "review"})
+    assert half.error is not None and half.error.code == "invalid_message"
+
+    decisions = await _pages(
+        office, {"type": "list_decisions", "task_id": "T1", "limit": 2}, "decisions", "after_decision_id"
+    )
+    ids = [d["id"] for page in decisions for d in page]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+async def test_list_review_runs_pages(office: Runtime) -> None:
+    page = (await ok(office, {"type": "list_review_runs", "limit": 1})).result
+    assert page == {"review_runs": [], "next_after_review_run_id": None}

@@ -110,9 +110,9 @@ async def state(rt: Runtime) -> dict[str, Any]:
     """Everything a half-commit could leave behind, read through the protocol."""
     return {
         "task": (await ok(rt, {"type": "get_task", "task_id": "T1"})).result,
-        "runs": (await ok(rt, {"type": "list_runs"})).result,
-        "decisions": (await ok(rt, {"type": "list_decisions", "task_id": "T1"})).result,
-        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": "T1"})).result,
+        "runs": (await ok(rt, {"type": "list_runs"})).result["runs"],
+        "decisions": (await ok(rt, {"type": "list_decisions", "task_id": "T1"})).result["decisions"],
+        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": "T1"})).result["entries"],
     }
 
 

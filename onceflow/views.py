@@ -8,15 +8,14 @@ committed state. A `postgresql://` URL is opened with store/postgres.py's `conne
 (`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
 the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
 Rows are read with the store's own query functions (`store/`), so a view shows what the protocol's queries
-return. Output is an aligned table for people (control characters escaped, times as UTC) or, with `--json`,
-one JSON object per line for scripts.
+return. Output is an aligned table for people (control characters escaped) or, with `--json`,
+one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import sqlite3
 import sys
@@ -25,8 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
-import attrs
-
+from onceflow.protocol.times import rfc3339
 from onceflow.store import outcomes, participants, runs, step_entries, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
@@ -221,7 +219,7 @@ def _tasks(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
 
 
 def _task_row(task: TaskRecord) -> Row:
-    return {**tasks.task_info(task), "updated_at": task.updated_at}
+    return {**tasks.task_info(task), "updated_at": rfc3339(task.updated_at)}
 
 
 def _runs(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
@@ -248,7 +246,7 @@ def _decisions(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
     after: int | None = None
     while True:
         page, more = participants.decisions_page(conn, task_id=task_id, after_id=after, limit=PAGE)
-        yield [attrs.asdict(decision) for decision in page]
+        yield [dict(participants.decision_info(decision)) for decision in page]
         if not more:
             return
         after = page[-1].id
@@ -283,7 +281,6 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "outcomes": ("outcome_id", "phase", "delivery_attempts", "duplicate_signals", "stale_acknowledgements",
                  "coordinator_fence", "delivered_at", "acknowledged_at", "last_delivery_error"),
 }  # fmt: skip
-_TIMES = {"updated_at", "requested_at", "created_at", "delivered_at", "acknowledged_at"}
 
 
 def escape(text: str) -> str:
@@ -297,8 +294,6 @@ def escape(text: str) -> str:
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "-"
-    if column in _TIMES and isinstance(value, int | float):
-        return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
     if column == "markers" and isinstance(value, list):
         return " ".join(f"{m['position']}:{m['kind']}={m['state']}" for m in value) or "-"
     if isinstance(value, dict | list):

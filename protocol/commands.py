@@ -2,7 +2,8 @@
 thread.
 
 Every command is one JSON object on the wire (see `codec.py`). Unknown fields are rejected so a typo in a
-host never silently does nothing. Identifiers are non-empty strings; times are Unix seconds.
+host never silently does nothing. Identifiers are non-empty strings; times a command carries are Unix
+seconds (results and events carry RFC 3339 UTC text, `times.py`).
 Every field is bounded (`limits.py`, shown by `onceflow schema`): ids at most MAX_ID_CHARS characters without
 control characters, free text MAX_TEXT_CHARS, integers int64, lists MAX_LIST_ITEMS; a string holding a lone
 surrogate is not valid Unicode and is refused. Operation-id shapes follow operation-ledger-lifetime.md.

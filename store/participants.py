@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from onceflow.protocol.results import DecisionInfo
+from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
 from onceflow.store.records import Decision, Participant
 
@@ -295,7 +296,7 @@ def decision_info(decision: Decision) -> DecisionInfo:
         decider_id=decision.decider_id,
         decision=decision.decision,
         comment=decision.comment,
-        created_at=decision.created_at,
+        created_at=rfc3339(decision.created_at),
     )
 
 

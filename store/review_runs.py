@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceflow.protocol.results import ReviewRunInfo
+from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
 
 _FIELDS = (
@@ -98,7 +99,7 @@ def _infos(rows: list[Any]) -> list[ReviewRunInfo]:
             status=row[7],
             detail=row[8],
             launches=row[9],
-            created_at=row[10],
+            created_at=rfc3339(row[10]),
         )
         for row in rows
     ]

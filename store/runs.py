@@ -21,6 +21,7 @@ from typing import Any, Literal
 import attrs
 
 from onceflow.protocol.results import RunInfo
+from onceflow.protocol.times import rfc3339, rfc3339_or_none
 from onceflow.store.connection import Connection, Cursor
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
@@ -348,7 +349,8 @@ def leave_entries(
 
 
 def run_info(run: RunRecord) -> RunInfo:
-    """The run as replies show it (a dict display: calling a typed dict class costs a dict(**kwargs))."""
+    """The run as replies show it, times as RFC 3339 (a dict display: calling a typed dict class costs a
+    dict(**kwargs))."""
     return {
         "id": run.id,
         "agent_profile_id": run.agent_profile_id,
@@ -360,14 +362,14 @@ def run_info(run: RunRecord) -> RunInfo:
         "exclude_from_coalescing": run.exclude_from_coalescing,
         "status": run.status,
         "coalesced_count": run.coalesced_count,
-        "requested_at": run.requested_at,
+        "requested_at": rfc3339(run.requested_at),
         "trigger": run.trigger,
         "entry_seq": run.entry_seq,
         "admission_seq": run.admission_seq,
         "attempt": run.attempt,
         "retries": run.retries,
-        "lease_expires_at": run.lease_expires_at if run.status == "claimed" else None,
-        "retry_at": run.retry_at if run.status == "queued" else None,
+        "lease_expires_at": rfc3339_or_none(run.lease_expires_at) if run.status == "claimed" else None,
+        "retry_at": rfc3339_or_none(run.retry_at) if run.status == "queued" else None,
         "superseded": run.superseded,
         "outcome_reason": run.outcome_reason,
         "last_error": run.last_error,

@@ -70,6 +70,16 @@ async def _send(rt: Runtime, message: dict[str, Any]) -> Any:
     return reply.result
 
 
+async def _count_runs(rt: Runtime) -> int:
+    """How many runs `list_runs` lists, page by page."""
+    listed, after = 0, None
+    while True:
+        page = await _send(rt, {"type": "list_runs", "after_run_id": after, "limit": 1000})
+        listed += len(page["runs"])
+        if (after := page["next_after_run_id"]) is None:
+            return listed
+
+
 async def setup(rt: Runtime, n: int, concurrency: int) -> None:
     await _send(rt, {"type": "register_workflow", "yaml": WORKFLOW, "source": "bench.yml"})
     for agent in REVIEWERS:
@@ -142,7 +152,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 async def replay(rt: Runtime, task_id: str) -> int:
     """Dispatch the task's committed review entry again, as a second dispatcher (or a recovery) would: its
     markers are all terminal, so nothing may run twice. Returns how many actions it ran (must be 0)."""
-    entries = await _send(rt, {"type": "list_step_entries", "task_id": task_id})
+    entries = (await _send(rt, {"type": "list_step_entries", "task_id": task_id, "limit": 1000}))["entries"]
     key = EntryKey(task_id, REVIEW, max(e["entry_seq"] for e in entries if e["step_id"] == REVIEW))
     task = await rt.engine.load_task(task_id)
     workflow = rt.services.workflows.get(WF)
@@ -216,8 +226,8 @@ async def run_dispatch(
         elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         writer_cpu = time.clock_gettime(writer_clock) - writer_began
         store._commit = commit  # type: ignore[method-assign]
-        move_phase_rss = peak_rss_mb()  # before list_runs below loads every run into memory
-        listed = len(await _send(rt, {"type": "list_runs"}))
+        move_phase_rss = peak_rss_mb()  # before list_runs below pages through every run
+        listed = await _count_runs(rt)
     figures, violations = check(db, n)
     if counts["replayed_actions"]:
         violations.append(f"replayed entries ran {counts['replayed_actions']} actions again")

@@ -30,6 +30,8 @@ import onceflow.actors.runtime.supervisor as supervisor
 from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
+from onceflow.protocol.codec import command_type, parse_json
+from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.worker_aio import AsyncioRuns
 
@@ -117,7 +119,7 @@ class AsyncioRuntime:
         future: asyncio.Future[Reply] = self._loop.create_future()
         self._pending.add(future)
         if not self._call_in_trio(self._start_command, command, future):
-            self._answer(future, _shutting_down())
+            self._answer(future, _shutting_down(command))
         return future
 
     def subscribe(self) -> Subscription:
@@ -178,7 +180,7 @@ class AsyncioRuntime:
 
     def _start_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
         if not self._accepting or self._commands is None:
-            self._call_in_asyncio(self._answer, future, _shutting_down())
+            self._call_in_asyncio(self._answer, future, _shutting_down(command))
             return
         self._commands.start_soon(self._run_command, command, future)
 
@@ -254,9 +256,23 @@ def _settle(future: asyncio.Future[T], result: T, error: BaseException | None = 
         future.set_exception(error)
 
 
-def _shutting_down() -> Reply:
+def _shutting_down(command: Any = None) -> Reply:
+    """The `shutting_down` reply to `command`, naming its type when it has one (`unknown` otherwise, or
+    for a pending reply whose command is no longer known)."""
     error = ErrorInfo(code="shutting_down", message="the runtime is shutting down")
-    return Reply(command="unknown", ok=False, error=error)
+    return Reply(command=_type_of(command), ok=False, error=error)
+
+
+def _type_of(command: Any) -> str:
+    """A command's `type`: a model's own, else what `command_type` reads from a mapping or a JSON line."""
+    if c.is_command(command):
+        return str(getattr(command, "type", "unknown"))
+    if isinstance(command, str | bytes):
+        try:
+            command = parse_json(command)
+        except OnceflowError:
+            return "unknown"
+    return command_type(command)
 
 
 async def _wait_through_cancellation(future: asyncio.Future[T]) -> T:

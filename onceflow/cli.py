@@ -2,7 +2,7 @@
 subcommand runs its own Trio run.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
-  onceflow run --workflow FILE --script FILE [--db PATH] [--json]
+  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
@@ -11,8 +11,8 @@ subcommand runs its own Trio run.
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
-  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]
-                                                              read-only views (onceflow.views)
+  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
+                                                              read-only views (onceflow.views), streamed
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
   onceflow --version
 
@@ -21,7 +21,8 @@ command cannot run: a usage error, or a file it names cannot be used (missing, a
 a database, a database another runtime owns, a --db whose folder does not exist: no folder is created), or
 a `postgresql://` --db that cannot be used (a bad URL, a server that does not answer, credentials refused,
 no such database, no onceflow schema). Such a file or URL gets one `error:` line on stderr naming it
-(password redacted), never a traceback. SIGINT or SIGTERM during `run` or
+(password redacted), never a traceback. A closed stdout (`onceflow runs --json | head -1`) ends the command
+quietly with 141. SIGINT or SIGTERM during `run` or
 `demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
 143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
@@ -31,6 +32,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import json
@@ -58,13 +60,16 @@ from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
-from onceflow.store.urls import database_arg
+from onceflow.store.urls import database_arg, redacted
 from onceflow.trace import describe, escape_controls
 
 REFUSED = 1
 """Exit status: a template is invalid or a replayed command was refused."""
 CANNOT_RUN = 2
 """Exit status: a usage error, or a file the command names cannot be used."""
+CLOSED_PIPE = 128 + signal.SIGPIPE
+"""Exit status when stdout was closed under the command (its reader, such as `head`, went away): 141, as a
+tool killed by SIGPIPE, with nothing on stderr."""
 
 
 def configure_logging(verbose: bool) -> None:
@@ -118,8 +123,9 @@ def read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def load_script(path: Path) -> list[Any]:
-    """Commands from a script: JSON lines (`.jsonl`/`.json`; `#` starts a comment line), or a YAML list.
+def load_script(path: Path) -> list[tuple[int, Any]]:
+    """Commands from a script, each with its 1-based line number in the file: JSON lines (`.jsonl`/`.json`;
+    `#` starts a comment line), or a YAML list (the line each item starts on).
 
     A JSON line is passed to the runtime as its raw bytes, so a line that is not UTF-8 or not JSON gets its
     own typed reply and the rest of the script still runs.
@@ -129,45 +135,70 @@ def load_script(path: Path) -> list[Any]:
         names the file).
     """
     if path.suffix not in (".jsonl", ".json"):
+        text = read_text(path)
         try:
-            loaded = yaml.safe_load(read_text(path))
+            loaded = yaml.safe_load(text)
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, list):
+        if not isinstance(loaded, list) or not isinstance(node, yaml.SequenceNode):
             raise ValueError(f"{path}: a YAML script must be a list of commands")
-        return loaded
+        return [(item.start_mark.line + 1, value) for item, value in zip(node.value, loaded, strict=True)]
     return [
-        line for line in path.read_bytes().splitlines() if line.strip() and not line.lstrip().startswith(b"#")
+        (number, line)
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith(b"#")
     ]
 
 
-async def replay(workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event) -> int:
+async def replay(
+    workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event, keep_going: bool = False
+) -> int:
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
-    Stops before the next command once `stop` is set; the command under way finishes and is printed.
+    Once the runtime is open, one line `database: PATH` (a URL with its password redacted) on stderr: where
+    the run's state is, also when the CLI picked a fresh file. A refusal names where the command came from
+    (`FILE:LINE`, the workflow file for the registration): in the human output on the reply's line, with
+    `--json` as one `refused: FILE:LINE: ...` line on stderr (stdout stays one reply per line). A refused
+    `register_workflow` (the workflow's or one in the script) stops the run there, since the commands
+    after it would be refused in a cascade: one `stopped: ...` line on stderr, exit 1; with `keep_going`
+    the run goes on. Stops before the next command once `stop` is set; the command under way finishes and
+    is printed.
     """
     commands = load_script(script)
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
     async with open_runtime(db) as runtime:
-        for command in [register, *commands]:
+        say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
+        for where, command in [(str(workflow), register), *((f"{script}:{n}", c) for n, c in commands)]:
             if stop.is_set():
                 break
             reply = await runtime.send(command)
             refused += not reply.ok
+            kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
+            error = f"{reply.error.code}: {reply.error.message}" if reply.error else ""
             if as_json:
                 print(encode(reply), flush=True)
-                continue
-            kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
-            status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
-            if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
-                status = "ok, idempotent: already applied, nothing ran"
-            say(f"> {kind} [{status}]" + (f" {reply.error.message}" if reply.error else ""))
-            for event in reply.events:
-                say(f"    {describe(event)}")
-            if reply.ok and str(kind).startswith(("get_", "list_", "claim_")):
-                say(f"    result: {json.dumps(reply.result)}")
-            sys.stdout.flush()
+                if not reply.ok:
+                    say(f"refused: {where}: {kind}: {error}", err=True)
+            else:
+                status = "ok" if reply.ok else f"refused: {reply.error.code if reply.error else ''}"
+                if reply.ok and isinstance(reply.result, dict) and reply.result.get("idempotent"):
+                    status = "ok, idempotent: already applied, nothing ran"
+                said = f" {reply.error.message} ({where})" if reply.error else ""
+                say(f"> {kind} [{status}]{said}")
+                for event in reply.events:
+                    say(f"    {describe(event)}")
+                if reply.ok and str(kind).startswith(("get_", "list_", "claim_")):
+                    say(f"    result: {json.dumps(reply.result)}")
+                sys.stdout.flush()
+            if not reply.ok and reply.command == "register_workflow" and not keep_going:
+                say(
+                    f"stopped: register_workflow refused ({where}); the commands after it were not sent"
+                    " (--keep-going sends them anyway)",
+                    err=True,
+                )
+                break
     return REFUSED if refused else 0
 
 
@@ -280,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
+    run.add_argument(
+        "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
+    )
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
     schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
@@ -305,6 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the signal receiver (start-up, validate): nothing is left open
         say("onceflow: interrupted by SIGINT", err=True)
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # the reader went away (`onceflow runs | head -1`): as a killed-by-SIGPIPE tool
+        _discard_stdout()
+        return CLOSED_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail on the closed pipe again
+    (and print 'Exception ignored')."""
+    with open(os.devnull, "wb") as null, contextlib.suppress(OSError, ValueError):
+        os.dup2(null.fileno(), sys.stdout.fileno())
 
 
 def _main(argv: list[str] | None) -> int:
@@ -325,11 +369,15 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "demo":
             work = functools.partial(demo, db)
         else:
-            work = functools.partial(replay, args.workflow, args.script, db, args.json)
+            work = functools.partial(
+                replay, args.workflow, args.script, db, args.json, keep_going=args.keep_going
+            )
         status = trio.run(until_signalled, work, signalled)
     except DatabaseOwnedError as exc:
         say(f"error: {exc}", err=True)
         return CANNOT_RUN
+    except BrokenPipeError:
+        raise  # stdout closed: `main` exits quietly
     except OSError as exc:
         say(f"error: {_os_error(exc)}", err=True)
         return CANNOT_RUN

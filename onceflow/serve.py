@@ -9,14 +9,16 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
 - Reply to a request: `{"id": <id or null>, "reply": <Reply>}`, the same `Reply` model `Runtime.send`
   returns in process; its `command` is the `type` the line named whenever it named one, known or not. A
   line that is not JSON, names an unknown command or has a bad field gets an `invalid_message` reply and
-  the connection stays open; `id` is null only when the line had none or could not be read as JSON.
+  the connection stays open; `id` is null only when the line had none. A line that is not JSON (or is
+  too long, below) is still scanned from its start for its top-level members: the `id` and `type` among
+  those complete in its first 4 KiB are echoed and named as for a readable line.
 - A bad `id` (a float, an integer outside int64, a boolean, an array or object, a string over 256
   characters) gets `invalid_message` with field `id`, and the command does not run. Its reply's `id` is
   what was sent, as a string a client can match: a string id itself, any other value its compact JSON
   text as Python writes it (`1.5` -> `"1.5"`, `2**64` -> `"18446744073709551616"`, `[1]` -> `"[1]"`,
   `true` -> `"true"`).
-- A line longer than `max_line` bytes gets `invalid_message` (command `unknown`, `id` null: it is not
-  read) and is skipped up to its newline. By default `max_line` is the protocol's own message limit,
+- A line longer than `max_line` bytes gets `invalid_message` (its `id` and `command` as found at its
+  start, above) and is skipped up to its newline. By default `max_line` is the protocol's own message limit,
   `protocol.limits.MAX_MESSAGE_BYTES` (8 MiB): any line the runtime accepts is read.
 - Event (after `subscribe`): `{"event": <Event>}`, every event the runtime emits from then on.
 - Connection error, the last line before the server closes the connection: `{"error": <ErrorInfo>}`;
@@ -118,15 +120,19 @@ class ServeOptions:
     """Per-connection and server bounds (the module docstring says what each does).
 
     `queue_size` outgoing lines and `queue_bytes` outgoing bytes a client may lag behind; `max_line` bytes
-    in one request line (default the protocol's message limit); `max_pipeline` received lines waiting to
-    be applied; `grace` seconds a disconnecting client (slow, idle, or at shutdown) gets to read what is
-    queued; `max_connections` clients at once; `idle_timeout` seconds without activity before a client is
-    closed (0: never); `backlog` connections the kernel queues before they are accepted.
+    in one request line (default and at most the protocol's message limit, `MAX_MESSAGE_BYTES`, its one
+    owner: a line serve reads is never one the runtime refuses for its size; ValueError beyond it);
+    `max_pipeline` received lines waiting to be applied; `grace` seconds a disconnecting client (slow,
+    idle, or at shutdown) gets to read what is queued; `max_connections` clients at once; `idle_timeout`
+    seconds without activity before a client is closed (0: never); `backlog` connections the kernel
+    queues before they are accepted.
     """
 
     queue_size: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
     queue_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.ge(1))
-    max_line: int = attrs.field(default=MAX_MESSAGE_BYTES, validator=attrs.validators.ge(1))
+    max_line: int = attrs.field(
+        default=MAX_MESSAGE_BYTES, validator=[attrs.validators.ge(1), attrs.validators.le(MAX_MESSAGE_BYTES)]
+    )
     max_pipeline: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     grace: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
     max_connections: int = attrs.field(default=256, validator=attrs.validators.ge(1))
@@ -134,15 +140,21 @@ class ServeOptions:
     backlog: int = attrs.field(default=512, validator=attrs.validators.ge(1))
 
 
+HEAD_BYTES = 4096
+"""How much of a line that cannot be read whole (longer than `max_line`, or not JSON) is scanned for its
+`id` and `type` (`head_fields`)."""
+
+
+@attrs.frozen
 class _Overlong:
-    """Stands for a request line longer than `max_line` (already skipped)."""
+    """Stands for a request line longer than `max_line` (already skipped); `head` is its first
+    `HEAD_BYTES` bytes, where its `id` and `type` are looked for."""
 
-
-OVERLONG = _Overlong()
+    head: bytes
 
 
 class _LineReader:
-    """Splits a byte stream into lines of at most `max_line` bytes; longer lines become OVERLONG.
+    """Splits a byte stream into lines of at most `max_line` bytes; longer lines become `_Overlong`.
     `received` is called for every chunk that arrives (activity, for the idle timeout)."""
 
     def __init__(
@@ -154,7 +166,8 @@ class _LineReader:
         self._skipping = False  # inside an overlong line, dropping bytes up to its newline
 
     async def receive_line(self) -> bytes | _Overlong | None:
-        """The next line without its newline, OVERLONG once per overlong line, None at end of stream.
+        """The next line without its newline, an `_Overlong` (with the line's head) once per overlong
+        line, None at end of stream.
 
         Raises trio.BrokenResourceError / trio.ClosedResourceError as the stream does.
         """
@@ -167,21 +180,22 @@ class _LineReader:
                 if self._skipping:
                     self._skipping = False
                     continue
-                return OVERLONG if len(line) > self._max else line
+                return _Overlong(line[:HEAD_BYTES]) if len(line) > self._max else line
             self._scanned = len(self._buffer)
             if self._scanned > self._max:
+                head = bytes(self._buffer[:HEAD_BYTES])
                 self._buffer.clear()
                 self._scanned = 0
                 if not self._skipping:
                     self._skipping = True
-                    return OVERLONG
+                    return _Overlong(head)
             chunk = await self._stream.receive_some(65536)
             if self._received is not None:
                 self._received()
             if not chunk:
                 tail, self._buffer = bytes(self._buffer), bytearray()
                 if tail and not self._skipping:
-                    return OVERLONG if len(tail) > self._max else tail  # a last line without newline
+                    return _Overlong(tail[:HEAD_BYTES]) if len(tail) > self._max else tail  # no newline
                 return None
             self._buffer += chunk
 
@@ -223,7 +237,7 @@ class Request:
 class Refused:
     """A request line answered without running it: the `id` its reply carries, and the reply."""
 
-    id: str | None
+    id: str | int | None
     reply: Reply
 
 
@@ -235,21 +249,82 @@ def echoed_id(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+_DECODER = json.JSONDecoder()
+_MISSING = object()
+
+
+def head_fields(head: bytes) -> tuple[object, object]:
+    """The top-level `id` and `type` values of a line that cannot be read whole (`_MISSING` for one not
+    found): the line's first members as far as they are complete in `head`, read as JSON one value at a
+    time, in order, up to the first member that is cut off or malformed. So the reply to an overlong or
+    broken line still carries the id (and names the command) a client sent at its start."""
+    text = head.decode("utf-8", errors="replace")
+    found: dict[str, object] = {}
+    at = _skip_space(text, 0)
+    if not text.startswith("{", at):
+        return _MISSING, _MISSING
+    at += 1
+    try:
+        while True:
+            at = _skip_space(text, at)
+            if not text.startswith('"', at):
+                break
+            key, at = _DECODER.raw_decode(text, at)  # a JSON string: the member's name
+            at = _skip_space(text, at)
+            if not text.startswith(":", at):
+                break
+            value, at = _DECODER.raw_decode(text, _skip_space(text, at + 1))
+            found.setdefault(key, value)
+            at = _skip_space(text, at)
+            if not text.startswith(",", at):
+                break
+            at += 1
+    except (ValueError, RecursionError):  # cut off or malformed: what was read before stands
+        pass
+    return found.get("id", _MISSING), found.get("type", _MISSING)
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+def _acceptable_id(value: object) -> bool:
+    return (
+        value is None
+        or (isinstance(value, str) and len(value) <= MAX_ID_LENGTH)
+        or (type(value) is int and value in INT64)
+    )
+
+
+def unreadable(head: bytes, exc: ProtocolError) -> Refused:
+    """The refusal of a line that cannot be read whole (`head` its start): `id` the one it began with
+    (itself when acceptable, else `echoed_id` of it; None when none was found), `command` its `type`
+    (`command_type`), the error `exc`."""
+    request_id, kind = head_fields(head)
+    if request_id is _MISSING:
+        shown_id: str | int | None = None
+    elif _acceptable_id(request_id):
+        shown_id = request_id  # type: ignore[assignment]  # None, a str or an int64, as checked
+    else:
+        shown_id = echoed_id(request_id)
+    command = command_type({"type": kind}) if kind is not _MISSING else "unknown"
+    return Refused(shown_id, _refusal(command, exc))
+
+
 def split_request(line: bytes) -> Request | Refused:
-    """Read a request line; Refused (`invalid_message`) when it is not JSON or its `id` is unacceptable
-    (then the reply's `id` is `echoed_id` of it and its `command` the line's `type`)."""
+    """Read a request line; Refused (`invalid_message`) when it is not JSON (`unreadable`: the id and type
+    it began with are still echoed) or its `id` is unacceptable (then the reply's `id` is `echoed_id` of it
+    and its `command` the line's `type`)."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8; nesting past the parser's depth
-        return Refused(None, _refusal("unknown", ProtocolError(f"not valid JSON: {exc}")))
+        return unreadable(line[:HEAD_BYTES], ProtocolError(f"not valid JSON: {exc}"))
     if not isinstance(data, dict) or "id" not in data:
         return Request(None, data, line)
     request_id = data.pop("id")
-    if (
-        request_id is None
-        or (isinstance(request_id, str) and len(request_id) <= MAX_ID_LENGTH)
-        or (type(request_id) is int and request_id in INT64)
-    ):
+    if _acceptable_id(request_id):
         return Request(request_id, data, json.dumps(data))
     error = ProtocolError(
         f"id must be a string of at most {MAX_ID_LENGTH} characters or a 64-bit integer, not "
@@ -452,8 +527,8 @@ class Server:
 
     async def _answer(self, conn: _Connection, line: bytes | _Overlong) -> bytes:
         if isinstance(line, _Overlong):
-            limit = self._options.max_line
-            return reply_frame(None, _refusal("unknown", ProtocolError(f"line longer than {limit} bytes")))
+            refused = unreadable(line.head, ProtocolError(f"line longer than {self._options.max_line} bytes"))
+            return reply_frame(refused.id, refused.reply)
         request = split_request(line)
         if isinstance(request, Refused):
             return reply_frame(request.id, request.reply)
@@ -702,7 +777,12 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--queue-bytes", type=count, default=defaults.queue_bytes, help="bytes a client may lag"
     )
-    parser.add_argument("--max-line", type=count, default=defaults.max_line, help="bytes in one request line")
+    parser.add_argument(
+        "--max-line",
+        type=_line_arg,
+        default=defaults.max_line,
+        help=f"bytes in one request line (at most the message limit, {MAX_MESSAGE_BYTES})",
+    )
     parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
     parser.add_argument(
         "--max-connections", type=count, default=defaults.max_connections, help="clients served at once"
@@ -732,6 +812,17 @@ def _count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _line_arg(text: str) -> int:
+    """`--max-line`: a count of at most the protocol's message limit (a longer line would be read only for
+    the runtime to refuse it for its size)."""
+    value = _count_arg(text)
+    if value > MAX_MESSAGE_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"must be at most the message limit {MAX_MESSAGE_BYTES}, not {value}"
+        )
     return value
 
 

@@ -8,15 +8,14 @@ committed state. A `postgresql://` URL is opened with store/postgres.py's `conne
 (`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
 the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
 Rows are read with the store's own query functions (`store/`), so a view shows what the protocol's queries
-return. Output is an aligned table for people (control characters escaped, times as UTC) or, with `--json`,
-one JSON object per line for scripts.
+return. Output is an aligned table for people (control characters escaped) or, with `--json`,
+one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import sqlite3
 import sys
@@ -25,8 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
-import attrs
-
+from onceflow.protocol.times import rfc3339
 from onceflow.store import outcomes, participants, runs, step_entries, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
@@ -35,7 +33,6 @@ from onceflow.store.urls import database_arg, is_postgres_url, redacted
 
 VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
-_PAGE = 1000
 CANNOT_RUN = 2
 """Exit status when the database cannot be read: `onceflow.cli.CANNOT_RUN` (cli imports this module)."""
 _CONNECT_TIMEOUT = 5.0  # seconds a view waits for a PostgreSQL server before reporting it unreachable
@@ -160,76 +157,112 @@ def _scrubbed(text: str, url: str) -> str:
     return text
 
 
-def rows(conn: Connection, view: str, task_id: str | None = None) -> list[Row]:
-    """The rows of one view (see `VIEWS`), optionally of one task (task-scoped views only).
+def rows(conn: Connection, view: str, task_id: str | None = None, limit: int | None = None) -> list[Row]:
+    """The rows of one view (see `VIEWS`), optionally of one task (task-scoped views only), at most `limit`
+    (None: all): `stream` collected.
 
     Raises:
         ValueError: an unknown view, or `task_id` given for the outcomes view.
+        ViewError: a query failed (e.g. the database is not onceflow's).
+    """
+    return list(stream(conn, view, task_id, limit))
+
+
+def stream(
+    conn: Connection, view: str, task_id: str | None = None, limit: int | None = None
+) -> Iterator[Row]:
+    """The rows of one view, read in pages of `PAGE` rows keyed by the view's order (task id, run id, entry
+    key, decision id, outcome id): memory stays that of one page however large the database, and the first
+    row comes after one page's query. Stops after `limit` rows (None: all). On SQLite each page is its own
+    read, so a long view sees the rows committed meanwhile in later pages; on PostgreSQL one snapshot.
+
+    Raises (when iterated):
+        ValueError: an unknown view, or `task_id` given for the outcomes view (raised at the call).
         ViewError: a query failed (e.g. the database is not onceflow's).
     """
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}; one of {', '.join(VIEWS)}")
     if task_id is not None and view not in TASK_SCOPED:
         raise ValueError(f"the {view} view is not task-scoped")
+    return _limited(_QUERIES[view](conn, task_id), view, limit)
+
+
+def _limited(pages: Iterator[list[Row]], view: str, limit: int | None) -> Iterator[Row]:
+    left = limit
     try:
-        return _QUERIES[view](conn, task_id)
+        for page in pages:
+            yield from page if left is None else page[:left]
+            if left is not None:
+                left -= min(left, len(page))
+                if left == 0:
+                    return
     except sqlite3.Error as exc:
         raise ViewError(f"reading the {view} view failed: {exc}", "read") from None
 
 
-def _task_pages(conn: Connection) -> Iterator[list[TaskRecord]]:
+PAGE = 500
+"""Rows a view reads per query."""
+
+
+def _tasks(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
+    if task_id is not None:
+        found = tasks.find_task(conn, task_id)
+        yield [] if found is None else [_task_row(found)]
+        return
     after: str | None = None
     while True:
-        page, more = tasks.list_tasks(conn, after_task_id=after, limit=_PAGE)
-        yield page
+        page, more = tasks.list_tasks(conn, after_task_id=after, limit=PAGE)
+        yield [_task_row(task) for task in page]
         if not more:
             return
         after = page[-1].id
 
 
-def _task_ids(conn: Connection, task_id: str | None) -> Iterator[str]:
-    if task_id is not None:
-        yield task_id
-    else:
-        yield from (task.id for page in _task_pages(conn) for task in page)
+def _task_row(task: TaskRecord) -> Row:
+    return {**tasks.task_info(task), "updated_at": rfc3339(task.updated_at)}
 
 
-def _tasks(conn: Connection, task_id: str | None) -> list[Row]:
-    if task_id is not None:
-        found = tasks.find_task(conn, task_id)
-        records = [] if found is None else [found]
-    else:
-        records = [task for page in _task_pages(conn) for task in page]
-    return [{**tasks.task_info(task), "updated_at": task.updated_at} for task in records]
+def _runs(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
+    after: int | None = None
+    while True:
+        page, more = runs.runs_page(conn, after_id=after, limit=PAGE, task_id=task_id)
+        yield [dict(runs.run_info(run)) for run in page]
+        if not more:
+            return
+        after = page[-1].id
 
 
-def _runs(conn: Connection, task_id: str | None) -> list[Row]:
-    return [dict(runs.run_info(run)) for run in runs.list_runs(conn, task_id=task_id)]
+def _entries(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
+    after: step_entries.EntryCursor | None = None
+    while True:
+        page, more = step_entries.entries_page(conn, task_id=task_id, after=after, limit=PAGE)
+        yield [dict(entry) for entry in page]
+        if not more:
+            return
+        after = (page[-1]["task_id"], page[-1]["step_id"], page[-1]["entry_seq"])
 
 
-def _entries(conn: Connection, task_id: str | None) -> list[Row]:
-    out: list[Row] = []
-    for tid in _task_ids(conn, task_id):
-        for entry in step_entries.entries_for_task(conn, tid):
-            markers = step_entries.markers(conn, step_entries.EntryKey(tid, entry.step_id, entry.entry_seq))
-            out.append(dict(step_entries.entry_info(entry, markers)))
-    return out
+def _decisions(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
+    after: int | None = None
+    while True:
+        page, more = participants.decisions_page(conn, task_id=task_id, after_id=after, limit=PAGE)
+        yield [dict(participants.decision_info(decision)) for decision in page]
+        if not more:
+            return
+        after = page[-1].id
 
 
-def _decisions(conn: Connection, task_id: str | None) -> list[Row]:
-    return [
-        attrs.asdict(decision)
-        for tid in _task_ids(conn, task_id)
-        for decision in participants.decisions_for(conn, task_id=tid)
-    ]
+def _outcomes(conn: Connection, _: str | None) -> Iterator[list[Row]]:
+    after: str | None = None
+    while True:
+        page, more = outcomes.outcomes_page(conn, after_id=after, limit=PAGE)
+        yield [dict(record.info()) for record in page]
+        if not more:
+            return
+        after = page[-1].outcome_id
 
 
-def _outcomes(conn: Connection, _: str | None) -> list[Row]:
-    ids = [row[0] for row in conn.execute("SELECT outcome_id FROM outcomes ORDER BY outcome_id")]
-    return [dict(outcomes.get(conn, outcome_id).info()) for outcome_id in ids]
-
-
-_QUERIES: dict[str, Callable[[Connection, str | None], list[Row]]] = {
+_QUERIES: dict[str, Callable[[Connection, str | None], Iterator[list[Row]]]] = {
     "tasks": _tasks,
     "runs": _runs,
     "entries": _entries,
@@ -248,7 +281,6 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "outcomes": ("outcome_id", "phase", "delivery_attempts", "duplicate_signals", "stale_acknowledgements",
                  "coordinator_fence", "delivered_at", "acknowledged_at", "last_delivery_error"),
 }  # fmt: skip
-_TIMES = {"updated_at", "requested_at", "created_at", "delivered_at", "acknowledged_at"}
 
 
 def escape(text: str) -> str:
@@ -262,8 +294,6 @@ def escape(text: str) -> str:
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "-"
-    if column in _TIMES and isinstance(value, int | float):
-        return datetime.datetime.fromtimestamp(value, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
     if column == "markers" and isinstance(value, list):
         return " ".join(f"{m['position']}:{m['kind']}={m['state']}" for m in value) or "-"
     if isinstance(value, dict | list):
@@ -273,30 +303,64 @@ def _cell(column: str, value: Any) -> str:
 
 def render_table(view: str, data: list[Row]) -> str:
     """The rows as an aligned text table with a header line (the view's `COLUMNS`)."""
-    columns = COLUMNS[view]
-    cells = [list(columns), *([_cell(column, row.get(column)) for column in columns] for row in data)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
-    )
+    return "\n".join(Table(view).lines(data, header=True))
 
 
-def show(target: Path | str, view: str, task_id: str | None, as_json: bool, out: TextIO) -> int:
-    """Print one view of the database `target` names (file or `postgresql://` URL) to `out`; return the
-    exit status: 0, or `CANNOT_RUN` (2) after printing one `error: ...` line to stderr when the database
-    cannot be read (`open_read_only`, `rows`; the password never shown)."""
+class Table:
+    """A view's table printed page by page: the header once, each page aligned to the widest cell seen so
+    far (columns only widen, so a later long value shifts its own page, never an earlier one)."""
+
+    def __init__(self, view: str) -> None:
+        self.columns = COLUMNS[view]
+        self.widths = [len(column) for column in self.columns]
+
+    def lines(self, page: list[Row], *, header: bool) -> list[str]:
+        """The lines of one page (preceded by the header line when `header`)."""
+        cells = [[_cell(column, row.get(column)) for column in self.columns] for row in page]
+        if header:
+            cells.insert(0, list(self.columns))
+        for line in cells:
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, line, strict=True)]
+        return [
+            "  ".join(c.ljust(w) for c, w in zip(line, self.widths, strict=True)).rstrip() for line in cells
+        ]
+
+
+def show(
+    target: Path | str, view: str, task_id: str | None, as_json: bool, out: TextIO, limit: int | None = None
+) -> int:
+    """Print one view of the database `target` names (file or `postgresql://` URL) to `out`, page by page
+    as it is read (`stream`: constant memory, the first row after one page), at most `limit` rows (None:
+    all); return the exit status: 0, or `CANNOT_RUN` (2) after printing one `error: ...` line to stderr
+    when the database cannot be read (`open_read_only`, `stream`; the password never shown). A closed
+    `out` (a reader such as `head` went away) raises BrokenPipeError, which `onceflow.cli.main` turns into
+    a quiet exit."""
     try:
         with open_read_only(target) as conn:
-            data = rows(conn, view, task_id)
+            table = Table(view)
+            page: list[Row] = []
+            header = True
+            for row in stream(conn, view, task_id, limit):
+                page.append(row)
+                if len(page) == PAGE:
+                    _write(out, page, table, as_json, header)
+                    page, header = [], False
+            if page or header:
+                _write(out, page, table, as_json, header)
     except ViewError as exc:
         print(f"error: {escape(str(exc))}", file=sys.stderr)
         return CANNOT_RUN
-    if as_json:
-        for row in data:
-            print(json.dumps(row, separators=(",", ":")), file=out)
-    else:
-        print(render_table(view, data), file=out)
     return 0
+
+
+def _write(out: TextIO, page: list[Row], table: Table, as_json: bool, header: bool) -> None:
+    if as_json:
+        lines = [json.dumps(row, separators=(",", ":")) for row in page]
+    else:
+        lines = table.lines(page, header=header)
+    if lines:
+        out.write("\n".join(lines) + "\n")
+        out.flush()
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -307,8 +371,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         if view in TASK_SCOPED:
             parser.add_argument("--task", help="only this task")
         parser.add_argument("--json", action="store_true", help="one JSON object per line")
+        parser.add_argument("--limit", type=_positive, metavar="N", help="at most N rows")
         parser.set_defaults(
             handler=lambda args, view=view: show(
-                args.db, view, getattr(args, "task", None), args.json, sys.stdout
+                args.db, view, getattr(args, "task", None), args.json, sys.stdout, args.limit
             )
         )
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value

@@ -2,7 +2,8 @@
 thread.
 
 Every command is one JSON object on the wire (see `codec.py`). Unknown fields are rejected so a typo in a
-host never silently does nothing. Identifiers are non-empty strings; times are Unix seconds.
+host never silently does nothing. Identifiers are non-empty strings; times a command carries are Unix
+seconds (results and events carry RFC 3339 UTC text, `times.py`).
 Every field is bounded (`limits.py`, shown by `onceflow schema`): ids at most MAX_ID_CHARS characters without
 control characters, free text MAX_TEXT_CHARS, integers int64, lists MAX_LIST_ITEMS; a string holding a lone
 surrogate is not valid Unicode and is refused. Operation-id shapes follow operation-ledger-lifetime.md.
@@ -85,7 +86,8 @@ class CreateTask(_Command):
 
 
 class AddParticipant(_Command):
-    """Add a participant row. With `task_id` it is per-task; otherwise template-level for `workflow_id`."""
+    """Add a participant row. With `task_id` it is per-task; otherwise template-level for `workflow_id`. The
+    same seat again (every field identical) adds nothing: the reply names the row with `already_existed`."""
 
     type: Literal["add_participant"] = "add_participant"
     """The command name."""
@@ -460,8 +462,15 @@ class ListTasks(_Command):
     """At most this many tasks in the page."""
 
 
+Limit = Annotated[int, Field(ge=1, le=1000)]
+"""How many rows one page of a `list_*` query holds at most (1..1000)."""
+
+
 class ListRuns(_Command):
-    """Runs of the queue, oldest first, filtered by every field given."""
+    """A page of the runs queue in run-id order (oldest first), filtered by every field given: those after
+    `after_run_id` (exclusive; None = from the first), at most `limit` (1..1000, default 100). Result
+    `{runs: [run...], next_after_run_id}`, the latter None on the last page, else the value to pass for the
+    next one. A page costs the same however long the history (keyed by run id)."""
 
     type: Literal["list_runs"] = "list_runs"
     """The command name."""
@@ -471,10 +480,16 @@ class ListRuns(_Command):
     """Only runs for this agent profile."""
     status: Literal["queued", "claimed", "finished", "failed", "cancelled"] | None = None
     """Only runs in this status."""
+    after_run_id: Int64 | None = None
+    """Start after this run id (exclusive); None: from the first run."""
+    limit: Limit = 100
+    """At most this many runs in the page."""
 
 
 class ListDecisions(_Command):
-    """The decisions recorded for a task (at one step, or all)."""
+    """A page of the decisions recorded for a task (at one step, or all) in decision-id order (oldest
+    first): those after `after_decision_id` (exclusive; None = from the first), at most `limit` (1..1000,
+    default 100). Result `{decisions: [...], next_after_decision_id}` (None on the last page)."""
 
     type: Literal["list_decisions"] = "list_decisions"
     """The command name."""
@@ -482,26 +497,52 @@ class ListDecisions(_Command):
     """The task."""
     step_id: Name | None = None
     """Only decisions for this step."""
+    after_decision_id: Int64 | None = None
+    """Start after this decision id (exclusive); None: from the first."""
+    limit: Limit = 100
+    """At most this many decisions in the page."""
 
 
 class ListStepEntries(_Command):
-    """The task's durable step-entry records, each with its per-action markers."""
+    """A page of the task's durable step-entry records, each with its per-action markers, in (step_id,
+    entry_seq) order: those after (`after_step_id`, `after_entry_seq`) (exclusive; both None = from the
+    first), at most `limit` (1..1000, default 100). Result `{entries: [...], next_after_step_id,
+    next_after_entry_seq}` (both None on the last page, else the pair to pass for the next one)."""
 
     type: Literal["list_step_entries"] = "list_step_entries"
     """The command name."""
     task_id: Id
     """The task."""
+    after_step_id: Name | None = None
+    """With `after_entry_seq`: start after this entry (exclusive); None: from the first."""
+    after_entry_seq: Int64 | None = None
+    """With `after_step_id`: the entry_seq of the entry to start after."""
+    limit: Limit = 100
+    """At most this many entries in the page."""
+
+    @model_validator(mode="after")
+    def _cursor(self) -> ListStepEntries:
+        if (self.after_step_id is None) != (self.after_entry_seq is None):
+            raise ValueError("after_step_id and after_entry_seq name the entry to start after together")
+        return self
 
 
 class ListReviewRuns(_Command):
-    """Code-review passes started by run_code_review (of one task, or all): each with its review-run id and
-    entry identity, so a host can tell a launch repeated after a crash from a new entry's.
+    """A page of the code-review passes started by run_code_review (of one task, or all) in review-run-id
+    order: each with its review-run id and entry identity, so a host can tell a launch repeated after a
+    crash from a new entry's. Those after `after_review_run_id` (exclusive; None = from the first), at most
+    `limit` (1..1000, default 100). Result `{review_runs: [...], next_after_review_run_id}` (None on the
+    last page).
     """
 
     type: Literal["list_review_runs"] = "list_review_runs"
     """The command name."""
     task_id: Name | None = None
     """Only this task's review runs."""
+    after_review_run_id: Int64 | None = None
+    """Start after this review-run id (exclusive); None: from the first."""
+    limit: Limit = 100
+    """At most this many review runs in the page."""
 
 
 EventTrigger = (

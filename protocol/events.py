@@ -193,8 +193,8 @@ class RunClaimed(_RunChange):
 
     type: Literal["run_claimed"] = "run_claimed"
     """The event name."""
-    lease_expires_at: float
-    """When the lease ends, in Unix seconds."""
+    lease_expires_at: str
+    """When the lease ends (RFC 3339 UTC, `protocol/times.py`)."""
 
 
 class RunFinished(_RunChange):
@@ -211,8 +211,8 @@ class RunRetryScheduled(_RunChange):
 
     type: Literal["run_retry_scheduled"] = "run_retry_scheduled"
     """The event name."""
-    retry_at: float
-    """When it may be claimed again, in Unix seconds (the backoff, or the host's `retry_at`)."""
+    retry_at: str
+    """When it may be claimed again (RFC 3339 UTC; the backoff, or the host's `retry_at`)."""
     retries: int
     """Failed attempts retried so far, this one included."""
     error: str | None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
@@ -37,6 +36,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN
+from onceflow.protocol.times import RFC3339_UTC
 
 CONTRACT_VERSION = 1
 
@@ -69,9 +69,6 @@ URI_SCHEMES = frozenset({"bead", "file", "git", "https", "s3"})
 GO_SPACE = (
     "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 )
-
-# What Go's time.Time marshals in UTC (RFC3339Nano): seconds, an optional fraction of 1-9 digits, then Z.
-_RFC3339_UTC = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z$")
 
 
 def _text(limit: int, forbidden: str) -> Callable[[str], str]:
@@ -114,7 +111,7 @@ def _delivery_ref(value: str) -> str:
 
 
 def _occurred_at(value: str) -> str:
-    match = _RFC3339_UTC.match(value)
+    match = RFC3339_UTC.match(value)  # the protocol's one time format (protocol/times.py)
     if match is None:
         raise ValueError("must be an RFC 3339 timestamp in UTC, e.g. 2026-03-01T12:00:00Z (offset Z)")
     try:

@@ -160,16 +160,16 @@ class RunInfo(TypedDict):
     """Where it is in its life."""
     coalesced_count: int
     """How many later enqueues were merged into it."""
-    requested_at: float
-    """When it was queued, in Unix seconds."""
+    requested_at: str
+    """When it was queued (RFC 3339 UTC, `protocol/times.py`)."""
     attempt: int
     """Claims it has had so far."""
     retries: int
     """Failed attempts retried so far."""
-    lease_expires_at: float | None
-    """While claimed, when the lease ends (Unix seconds)."""
-    retry_at: float | None
-    """While queued for a retry, when it becomes eligible (Unix seconds)."""
+    lease_expires_at: str | None
+    """While claimed, when the lease ends (RFC 3339 UTC)."""
+    retry_at: str | None
+    """While queued for a retry, when it becomes eligible (RFC 3339 UTC)."""
     superseded: bool
     """Its task has left the step entry that queued it (a claimed run's work may no longer be wanted)."""
     outcome_reason: str | None
@@ -193,8 +193,8 @@ class RunRenewed(TypedDict):
 
     run_id: int
     """The run."""
-    lease_expires_at: float
-    """When the lease now ends, in Unix seconds."""
+    lease_expires_at: str
+    """When the lease now ends (RFC 3339 UTC)."""
     superseded: bool
     """True when its task has left the step entry that queued it: the agent may stop."""
 
@@ -231,8 +231,8 @@ class DecisionInfo(TypedDict):
     """The verdict."""
     comment: str
     """The decider's comment."""
-    created_at: float
-    """When it was recorded, in Unix seconds."""
+    created_at: str
+    """When it was recorded (RFC 3339 UTC)."""
 
 
 @_result
@@ -297,8 +297,8 @@ class ReviewRunInfo(TypedDict):
     """Why the start failed."""
     launches: int
     """How many times it was launched (more than 1 after a recovery re-claim)."""
-    created_at: float
-    """When it was first launched, in Unix seconds."""
+    created_at: str
+    """When it was first launched (RFC 3339 UTC)."""
 
 
 @_result
@@ -323,10 +323,10 @@ class OutcomeInfo(TypedDict):  # AC-CO-3
     """The last successful delivery's reference."""
     coordinator_fence: str | None
     """The last successful delivery's coordinator fence."""
-    delivered_at: float | None
-    """The first successful delivery, in Unix seconds."""
-    acknowledged_at: float | None
-    """When it was acknowledged, in Unix seconds."""
+    delivered_at: str | None
+    """The first successful delivery (RFC 3339 UTC)."""
+    acknowledged_at: str | None
+    """When it was acknowledged (RFC 3339 UTC)."""
     last_delivery_error: str | None
     """local-delivery-failed, canonical-acknowledgement-failed or conflicting-outcome-ready-signal; None
     after a successful delivery."""
@@ -365,10 +365,13 @@ class WorkflowRegistered(TypedDict):
 
 @_result
 class ParticipantAdded(TypedDict):
-    """`add_participant`: the new row."""
+    """`add_participant`: the new row, or the identical one already there (adding the same seat twice is
+    idempotent)."""
 
     participant_id: int
     """The row's id (`remove_participant` and `record_decision.participant_id` take it)."""
+    already_existed: bool
+    """True when an identical row (every field equal) was already seated: nothing was added."""
 
 
 @_result
@@ -510,8 +513,8 @@ class FinishOutcome(TypedDict):
     status: RunStatus
     """finished; failed (for good); queued (a retry is scheduled at `retry_at`); cancelled (past its age
     limit, `run_too_old`)."""
-    retry_at: float | None
-    """When a scheduled retry makes it eligible again, in Unix seconds."""
+    retry_at: str | None
+    """When a scheduled retry makes it eligible again (RFC 3339 UTC)."""
     superseded: bool
     """True when its task had left the step entry that queued it."""
     replay: bool
@@ -528,6 +531,48 @@ class TaskPage(TypedDict):
     """The page."""
     next_after_task_id: str | None
     """Pass it as `after_task_id` for the next page; None on the last page."""
+
+
+@_result
+class RunPage(TypedDict):
+    """`list_runs`: one page of runs in run-id order."""
+
+    runs: list[RunInfo]
+    """The page."""
+    next_after_run_id: int | None
+    """Pass it as `after_run_id` for the next page; None on the last page."""
+
+
+@_result
+class DecisionPage(TypedDict):
+    """`list_decisions`: one page of a task's decisions in decision-id order."""
+
+    decisions: list[DecisionInfo]
+    """The page."""
+    next_after_decision_id: int | None
+    """Pass it as `after_decision_id` for the next page; None on the last page."""
+
+
+@_result
+class StepEntryPage(TypedDict):
+    """`list_step_entries`: one page of a task's step entries in (step_id, entry_seq) order."""
+
+    entries: list[StepEntryInfo]
+    """The page."""
+    next_after_step_id: str | None
+    """Pass it as `after_step_id` (with `next_after_entry_seq`) for the next page; None on the last page."""
+    next_after_entry_seq: int | None
+    """Pass it as `after_entry_seq` for the next page; None on the last page."""
+
+
+@_result
+class ReviewRunPage(TypedDict):
+    """`list_review_runs`: one page of review runs in review-run-id order."""
+
+    review_runs: list[ReviewRunInfo]
+    """The page."""
+    next_after_review_run_id: int | None
+    """Pass it as `after_review_run_id` for the next page; None on the last page."""
 
 
 @_result
@@ -583,10 +628,10 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "budget_alert": TriggerResult,
         "get_task": TaskInfo,
         "list_tasks": TaskPage,
-        "list_runs": list[RunInfo],
-        "list_decisions": list[DecisionInfo],
-        "list_step_entries": list[StepEntryInfo],
-        "list_review_runs": list[ReviewRunInfo],
+        "list_runs": RunPage,
+        "list_decisions": DecisionPage,
+        "list_step_entries": StepEntryPage,
+        "list_review_runs": ReviewRunPage,
         "outcome_ready": OutcomeReceived,
         "coordinator_ack": AckQueued,
         "get_outcome": OutcomeInfo,

@@ -21,6 +21,7 @@ import attrs
 from onceflow.protocol.errors import BusyError, ConflictError, NotFoundError
 from onceflow.protocol.outcome import OutcomeAcknowledgement
 from onceflow.protocol.results import OutcomeInfo
+from onceflow.protocol.times import rfc3339_or_none
 from onceflow.store.connection import Connection
 
 Phase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
@@ -70,7 +71,7 @@ class OutcomeRecord:
     cycle_in_flight: bool = attrs.field(converter=bool)
 
     def info(self) -> OutcomeInfo:
-        """Every field, as `get_outcome` replies."""
+        """Every field, as `get_outcome` replies (times as RFC 3339 UTC)."""
         return OutcomeInfo(
             outcome_id=self.outcome_id,
             envelope=self.envelope,
@@ -81,8 +82,8 @@ class OutcomeRecord:
             stale_acknowledgements=self.stale_acknowledgements,
             delivery_ref=self.delivery_ref,
             coordinator_fence=self.coordinator_fence,
-            delivered_at=self.delivered_at,
-            acknowledged_at=self.acknowledged_at,
+            delivered_at=rfc3339_or_none(self.delivered_at),
+            acknowledged_at=rfc3339_or_none(self.acknowledged_at),
             last_delivery_error=self.last_delivery_error,
             acknowledged_by=self.acknowledged_by,
             cycle_in_flight=self.cycle_in_flight,
@@ -125,6 +126,16 @@ def get(conn: Connection, outcome_id: str) -> OutcomeRecord:
     if record is None:
         raise NotFoundError(f"no outcome {outcome_id}", field="outcome_id")
     return record
+
+
+def outcomes_page(conn: Connection, *, after_id: str | None, limit: int) -> tuple[list[OutcomeRecord], bool]:
+    """Up to `limit` outcomes with ids after `after_id` (None: from the first), in outcome-id order, and
+    whether more follow (the outcomes view's pages)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM outcomes WHERE outcome_id > ? ORDER BY outcome_id LIMIT ?",
+        (after_id or "", limit + 1),
+    ).fetchall()
+    return [OutcomeRecord(row[0], json.loads(row[1]), *row[2:]) for row in rows[:limit]], len(rows) > limit
 
 
 def unfinished(conn: Connection) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from onceflow.protocol.results import DecisionInfo
+from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
 from onceflow.store.records import Decision, Participant
 
@@ -55,13 +56,55 @@ def add_participant(
     decision_required: bool,
     position: int,
 ) -> int:
-    """Insert a participant row; `task_id` None makes it template-level. Returns the new id."""
+    """`seat_participant`'s row id (idempotent: an identical row is not added twice)."""
+    return seat_participant(
+        conn,
+        workflow_id=workflow_id,
+        step_id=step_id,
+        task_id=task_id,
+        role=role,
+        agent_profile_id=agent_profile_id,
+        decision_required=decision_required,
+        position=position,
+    )[0]
+
+
+def seat_participant(
+    conn: Connection,
+    *,
+    workflow_id: str,
+    step_id: str,
+    task_id: str | None,
+    role: str,
+    agent_profile_id: str,
+    decision_required: bool,
+    position: int,
+) -> tuple[int, bool]:
+    """Insert a participant row (`task_id` None: template-level) unless an identical one exists (every
+    field equal: the same seat sent again); returns (its id, whether it already existed). Rows that differ
+    in any field (another position, say) are separate seats, agentless ones included."""
+    scope = "task_id IS NULL" if task_id is None else "task_id = ?"
+    found = conn.execute(
+        f"SELECT id FROM participants WHERE workflow_id = ? AND step_id = ? AND {scope} AND role = ?"
+        " AND agent_profile_id = ? AND decision_required = ? AND position = ? ORDER BY id LIMIT 1",
+        [
+            workflow_id,
+            step_id,
+            *([] if task_id is None else [task_id]),
+            role,
+            agent_profile_id,
+            int(decision_required),
+            position,
+        ],
+    ).fetchone()
+    if found is not None:
+        return int(found[0]), True
     cur = conn.execute(
         "INSERT INTO participants (workflow_id, step_id, task_id, role, agent_profile_id, decision_required,"
         " position) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (workflow_id, step_id, task_id, role, agent_profile_id, int(decision_required), position),
     )
-    return int(cur.lastrowid or 0)
+    return int(cur.lastrowid or 0), False
 
 
 def remove_participant(conn: Connection, participant_id: int) -> bool:
@@ -164,6 +207,24 @@ def decisions_for(conn: Connection, *, task_id: str, step_id: str | None = None)
     return [_decision(row) for row in rows.fetchall()]
 
 
+def decisions_page(
+    conn: Connection, *, task_id: str | None, step_id: str | None = None, after_id: int | None, limit: int
+) -> tuple[list[Decision], bool]:
+    """Up to `limit` decisions (of a task, optionally one step; None: of every task) with ids after
+    `after_id` (None: from the first), in id order (oldest first), and whether more follow (a page of
+    `list_decisions`)."""
+    clauses, args = ["id > ?"], list[object]([after_id if after_id is not None else -1])
+    for column, value in (("task_id", task_id), ("step_id", step_id)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    rows = conn.execute(
+        f"SELECT {_D_COLUMNS} FROM decisions WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?",
+        [*args, limit + 1],
+    ).fetchall()
+    return [_decision(row) for row in rows[:limit]], len(rows) > limit
+
+
 def clear_decisions(conn: Connection, *, task_id: str, step_id: str) -> int:
     """Delete every decision of (task, step) in ONE statement; returns the count.
 
@@ -235,7 +296,7 @@ def decision_info(decision: Decision) -> DecisionInfo:
         decider_id=decision.decider_id,
         decision=decision.decision,
         comment=decision.comment,
-        created_at=decision.created_at,
+        created_at=rfc3339(decision.created_at),
     )
 
 

@@ -10,7 +10,10 @@ transaction.
 
 from __future__ import annotations
 
+from typing import Any
+
 from onceflow.protocol.results import ReviewRunInfo
+from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
 
 _FIELDS = (
@@ -65,7 +68,25 @@ def list_review_runs(conn: Connection, *, task_id: str | None = None) -> list[Re
     """Review runs (of one task, or all), oldest first, as replies show them; entry_seq and position are
     null for rows recorded before they were kept."""
     where, args = (" WHERE task_id = ?", (task_id,)) if task_id is not None else ("", ())
-    rows = conn.execute(f"{_SELECT} FROM task_review_runs{where} ORDER BY id", args).fetchall()
+    return _infos(conn.execute(f"{_SELECT} FROM task_review_runs{where} ORDER BY id", args).fetchall())
+
+
+def review_runs_page(
+    conn: Connection, *, task_id: str | None, after_id: int | None, limit: int
+) -> tuple[list[ReviewRunInfo], bool]:
+    """Up to `limit` review runs (of one task, or all) with ids after `after_id` (None: from the first), in
+    id order, and whether more follow (a page of `list_review_runs`)."""
+    where, args = "id > ?", list[object]([after_id if after_id is not None else -1])
+    if task_id is not None:
+        where += " AND task_id = ?"
+        args.append(task_id)
+    rows = conn.execute(
+        f"{_SELECT} FROM task_review_runs WHERE {where} ORDER BY id LIMIT ?", [*args, limit + 1]
+    ).fetchall()
+    return _infos(rows[:limit]), len(rows) > limit
+
+
+def _infos(rows: list[Any]) -> list[ReviewRunInfo]:
     return [
         ReviewRunInfo(
             id=row[0],
@@ -78,7 +99,7 @@ def list_review_runs(conn: Connection, *, task_id: str | None = None) -> list[Re
             status=row[7],
             detail=row[8],
             launches=row[9],
-            created_at=row[10],
+            created_at=rfc3339(row[10]),
         )
         for row in rows
     ]

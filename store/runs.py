@@ -21,6 +21,7 @@ from typing import Any, Literal
 import attrs
 
 from onceflow.protocol.results import RunInfo
+from onceflow.protocol.times import rfc3339, rfc3339_or_none
 from onceflow.store.connection import Connection, Cursor
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
@@ -240,6 +241,29 @@ def list_runs(
     return [run_from_row(row) for row in rows]
 
 
+def runs_page(
+    conn: Connection,
+    *,
+    after_id: int | None,
+    limit: int,
+    task_id: str | None = None,
+    agent_profile_id: str | None = None,
+    status: str | None = None,
+) -> tuple[list[RunRecord], bool]:
+    """Up to `limit` runs matching every given filter with ids after `after_id` (None: from the first), in
+    id order (oldest first), and whether more follow (a page of `list_runs`; keyed by id, so a page costs
+    the same however deep it is)."""
+    clauses, args = ["id > ?"], list[object]([after_id if after_id is not None else -1])
+    for column, value in (("task_id", task_id), ("agent_profile_id", agent_profile_id), ("status", status)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM runs WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?", [*args, limit + 1]
+    ).fetchall()
+    return [run_from_row(row) for row in rows[:limit]], len(rows) > limit
+
+
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
     """The run `run_id`, or None when there is none."""
     row = conn.execute(f"SELECT {COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -325,7 +349,8 @@ def leave_entries(
 
 
 def run_info(run: RunRecord) -> RunInfo:
-    """The run as replies show it (a dict display: calling a typed dict class costs a dict(**kwargs))."""
+    """The run as replies show it, times as RFC 3339 (a dict display: calling a typed dict class costs a
+    dict(**kwargs))."""
     return {
         "id": run.id,
         "agent_profile_id": run.agent_profile_id,
@@ -337,14 +362,14 @@ def run_info(run: RunRecord) -> RunInfo:
         "exclude_from_coalescing": run.exclude_from_coalescing,
         "status": run.status,
         "coalesced_count": run.coalesced_count,
-        "requested_at": run.requested_at,
+        "requested_at": rfc3339(run.requested_at),
         "trigger": run.trigger,
         "entry_seq": run.entry_seq,
         "admission_seq": run.admission_seq,
         "attempt": run.attempt,
         "retries": run.retries,
-        "lease_expires_at": run.lease_expires_at if run.status == "claimed" else None,
-        "retry_at": run.retry_at if run.status == "queued" else None,
+        "lease_expires_at": rfc3339_or_none(run.lease_expires_at) if run.status == "claimed" else None,
+        "retry_at": rfc3339_or_none(run.retry_at) if run.status == "queued" else None,
         "superseded": run.superseded,
         "outcome_reason": run.outcome_reason,
         "last_error": run.last_error,

@@ -327,6 +327,39 @@ def entry_info(entry: StepEntry, entry_markers: dict[int, Marker]) -> StepEntryI
     )
 
 
+EntryCursor = tuple[str, str, int]
+"""An entry's key (task_id, step_id, entry_seq): where a page of entries ends and the next begins."""
+
+
+def entries_page(
+    conn: Connection, *, task_id: str | None, after: EntryCursor | None, limit: int
+) -> tuple[list[StepEntryInfo], bool]:
+    """Up to `limit` entries (of one task, or all) after the key `after` (exclusive; None: from the first), in
+    (task, step, entry_seq) order, each with its markers (`entry_info`), and whether more follow (a page of
+    `list_step_entries`). Two statements per page, over the entries' unique key: a page costs the same
+    however deep it is."""
+    key, args = "(task_id, step_id, entry_seq) > (?, ?, ?)", list(after or ("", "", -1))
+    scope, scope_args = (" AND task_id = ?", [task_id]) if task_id is not None else ("", [])
+    rows = conn.execute(
+        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE {key}{scope}"
+        " ORDER BY task_id, step_id, entry_seq LIMIT ?",
+        [*args, *scope_args, limit + 1],
+    ).fetchall()
+    entries = [_entry(row) for row in rows[:limit]]
+    if not entries:
+        return [], False
+    first, last = entries[0], entries[-1]
+    found: dict[EntryKey, dict[int, Marker]] = {}
+    for row in conn.execute(
+        "SELECT task_id, step_id, entry_seq, position, kind, state, epoch, detail FROM step_entry_markers"
+        " WHERE (task_id, step_id, entry_seq) >= (?, ?, ?) AND (task_id, step_id, entry_seq) <= (?, ?, ?)",
+        (first.task_id, first.step_id, first.entry_seq, last.task_id, last.step_id, last.entry_seq),
+    ):
+        found.setdefault(EntryKey(row[0], row[1], row[2]), {})[row[3]] = Marker(*row[3:])
+    infos = [entry_info(e, found.get(EntryKey(e.task_id, e.step_id, e.entry_seq), {})) for e in entries]
+    return infos, len(rows) > limit
+
+
 def entries_with_markers(conn: Connection, task_id: str) -> list[StepEntryInfo]:
     """Every entry of the task with its markers (`entry_info`), in (step, entry_seq) order."""
     return [

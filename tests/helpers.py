@@ -113,24 +113,36 @@ async def step_of(rt: Runtime, task_id: str) -> str:
     return str(reply.result["step_id"])
 
 
+async def every_page(rt: Runtime, command: dict[str, Any], rows: str, *cursor: str) -> list[dict[str, Any]]:
+    """Every row of a paged `list_*` query: its `rows` list of each page, following the page's
+    `next_<cursor>` values (passed back as the `<cursor>` fields) to the last page."""
+    out: list[dict[str, Any]] = []
+    while True:
+        page = (await ok(rt, command)).result
+        out.extend(page[rows])
+        following = {field: page[f"next_{field}"] for field in cursor}
+        if all(value is None for value in following.values()):
+            return out
+        command = {**command, **following}
+
+
 async def list_runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
-    reply = await ok(rt, {"type": "list_runs", **filters})
-    return list(reply.result)
+    return await every_page(rt, {"type": "list_runs", **filters}, "runs", "after_run_id")
 
 
 async def list_review_runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
-    reply = await ok(rt, {"type": "list_review_runs", **filters})
-    return list(reply.result)
+    command = {"type": "list_review_runs", **filters}
+    return await every_page(rt, command, "review_runs", "after_review_run_id")
 
 
 async def list_entries(rt: Runtime, task_id: str) -> list[dict[str, Any]]:
-    reply = await ok(rt, {"type": "list_step_entries", "task_id": task_id})
-    return list(reply.result)
+    command = {"type": "list_step_entries", "task_id": task_id}
+    return await every_page(rt, command, "entries", "after_step_id", "after_entry_seq")
 
 
 async def list_decisions(rt: Runtime, task_id: str, step_id: str) -> list[dict[str, Any]]:
-    reply = await ok(rt, {"type": "list_decisions", "task_id": task_id, "step_id": step_id})
-    return list(reply.result)
+    command = {"type": "list_decisions", "task_id": task_id, "step_id": step_id}
+    return await every_page(rt, command, "decisions", "after_decision_id")
 
 
 async def to_review(rt: Runtime, task_id: str) -> Reply:

@@ -14,10 +14,12 @@ async def add_participant(
 ) -> ParticipantAdded:
     """Seat `command`'s participant at its step of `workflow`: for every task of the workflow (`task_id`
     None, a template-level row) or for `task_id` alone (a per-task row, which wins over a template row of
-    the same role and agent). Raises NotFoundError (field step_id) when the workflow has no such step."""
+    the same role and agent). The same seat sent again (every field identical) adds nothing and answers
+    the existing row's id with `already_existed` true. Raises NotFoundError (field step_id) when the
+    workflow has no such step."""
     find_step(workflow, command.step_id)
-    participant_id = await services.store.transact(
-        participants.add_participant,
+    participant_id, existed = await services.store.transact(
+        participants.seat_participant,
         workflow_id=workflow.id,
         step_id=command.step_id,
         task_id=task_id,
@@ -26,4 +28,4 @@ async def add_participant(
         decision_required=command.decision_required,
         position=command.position,
     )
-    return ParticipantAdded(participant_id=participant_id)
+    return ParticipantAdded(participant_id=participant_id, already_existed=existed)

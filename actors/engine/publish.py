@@ -16,6 +16,7 @@ from onceflow.protocol.events import (
     RunQueued,
     RunRetryScheduled,
 )
+from onceflow.protocol.times import rfc3339
 from onceflow.store import keys
 from onceflow.store.executors import DiagnosticNote, Effect
 from onceflow.store.runs import Change
@@ -97,7 +98,7 @@ def publish_run_changes(out: Outbox, changes: Iterable[Change]) -> None:
                         task_id=task_id,
                         agent_profile_id=agent,
                         attempt=attempt,
-                        lease_expires_at=change.lease_expires_at,
+                        lease_expires_at=rfc3339(change.lease_expires_at),
                     )
                 )
             case "finished":
@@ -118,7 +119,7 @@ def publish_run_changes(out: Outbox, changes: Iterable[Change]) -> None:
                         task_id=task_id,
                         agent_profile_id=agent,
                         attempt=attempt,
-                        retry_at=change.retry_at,
+                        retry_at=rfc3339(change.retry_at),
                         retries=change.retries,
                         error=change.error,
                     )

@@ -26,9 +26,9 @@ from onceflow.protocol.results import (
     OutcomeReceived,
     ParticipantAdded,
     ParticipantRemoved,
-    ReviewRunInfo,
+    ReviewRunPage,
     RunCancelledResult,
-    RunInfo,
+    RunPage,
     RunRenewed,
     TaskPage,
     WorkflowRegistered,
@@ -53,9 +53,9 @@ RuntimeResult: TypeAlias = (
     | RunRenewed
     | FinishOutcome
     | RunCancelledResult
-    | list[RunInfo]
+    | RunPage
     | TaskPage
-    | list[ReviewRunInfo]
+    | ReviewRunPage
     | OutcomeReceived
     | AckQueued
     | OutcomeInfo
@@ -103,13 +103,17 @@ async def handle(
         case c.CancelRun():
             return await run_commands.cancel(services, command, out)
         case c.ListRuns():
-            rows = await store.transact(
-                runs.list_runs,
+            rows, more = await store.transact(
+                runs.runs_page,
+                after_id=command.after_run_id,
+                limit=command.limit,
                 task_id=command.task_id,
                 agent_profile_id=command.agent_profile_id,
                 status=command.status,
             )
-            return [runs.run_info(row) for row in rows]
+            return RunPage(
+                runs=[runs.run_info(row) for row in rows], next_after_run_id=rows[-1].id if more else None
+            )
         case c.ListTasks():
             page, more = await store.transact(
                 tasks.list_tasks, after_task_id=command.after_task_id, limit=command.limit
@@ -119,7 +123,15 @@ async def handle(
                 next_after_task_id=page[-1].id if more else None,
             )
         case c.ListReviewRuns():
-            return await store.transact(review_runs.list_review_runs, task_id=command.task_id)
+            passes, more = await store.transact(
+                review_runs.review_runs_page,
+                task_id=command.task_id,
+                after_id=command.after_review_run_id,
+                limit=command.limit,
+            )
+            return ReviewRunPage(
+                review_runs=passes, next_after_review_run_id=passes[-1]["id"] if more else None
+            )
         case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
             return await outcomes.handle(command, out)
 

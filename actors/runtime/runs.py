@@ -23,6 +23,7 @@ from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.results import ClaimedRun, FinishOutcome, RunCancelledResult, RunRenewed
+from onceflow.protocol.times import rfc3339, rfc3339_or_none
 from onceflow.store import run_claims, runs
 
 log = get_logger("onceflow.runs")
@@ -117,7 +118,7 @@ async def renew(services: Services, command: c.RenewRun) -> RunRenewed:
     )
     return RunRenewed(
         run_id=command.run_id,
-        lease_expires_at=renewed.lease_expires_at,
+        lease_expires_at=rfc3339(renewed.lease_expires_at),
         superseded=renewed.run.superseded,
     )
 
@@ -147,7 +148,7 @@ async def finish(services: Services, command: c.FinishRun, out: Outbox) -> Finis
     return FinishOutcome(
         run_id=run.id,
         status=run.status,
-        retry_at=run.retry_at if run.status == "queued" else None,
+        retry_at=rfc3339_or_none(run.retry_at) if run.status == "queued" else None,
         superseded=run.superseded,
         replay=done.replay,
         escalated_run_id=None if done.escalation is None else done.escalation.run_id,

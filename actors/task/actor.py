@@ -20,11 +20,11 @@ from onceflow.protocol.results import (
     AlreadyApplied,
     ChildrenCompletedResult,
     ChildrenNotTerminal,
-    DecisionInfo,
+    DecisionPage,
     DecisionResult,
     MoveResult,
     ParticipantAdded,
-    StepEntryInfo,
+    StepEntryPage,
     TaskDeleted,
     TaskInfo,
     TriggerResult,
@@ -47,8 +47,8 @@ TaskResult: TypeAlias = (
     | WorkflowSwitched
     | DecisionResult
     | ParticipantAdded
-    | list[DecisionInfo]
-    | list[StepEntryInfo]
+    | DecisionPage
+    | StepEntryPage
     | bool
 )
 """A handler's reply result (`bool`: whether a promotion's entry was dispatched)."""
@@ -97,7 +97,7 @@ class TaskActor(TaskContext):
             case c.ListDecisions():
                 return await lifecycle.list_decisions(ctx, message)
             case c.ListStepEntries():
-                return await lifecycle.list_step_entries(ctx)
+                return await lifecycle.list_step_entries(ctx, message)
             case c.AgentError():
                 return await triggers.agent_error(ctx, message, out)
             case c.ChildrenCompleted():

@@ -13,7 +13,7 @@ from onceflow.actors.task.context import TaskContext
 from onceflow.actors.task.moves import move
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import TaskCreated, TaskQueued
-from onceflow.protocol.results import DecisionInfo, ParticipantAdded, StepEntryInfo, TaskDeleted, TaskInfo
+from onceflow.protocol.results import DecisionPage, ParticipantAdded, StepEntryPage, TaskDeleted, TaskInfo
 from onceflow.protocol.workflow import find_step
 from onceflow.store import participants, step_entries, tasks
 
@@ -86,11 +86,34 @@ async def get(ctx: TaskContext) -> TaskInfo:
     return tasks.task_info(await ctx.load())
 
 
-async def list_decisions(ctx: TaskContext, command: c.ListDecisions) -> list[DecisionInfo]:
-    """The task's decisions (at `step_id`, when given), oldest first."""
-    return await ctx.store.transact(participants.decisions_of, task_id=ctx.task_id, step_id=command.step_id)
+async def list_decisions(ctx: TaskContext, command: c.ListDecisions) -> DecisionPage:
+    """A page of the task's decisions (at `step_id`, when given) in decision-id order (oldest first)."""
+    rows, more = await ctx.store.transact(
+        participants.decisions_page,
+        task_id=ctx.task_id,
+        step_id=command.step_id,
+        after_id=command.after_decision_id,
+        limit=command.limit,
+    )
+    return DecisionPage(
+        decisions=[participants.decision_info(row) for row in rows],
+        next_after_decision_id=rows[-1].id if more else None,
+    )
 
 
-async def list_step_entries(ctx: TaskContext) -> list[StepEntryInfo]:
-    """The task's step entries with their markers, in (step, entry_seq) order."""
-    return await ctx.store.transact(step_entries.entries_with_markers, ctx.task_id)
+async def list_step_entries(ctx: TaskContext, command: c.ListStepEntries) -> StepEntryPage:
+    """A page of the task's step entries with their markers, in (step, entry_seq) order."""
+    after = (
+        None
+        if command.after_step_id is None or command.after_entry_seq is None
+        else (ctx.task_id, command.after_step_id, command.after_entry_seq)
+    )
+    entries, more = await ctx.store.transact(
+        step_entries.entries_page, task_id=ctx.task_id, after=after, limit=command.limit
+    )
+    last = entries[-1] if more else None
+    return StepEntryPage(
+        entries=entries,
+        next_after_step_id=last["step_id"] if last else None,
+        next_after_entry_seq=last["entry_seq"] if last else None,
+    )

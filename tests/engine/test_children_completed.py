@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import ok, send, step_of
+from helpers import list_runs, ok, send, step_of
 
 from onceflow.actors.engine.children import terminal_step
 from onceflow.actors.runtime.supervisor import Runtime
@@ -72,7 +72,7 @@ def op_of(rows: list[dict[str, Any]]) -> str:
 
 
 async def parent_runs(rt: Runtime) -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_runs", "task_id": "P"})).result)
+    return await list_runs(rt, task_id="P")
 
 
 async def test_children_completed_fires_only_when_every_child_terminal(runtime: Runtime) -> None:

@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 import yaml
-from helpers import of_type, ok, register
+from helpers import list_runs, of_type, ok, register
 
 from onceflow.actors.engine.engine import HandleInput, HandleResult
 from onceflow.actors.kernel.outbox import EventHub, Outbox
@@ -89,7 +89,7 @@ async def step_of(rt: Runtime, task_id: str = TASK) -> str:
 
 
 async def runs_for(rt: Runtime, agent: str) -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_runs", "agent_profile_id": agent})).result)
+    return await list_runs(rt, agent_profile_id=agent)
 
 
 def callbacks(events: list[Any]) -> list[tuple[str, str, str]]:

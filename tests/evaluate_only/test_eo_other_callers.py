@@ -95,7 +95,7 @@ async def test_ac_eo_9_record_decision_marks_after_its_in_call_commit(runtime: R
     assert again.result == {"idempotent": True, "operation_id": DECISION_OP}
     assert again.events == []
     decisions = await ok(runtime, {"type": "list_decisions", "task_id": TASK, "step_id": "review"})
-    assert len(decisions.result) == 1
+    assert len(decisions.result["decisions"]) == 1
 
 
 async def test_ac_eo_9_failed_commit_leaves_the_decision_operation_unmarked(

@@ -151,6 +151,10 @@ def test_issue13_aio_send_after_close_replies_shutting_down(tmp_path: Path) -> N
             pass
         reply = await rt.send({"type": "get_task", "task_id": "T1"})
         assert (reply.ok, reply.error and reply.error.code) == (False, "shutting_down")
+        assert reply.command == "get_task"  # the refusal names the command it refused
+        line = await rt.send(b'{"type": "list_tasks"}')
+        assert (line.command, line.error and line.error.code) == ("list_tasks", "shutting_down")
+        assert (await rt.send(b"not json")).command == "unknown"
         assert [e async for e in rt.subscribe()] == []
 
     asyncio.run(main())

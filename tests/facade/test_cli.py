@@ -302,7 +302,8 @@ async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and
     db, script = tmp_path / "run.db", _long_script(tmp_path / "long.jsonl", 20_000)
     code, out, err = await trio.to_thread.run_sync(_interrupt, db, script, signum, times)
     assert code == status
-    (line,) = err  # one line, no traceback
+    database, line = err  # where the run's state is, then one line, no traceback
+    assert database == f"database: {db}"
     assert line.startswith(f"onceflow: interrupted by {signal.Signals(signum).name}") and str(db) in line
     created = [json.loads(reply) for reply in out[1:]]  # after register_workflow's reply
     assert all(reply["ok"] for reply in created) and 20 <= len(created) < 20_000
@@ -312,3 +313,60 @@ async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and
     assert stored  # every printed reply was committed
     if times == 1:  # drained: the command under way finished and was printed, none was sent after it
         assert not after
+
+
+def _script(path: Path, *commands: dict[str, Any] | str) -> Path:
+    path.write_text("".join((c if isinstance(c, str) else json.dumps(c)) + "\n" for c in commands), "utf-8")
+    return path
+
+
+def test_run_names_the_script_line_of_each_refusal_and_its_database(tmp_path: Path) -> None:
+    create = {"type": "create_task", "task_id": "T1", "workflow_id": "fixture"}
+    script = _script(tmp_path / "s.jsonl", create, "# a comment", "", create, {"type": "get_task"})
+    done = onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script))
+    assert done.returncode == 1
+    refusals = [line for line in done.stdout.splitlines() if "refused" in line]
+    assert len(refusals) == 2
+    assert refusals[0].endswith(f"({script}:4)") and "conflict" in refusals[0]
+    assert refusals[1].endswith(f"({script}:5)") and "invalid_message" in refusals[1]
+    (database,) = done.stderr.splitlines()
+    picked = Path(database.removeprefix("database: "))  # no --db: a fresh file, named
+    assert database.startswith("database: ") and picked.is_file() and picked.name == "run.db"
+
+    as_json = onceflow(tmp_path, "run", "--json", "--workflow", str(MINIMAL), "--script", str(script),
+                       "--db", str(tmp_path / "j.db"))  # fmt: skip
+    assert [json.loads(line)["ok"] for line in as_json.stdout.splitlines()] == [True, True, False, False]
+    assert as_json.stderr.splitlines() == [
+        f"database: {tmp_path / 'j.db'}",
+        f"refused: {script}:4: create_task: conflict: task 'T1' already exists",
+        f"refused: {script}:5: get_task: invalid_message: task_id: Field required",
+    ]
+
+
+def test_run_yaml_script_refusals_name_the_line_each_item_starts_on(tmp_path: Path) -> None:
+    script = tmp_path / "s.yml"
+    script.write_text(
+        "# two tasks\n- type: create_task\n  task_id: T1\n  workflow_id: fixture\n"
+        "- {type: create_task, task_id: T1, workflow_id: fixture}\n",
+        encoding="utf-8",
+    )
+    done = onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script))
+    (refusal,) = [line for line in done.stdout.splitlines() if "refused" in line]
+    assert refusal.endswith(f"({script}:5)")
+
+
+def test_run_stops_at_a_refused_register_workflow_unless_keep_going(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text("id: broken\nsteps: nope\n", encoding="utf-8")
+    script = _script(tmp_path / "s.jsonl", {"type": "create_task", "task_id": "T1", "workflow_id": "broken"})
+    done = onceflow(tmp_path, "run", "--workflow", str(broken), "--script", str(script))
+    assert done.returncode == 1
+    assert [line.split(" [")[0] for line in done.stdout.splitlines() if line.startswith(">")] == [
+        "> register_workflow"
+    ]  # the create_task after it was never sent
+    assert f"({broken})" in done.stdout
+    assert "stopped: register_workflow refused" in done.stderr and "--keep-going" in done.stderr
+    going = onceflow(tmp_path, "run", "--keep-going", "--workflow", str(broken), "--script", str(script))
+    assert going.returncode == 1
+    sent = [line.split(" [")[0] for line in going.stdout.splitlines() if line.startswith(">")]
+    assert sent == ["> register_workflow", "> create_task"] and "stopped" not in going.stderr

@@ -44,7 +44,16 @@ from wire_client import WireClient
 from onceflow import serve as serve_module
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES
-from onceflow.serve import OVERLONG, Request, ServeOptions, Server, _LineReader, split_request
+from onceflow.serve import (
+    HEAD_BYTES,
+    Request,
+    ServeOptions,
+    Server,
+    _LineReader,
+    _Overlong,
+    head_fields,
+    split_request,
+)
 
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"
 CLIENT = Path(__file__).with_name("wire_client.py")
@@ -220,7 +229,8 @@ def test_issue13_serve_malformed_lines_get_typed_errors_and_the_connection_stays
         assert (bad_field["code"], bad_field["field"]) == ("invalid_message", "priority")
         client.write(b'{"id": 3, "type": "get_task", "task_id": "' + b"x" * 3000 + b'"}\n')
         overlong = client.reply()  # longer than --max-line: refused, skipped to its newline
-        assert overlong["id"] is None and "longer than 2000 bytes" in overlong["reply"]["error"]["message"]
+        assert overlong["id"] == 3 and "longer than 2000 bytes" in overlong["reply"]["error"]["message"]
+        assert overlong["reply"]["command"] == "get_task"
         assert client.request({"id": 4, **_create("T1")})["reply"]["ok"]
         assert _step_of(client, "T1") == "todo"
 
@@ -375,7 +385,7 @@ def test_issue13_line_reader_splits_any_chunking_and_skips_overlong_lines(
             out.append(line)
         return out
 
-    assert trio.run(read_all) == [OVERLONG if len(line) > 20 else line for line in lines]
+    assert trio.run(read_all) == [_Overlong(line[:HEAD_BYTES]) if len(line) > 20 else line for line in lines]
 
 
 def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
@@ -478,7 +488,7 @@ def test_serve_reads_any_line_the_protocol_accepts_a_3_mib_template_registration
         assert (frame["id"], frame["reply"]["ok"]) == ("wide", True), frame["reply"]["error"]
         client.write(b'{"id": "big", "type": "get_task", "task_id": "' + b"x" * MAX_MESSAGE_BYTES + b'"}\n')
         overlong = client.reply()
-        assert overlong["id"] is None
+        assert (overlong["id"], overlong["reply"]["command"]) == ("big", "get_task")
         assert f"longer than {MAX_MESSAGE_BYTES} bytes" in overlong["reply"]["error"]["message"]
         created = client.request({"id": 1, "type": "create_task", "task_id": "W1", "workflow_id": "wide"})
         assert created["reply"]["ok"]
@@ -523,7 +533,7 @@ def test_serve_never_reading_client_is_dropped_near_queue_bytes_and_others_keep_
             assert fast.request({"type": "move_task", "task_id": f"T{n}", "step_id": "work"})["reply"]["ok"]
         runs = fast.request({"type": "list_runs"})
         reply_bytes = len(json.dumps(runs))
-        assert len(runs["reply"]["result"]) == 40 and reply_bytes > 1_000_000
+        assert len(runs["reply"]["result"]["runs"]) == 40 and reply_bytes > 1_000_000
         baseline = served.rss()
 
         slow = served.client()
@@ -860,3 +870,52 @@ def test_serve_stdio_client_is_never_timed_out_as_idle(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_serve_lines_it_cannot_read_whole_still_echo_the_id_they_began_with() -> None:
+    """An overlong line or one that is not JSON is answered with the id (and names the command) found at
+    its start; a bad id there is echoed as its text, as for a readable line; never null for a line that
+    had one."""
+    with serving("--max-line", "2000") as served:
+        client = served.client()
+        pad = b"x" * 3000
+        cases = [
+            (b'{"id": "r-1", "type": "get_task", "task_id": "' + pad + b'"}', "r-1", "get_task"),
+            (b'{"type": "create_task", "id": 7, "title": "' + pad + b'"}', 7, "create_task"),
+            (b'{"id": 1.5, "type": "get_task", "task_id": "' + pad + b'"}', "1.5", "get_task"),
+            (b'{"id": ' + str(2**64).encode() + b', "type": "get_task", "x": "' + pad + b'"}',
+             str(2**64), "get_task"),
+            (b'{"id": [1, "a"], "type": "move_task", "x": "' + pad + b'"}', '[1,"a"]', "move_task"),
+            (b'{"id": {"n": 1}, "type": "move_task", "x": "' + pad + b'"}', '{"n":1}', "move_task"),
+            (b'{"id": "r-2", "type": "get_task", "task_id": }', "r-2", "get_task"),  # not JSON
+            (b'{"id": 9, "type": "launch_rockets", ', 9, "launch_rockets"),  # cut off
+            (b'{"task_id": "' + pad * 2 + b'", "id": 3}', None, "unknown"),  # its id past the 4 KiB scanned
+        ]  # fmt: skip
+        for line, expected_id, command in cases:
+            client.write(line + b"\n")
+            frame = client.reply()
+            assert (frame["id"], frame["reply"]["command"]) == (expected_id, command), line[:40]
+            assert frame["reply"]["error"]["code"] == "invalid_message"
+        assert client.request({"id": 4, **_create("T1")})["reply"]["ok"]  # the connection still serves
+
+
+def test_serve_head_fields_reads_only_complete_top_level_members() -> None:
+    missing = head_fields(b"")[0]
+    assert head_fields(b'{"id": 5, "type": "get_task", "task_id": "T') == (5, "get_task")
+    assert head_fields(b'{"a": {"id": 1, "type": "x"}, "id": 2}') == (2, missing)  # a nested id is not it
+    assert head_fields(b'{"id": "a\\"b", "type"') == ('a"b', missing)
+    assert head_fields(b"[1, 2]") == (missing, missing)
+    assert head_fields(b'{"type": "get_task", "id": "r-') == (missing, "get_task")  # cut off mid-value
+    assert head_fields(b'{"id": ' + b"[" * 10_000) == (missing, missing)  # deep nesting: no recursion error
+
+
+def test_serve_line_limit_is_at_most_the_message_limit() -> None:
+    """One limit, owned by protocol.limits: serve never reads a line the runtime refuses for its size."""
+    with pytest.raises(ValueError, match="max_line"):
+        ServeOptions(max_line=MAX_MESSAGE_BYTES + 1)
+    done = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "serve", "--db", "x.db", "--stdio", "--max-line",
+         str(MAX_MESSAGE_BYTES + 1)],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and b"at most the message limit" in done.stderr

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,10 +15,11 @@ from helpers import create_task, decide, ok, send, to_review
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onceflow import views
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
-from onceflow.store import schema, tasks
+from onceflow.store import bulk, schema, tasks
 from onceflow.store.lock import DatabaseOwnedError
 
 
@@ -144,3 +146,154 @@ def test_issue13_list_tasks_pages_cover_every_task_once(ids: set[str], limit: in
             break
         after = page[-1].id
     assert seen == sorted(ids)
+
+
+def _board(path: Path, tasks_: int = 700) -> Path:
+    """A board of `tasks_` tasks with 3 entries each and 2 runs per entry (several view pages of each)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn)
+    conn.execute("BEGIN")
+    bulk.fill_history(
+        conn, workflow_id="w", step_ids=("a", "b", "c"), tasks=tasks_, entries_per_task=3, runs_per_entry=2,
+        now=1_700_000_000.0,
+    )  # fmt: skip
+    conn.execute("COMMIT")
+    conn.close()
+    return path
+
+
+def test_views_stream_every_row_once_in_order_across_pages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _board(tmp_path / "big.db")
+    expected = {"runs": 4200, "entries": 2100, "decisions": 2100, "tasks": 700}
+    assert all(count > views.PAGE for count in expected.values())  # more than one page of each
+    for view, count in expected.items():
+        assert main([view, "--db", str(db), "--json"]) == 0
+        shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(shown) == count, view
+        keys = [
+            (row["task_id"], row["step_id"], row["entry_seq"]) if view == "entries"
+            else row["task_id"] if view == "tasks" else row["id"]
+            for row in shown
+        ]  # fmt: skip
+        assert keys == sorted(keys) and len(set(keys)) == count, view
+    assert main(["entries", "--db", str(db), "--json", "--task", "bulk-123"]) == 0
+    entries = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["step_id"], [m["state"] for m in e["markers"]]) for e in entries] == [
+        ("a", ["done"]), ("b", ["done"]), ("c", ["done"])
+    ]  # fmt: skip
+
+
+def test_views_limit_bounds_the_rows_and_the_table_has_one_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _board(tmp_path / "big.db")
+    assert main(["runs", "--db", str(db), "--json", "--limit", "7"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == list(range(1, 8))
+    assert main(["runs", "--db", str(db), "--limit", "600"]) == 0  # more than one page, as a table
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 601 and table[0].split()[:2] == ["id", "task_id"]
+    assert sum(line.startswith("id ") for line in table) == 1
+    assert main(["runs", "--db", str(db), "--task", "bulk-005", "--json", "--limit", "4"]) == 0
+    assert {json.loads(line)["task_id"] for line in capsys.readouterr().out.splitlines()} == {"bulk-005"}
+    with pytest.raises(SystemExit):
+        main(["runs", "--db", str(db), "--limit", "0"])
+    assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_views_read_page_by_page_never_everything_first(tmp_path: Path) -> None:
+    """The first row of a view costs one bounded query: no statement reads the whole table."""
+    db = _board(tmp_path / "big.db")
+    for view in ("runs", "entries", "decisions", "tasks", "outcomes"):
+        with views.open_read_only(db) as conn:
+            statements: list[str] = []
+            assert isinstance(conn, sqlite3.Connection)
+            conn.set_trace_callback(statements.append)
+            rows = views.stream(conn, view)
+            next(rows, None)
+            assert statements and all("LIMIT" in sql for sql in statements if "step_entry_markers" not in sql)
+            assert len(statements) <= 2, (view, statements)
+
+
+def test_views_exit_quietly_when_the_reader_goes_away(tmp_path: Path) -> None:
+    """`onceflow runs --json | head -1`: the view ends with 0 or 141 and no traceback on stderr."""
+    db = _board(tmp_path / "big.db")  # ~1.5 MB of JSON lines: far more than a pipe holds
+    for args in (["runs", "--json"], ["runs"]):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "onceflow.cli", *args, "--db", str(db)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline()
+        child.stdout.close()  # as `head -1` exits
+        err = child.stderr.read().decode()
+        assert child.wait(timeout=60) in (0, 141)
+        assert err == "", err
+
+
+async def _pages(rt: Runtime, command: dict[str, Any], rows: str, *cursor: str) -> list[list[Any]]:
+    pages = []
+    while True:
+        page = (await ok(rt, command)).result
+        pages.append(page[rows])
+        following = {field: page[f"next_{field}"] for field in cursor}
+        if all(value is None for value in following.values()):
+            return pages
+        command = {**command, **following}
+
+
+async def test_list_runs_of_one_task_pages_by_run_id_with_a_bounded_limit(office: Runtime) -> None:
+    await to_review(office, "T1")
+    for round_ in range(3):  # three more review rounds of T1, and T2's runs among its runs
+        await decide(office, "T1", "review", "rev-a", "rejected")
+        await send(office, {"type": "move_task", "task_id": "T1", "step_id": "review"})
+        await to_review(office, f"T2-{round_}")
+    everything = (await ok(office, {"type": "list_runs", "task_id": "T1", "limit": 1000})).result
+    assert everything["next_after_run_id"] is None
+    ids = [run["id"] for run in everything["runs"]]
+    assert len(ids) >= 6 and ids == sorted(ids)
+    pages = await _pages(office, {"type": "list_runs", "task_id": "T1", "limit": 4}, "runs", "after_run_id")
+    assert [len(page) for page in pages[:-1]] == [4] * (len(pages) - 1) and 0 < len(pages[-1]) <= 4
+    assert [run["id"] for page in pages for run in page] == ids  # every run of T1 once, in order
+    assert {run["task_id"] for page in pages for run in page} == {"T1"}
+    default = (await ok(office, {"type": "list_runs"})).result
+    assert len(default["runs"]) <= 100
+    for limit in (0, 1001):
+        refused = await send(office, {"type": "list_runs", "task_id": "T1", "limit": limit})
+        assert refused.error is not None and (refused.error.code, refused.error.field) == (
+            "invalid_message",
+            "limit",
+        )
+
+
+async def test_list_decisions_and_step_entries_page_with_their_cursors(office: Runtime) -> None:
+    await to_review(office, "T1")
+    for _ in range(3):
+        await decide(office, "T1", "review", "rev-a", "rejected")  # back to work: a new review entry each
+        await send(office, {"type": "move_task", "task_id": "T1", "step_id": "review"})
+    entries = await _pages(
+        office,
+        {"type": "list_step_entries", "task_id": "T1", "limit": 2},
+        "entries",
+        "after_step_id",
+        "after_entry_seq",
+    )
+    keys = [(e["step_id"], e["entry_seq"]) for page in entries for e in page]
+    assert len(entries) > 1 and keys == sorted(keys) and len(set(keys)) == len(keys) >= 4
+    one = (await ok(office, {"type": "list_step_entries", "task_id": "T1", "limit": 1000})).result
+    assert [(e["step_id"], e["entry_seq"]) for e in one["entries"]] == keys
+    half = await send(office, {"type": "list_step_entries", "task_id": "T1", "after_step_id": "review"})
+    assert half.error is not None and half.error.code == "invalid_message"
+
+    decisions = await _pages(
+        office, {"type": "list_decisions", "task_id": "T1", "limit": 2}, "decisions", "after_decision_id"
+    )
+    ids = [d["id"] for page in decisions for d in page]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+async def test_list_review_runs_pages(office: Runtime) -> None:
+    page = (await ok(office, {"type": "list_review_runs", "limit": 1})).result
+    assert page == {"review_runs": [], "next_after_review_run_id": None}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
-from helpers import ok, register
+from helpers import list_entries, list_runs, ok, register
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
@@ -337,7 +337,7 @@ def without(*kinds: str) -> dict[str, Executor]:
 
 
 async def entries(rt: Runtime, task_id: str = "T1") -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_step_entries", "task_id": task_id})).result)
+    return await list_entries(rt, task_id)
 
 
 async def markers(rt: Runtime, task_id: str = "T1", entry_seq: int = 1) -> list[tuple[int, str, str, str]]:
@@ -347,13 +347,13 @@ async def markers(rt: Runtime, task_id: str = "T1", entry_seq: int = 1) -> list[
 
 
 async def runs(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
-    rows = list((await ok(rt, {"type": "list_runs", **filters})).result)
+    rows = await list_runs(rt, **filters)
     return sorted(rows, key=lambda r: r["id"])
 
 
 async def decisions(rt: Runtime, task_id: str, step_id: str) -> list[int]:
     reply = await ok(rt, {"type": "list_decisions", "task_id": task_id, "step_id": step_id})
-    return [d["id"] for d in reply.result]
+    return [d["id"] for d in reply.result["decisions"]]
 
 
 async def decide(rt: Runtime, task_id: str, step_id: str, decider: str = "rev-a") -> None:

@@ -330,7 +330,9 @@ async def test_ac_a8_a_failed_review_start_neither_blocks_the_entry_nor_fails_th
         "auto_start_agent",
     ]
     assert [r["agent_profile_id"] for r in await runs(runtime)] == ["rev-a", "rev-b"]
-    [entry] = [e for e in (await ok(runtime, {"type": "list_step_entries", "task_id": "T1"})).result]
+    [entry] = [
+        e for e in (await ok(runtime, {"type": "list_step_entries", "task_id": "T1"})).result["entries"]
+    ]
     assert entry["terminal"] is True
     assert [(p, kind, state) for p, kind, state, _ in await markers(runtime)] == [
         (0, "clear_decisions", "done"),

@@ -175,12 +175,14 @@ async def test_ac_b8_recovery_never_requests_a_session_action_skipped_after_a_fa
         moved = await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "review"})
         skipped = skipped_warning(list(moved.events))["skipped"]
         assert skipped == [{"position": 3, "action": "auto_start_agent"}]
-        assert (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result == []  # the entry is left open
+        assert (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result[
+            "runs"
+        ] == []  # the entry is left open
     assert [r.action for r in first_host.attempts] == ["reset_agent_context"]
 
     second_host = RecordingHost()
     async with open_runtime(db_path, host=second_host) as rt:
-        recovered = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result
+        recovered = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result["runs"]
         assert sorted(r["agent_profile_id"] for r in recovered) == ["rev-a", "rev-b"]
     assert second_host.session_actions == []
 

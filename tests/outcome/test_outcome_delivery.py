@@ -26,6 +26,7 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.coordinator import DeliveryRequest, RetryPolicy
 from onceflow.protocol.events import Event
 from onceflow.protocol.outcome import OutcomeAcknowledgement
+from onceflow.protocol.times import rfc3339
 from onceflow.store import outcomes
 from onceflow.testing import RecordingCoordinator
 
@@ -171,7 +172,7 @@ async def test_ac_co_3_ac_co_8_without_an_ack_it_stays_in_needs_coordinator_ack_
     got = await state(rt, env["outcome_id"])
     assert got["phase"] == "needs-coordinator-ack"
     assert got["delivery_attempts"] >= 3
-    assert (got["delivered_at"], got["acknowledged_at"]) == (START, None)  # the first success only
+    assert (got["delivered_at"], got["acknowledged_at"]) == (rfc3339(START), None)  # the first success only
     assert coordinator.acks == []
 
 
@@ -234,7 +235,11 @@ async def test_ac_co_10_ac_co_15_a_matching_ack_is_committed_under_the_delivery_
     await diagnostic(events, "outcome_acknowledged")
     assert coordinator.ack_ids() == [(ack_id(env, 1), 1)]
     got = await state(rt, env["outcome_id"])
-    assert (got["phase"], got["delivered_at"], got["acknowledged_at"]) == ("acknowledged", START, START + 7)
+    assert (got["phase"], got["delivered_at"], got["acknowledged_at"]) == (
+        "acknowledged",
+        rfc3339(START),
+        rfc3339(START + 7),
+    )
     again = await ok(rt, ack(env, "coord-1"))
     assert again.result == {
         "outcome_id": env["outcome_id"],

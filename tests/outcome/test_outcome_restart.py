@@ -29,6 +29,7 @@ from trio.testing import MockClock
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.coordinator import DeliveryRequest
 from onceflow.protocol.outcome import OutcomeEnvelope
+from onceflow.protocol.times import rfc3339
 from onceflow.store import outcomes
 from onceflow.store.outcomes import MAX_PENDING_ACKS
 from onceflow.store.writer import open_store
@@ -59,7 +60,7 @@ async def test_ac_co_14_a_restart_between_delivery_and_ack_redelivers_under_the_
     assert got["delivery_attempts"] in (2, 3)
     assert restarted.ack_ids() == [(f"ack/{env['outcome_id']}/cycle-{got['delivery_attempts']:06d}", 1)]
     assert (got["phase"], got["stale_acknowledgements"]) == ("acknowledged", 1)
-    assert (got["delivered_at"], got["acknowledged_at"]) == (START, START + 300)
+    assert (got["delivered_at"], got["acknowledged_at"]) == (rfc3339(START), rfc3339(START + 300))
 
 
 async def test_ac_co_14_an_ack_that_arrived_before_a_crash_is_not_lost(

@@ -156,8 +156,8 @@ async def snapshot(rt: Runtime, task: str = "T1") -> dict[str, Any]:
     """What a half-applied command would change, read through the protocol."""
     return {
         "task": (await ok(rt, {"type": "get_task", "task_id": task})).result,
-        "runs": (await ok(rt, {"type": "list_runs", "task_id": task})).result,
-        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": task})).result,
+        "runs": (await ok(rt, {"type": "list_runs", "task_id": task})).result["runs"],
+        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": task})).result["entries"],
     }
 
 

@@ -120,7 +120,7 @@ async def baseline(
             for command in group:
                 assert (await rt.send(command)).ok, command
             steps.append((await rt.send({"type": "get_task", "task_id": "T0"})).result["step_id"])
-        runs = (await rt.send({"type": "list_runs", "task_id": "T0"})).result
+        runs = (await rt.send({"type": "list_runs", "task_id": "T0"})).result["runs"]
     with contextlib.closing(sqlite3.connect(tmp / "baseline.db")) as conn:
         expected = facts(conn, "T0")
     assert gapless(expected["entries"])

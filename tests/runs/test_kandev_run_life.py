@@ -21,6 +21,7 @@ from helpers import (
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.runs import RunPolicy
+from onceflow.protocol.times import rfc3339, unix_seconds
 from onceflow.testing import RecordingHost
 
 MINUTE, HOUR = 60.0, 3600.0
@@ -75,7 +76,7 @@ async def test_kandev_claim_takes_the_oldest_eligible_queued_run_of_the_agent(
     await to_review(office, "T2")
     first = await claimed(office, "rev-a")
     assert (first["task_id"], first["status"], first["attempt"]) == ("T1", "claimed", 1)
-    assert first["lease_expires_at"] == clock.now + RunPolicy().lease
+    assert unix_seconds(first["lease_expires_at"]) == pytest.approx(clock.now + RunPolicy().lease, abs=1e-6)
     assert first["trigger"] == "on_enter" and first["entry_seq"] == 1 and first["admission_seq"] == 2
     second = await claimed(office, "rev-a")
     assert second["task_id"] == "T2" and second["claim_token"] != first["claim_token"]
@@ -95,7 +96,7 @@ async def test_kandev_backoff_is_2m_10m_30m_2h_plus_up_to_25_percent_jitter_at_m
     for retry, base in enumerate((2 * MINUTE, 10 * MINUTE, 30 * MINUTE, 2 * HOUR), start=1):
         reply = await fail(runtime, run)
         assert reply.result["status"] == "queued"
-        delay = reply.result["retry_at"] - clock.now
+        delay = unix_seconds(reply.result["retry_at"]) - clock.now
         assert base <= delay <= base * 1.25, (retry, delay)
         [scheduled] = events(reply, "run_retry_scheduled")
         assert (scheduled.retries, scheduled.error, scheduled.retry_at) == (
@@ -103,7 +104,7 @@ async def test_kandev_backoff_is_2m_10m_30m_2h_plus_up_to_25_percent_jitter_at_m
             "boom",
             reply.result["retry_at"],
         )
-        clock.advance(delay)
+        clock.advance(delay + 1e-6)  # past the time shown, rounded to the microsecond
         run = await claimed(runtime, "worker")
         assert (run["attempt"], run["retries"]) == (retry + 1, retry)
     last = await fail(runtime, run)
@@ -127,8 +128,8 @@ async def test_kandev_backoff_clamps_at_its_last_delay_and_jitter_spreads_retrie
         delays = []
         for _ in range(6):
             reply = await fail(rt, run)
-            delays.append(reply.result["retry_at"] - clock.now)
-            clock.advance(delays[-1])
+            delays.append(unix_seconds(reply.result["retry_at"]) - clock.now)
+            clock.advance(delays[-1] + 1e-6)
             run = await claimed(rt, "worker")
         assert 10 <= delays[0] <= 12.5 and all(20 <= d <= 25 for d in delays[1:])
         assert len(set(delays[1:])) > 1  # the jitter is drawn per retry
@@ -140,7 +141,7 @@ async def test_kandev_rate_limit_reset_time_from_the_host_wins_over_the_backoff(
     run = await worker_run(runtime)
     reset = clock.now + 5 * HOUR + 30  # the host read the reset time (+30 s) off a rate-limit error
     reply = await fail(runtime, run, retry_at=reset)
-    assert (reply.result["status"], reply.result["retry_at"]) == ("queued", reset)
+    assert (reply.result["status"], reply.result["retry_at"]) == ("queued", rfc3339(reset))
     clock.advance(5 * HOUR)
     assert await claim(runtime, "worker") is None
     clock.advance(30)
@@ -153,7 +154,7 @@ async def test_kandev_after_the_last_retry_the_run_fails_and_an_agent_error_run_
     run = await worker_run(runtime, ceo_agent_id="ceo")
     for _ in range(4):
         reply = await fail(runtime, run, error="quota")
-        clock.advance(reply.result["retry_at"] - clock.now)
+        clock.advance(unix_seconds(reply.result["retry_at"]) - clock.now + 1e-6)
         run = await claimed(runtime, "worker")
     last = await fail(runtime, run, error="quota")
     [failed] = events(last, "run_failed")
@@ -206,9 +207,9 @@ async def test_kandev_execution_too_old_is_one_age_limit_so_the_fourth_retry_is_
     run = await worker_run(runtime)
     for _ in range(4):
         reply = await fail(runtime, run)
-        clock.advance(reply.result["retry_at"] - clock.now)
+        clock.advance(unix_seconds(reply.result["retry_at"]) - clock.now + 1e-6)
         run = await claimed(runtime, "worker")
-    assert clock.now - run["requested_at"] > 2 * HOUR + 42 * MINUTE
+    assert clock.now - unix_seconds(run["requested_at"]) > 2 * HOUR + 42 * MINUTE
     assert (run["retries"], run["attempt"]) == (4, 5)
 
 

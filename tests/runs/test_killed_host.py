@@ -97,7 +97,9 @@ def test_a_sigkilled_hosts_claims_are_handed_out_again_once_each_and_its_tokens_
         for run in claims:
             finish = {"type": "finish_run", "run_id": run["id"], "claim_token": run["claim_token"]}
             assert client.request(finish)["reply"]["result"]["status"] == "finished"
-        listed = client.request({"type": "list_runs", "agent_profile_id": "worker"})["reply"]["result"]
+        listed = client.request({"type": "list_runs", "agent_profile_id": "worker"})["reply"]["result"][
+            "runs"
+        ]
         assert [row["status"] for row in listed] == ["finished"] * RUNS
     finally:
         for process in (host, server):

@@ -95,7 +95,9 @@ async def test_superseded_decisions_go_the_latest_of_each_seat_stays(
     clock.advance(WEEK)
     deleted = await _prune(office)
     assert (deleted["decisions"], deleted["decision_receipts"]) == (2, 3)
-    rows = (await ok(office, {"type": "list_decisions", "task_id": "T1", "step_id": "review"})).result
+    rows = (await ok(office, {"type": "list_decisions", "task_id": "T1", "step_id": "review"})).result[
+        "decisions"
+    ]
     assert [row["decision"] for row in rows] == ["approved"]
 
 

@@ -16,6 +16,7 @@ from helpers import events, list_runs, move, ok, send, setup_office, to_review
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.runs import RunPolicy
+from onceflow.protocol.times import unix_seconds
 from onceflow.store import run_claims
 from onceflow.testing import FakeClock, TrioWallClock
 
@@ -133,7 +134,7 @@ async def test_renewing_keeps_the_claim_past_its_first_lease(
                 "lease_seconds": 10,
             },
         )
-        assert renewed.result["lease_expires_at"] == pytest.approx(TrioWallClock()() + 10)
+        assert unix_seconds(renewed.result["lease_expires_at"]) == pytest.approx(TrioWallClock()() + 10)
         assert renewed.result["superseded"] is False
     [row] = await list_runs(rt, task_id="T1")
     assert (row["status"], row["attempt"]) == ("claimed", 1)

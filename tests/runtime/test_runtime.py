@@ -80,9 +80,9 @@ async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, cloc
         with trio.fail_after(2), pytest.raises(DatabaseOwnedError, match="already owned"):
             async with open_runtime(db_path, clock=clock):
                 pytest.fail("a second runtime opened the same database")
-        assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
+        assert (await ok(first, {"type": "list_runs"})).result["runs"] == []  # the owner is unaffected
     async with open_runtime(db_path, clock=clock) as again:
-        assert (await ok(again, {"type": "list_runs"})).result == []
+        assert (await ok(again, {"type": "list_runs"})).result["runs"] == []
 
 
 async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
@@ -94,10 +94,10 @@ async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
         with trio.fail_after(2), pytest.raises(DatabaseOwnedError, match="already owned"):
             async with open_runtime(linked, clock=clock):
                 pytest.fail("a second runtime opened the database through a hard link")
-        assert (await ok(first, {"type": "list_runs"})).result == []  # the owner is unaffected
+        assert (await ok(first, {"type": "list_runs"})).result["runs"] == []  # the owner is unaffected
     assert not linked.with_name("linked.db-wal").exists()  # no second WAL was ever started
     async with open_runtime(linked, clock=clock) as again:  # free once the owner is gone
-        assert (await ok(again, {"type": "list_runs"})).result == []
+        assert (await ok(again, {"type": "list_runs"})).result["runs"] == []
 
 
 # --- a single cause surfaces as itself (issue 11, section 5) -----------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from helpers import ok
+from helpers import every_page, list_entries, list_runs, ok
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.writer import StoreActor
@@ -110,9 +110,11 @@ async def state(rt: Runtime) -> dict[str, Any]:
     """Everything a half-commit could leave behind, read through the protocol."""
     return {
         "task": (await ok(rt, {"type": "get_task", "task_id": "T1"})).result,
-        "runs": (await ok(rt, {"type": "list_runs"})).result,
-        "decisions": (await ok(rt, {"type": "list_decisions", "task_id": "T1"})).result,
-        "entries": (await ok(rt, {"type": "list_step_entries", "task_id": "T1"})).result,
+        "runs": await list_runs(rt),
+        "decisions": await every_page(
+            rt, {"type": "list_decisions", "task_id": "T1"}, "decisions", "after_decision_id"
+        ),
+        "entries": await list_entries(rt, "T1"),
     }
 
 

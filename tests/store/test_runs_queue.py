@@ -65,7 +65,7 @@ async def test_issue12_coalescing_never_crosses_tasks(runtime: Runtime, clock: F
     assert await _agent_error(runtime, "T2", "r-2") == ["run_queued"]  # not folded into T1's run
     clock.advance(1)
     assert await _agent_error(runtime, "T1", "r-3") == ["run_coalesced"]  # within one task it still merges
-    queued = (await ok(runtime, {"type": "list_runs", "agent_profile_id": "ceo"})).result
+    queued = (await ok(runtime, {"type": "list_runs", "agent_profile_id": "ceo"})).result["runs"]
     assert [(r["task_id"], r["coalesced_count"]) for r in queued] == [("T1", 1), ("T2", 0)]
 
 
@@ -84,7 +84,7 @@ async def test_issue12_a_coalesced_enqueue_is_a_no_op_when_redelivered_after_a_r
         reply = await send(rt, {"type": "agent_error", "task_id": "T1", "run_id": "r-2"})
         assert reply.ok, reply.error
         [suppressed] = events(reply, "run_suppressed")
-        runs = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result
+        runs = (await ok(rt, {"type": "list_runs", "task_id": "T1"})).result["runs"]
         assert len(runs) == 1 and suppressed.existing_run_id == runs[0]["id"]
         assert runs[0]["coalesced_count"] == 1
 
@@ -117,7 +117,7 @@ async def test_ac_h6_a_comment_key_is_honoured_while_its_run_is_unresolved_acros
         clock.advance(1)
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
         assert await _comment(rt, "c-1") == ["run_queued"]
-        assert len((await ok(rt, {"type": "list_runs", "task_id": "T1"})).result) == 2
+        assert len((await ok(rt, {"type": "list_runs", "task_id": "T1"})).result["runs"]) == 2
 
 
 ROLE_TARGET = """
@@ -163,7 +163,7 @@ async def test_ac_a7_participant_role_target_wakes_every_match(runtime: Runtime)
         assert [(e.agent_profile_id, e.reason) for e in queued] == [("rev-a", reason), ("rev-b", reason)]
         keys = [e.idempotency_key for e in queued]
         assert None not in keys and len(set(keys)) == 2
-    runs = (await ok(runtime, {"type": "list_runs", "task_id": "T1"})).result
+    runs = (await ok(runtime, {"type": "list_runs", "task_id": "T1"})).result["runs"]
     assert sorted((r["agent_profile_id"], r["reason"]) for r in runs) == [
         ("rev-a", "review_requested"),
         ("rev-a", "unblocked"),

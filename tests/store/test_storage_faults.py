@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from helpers import FakeClock, ok, send
+from helpers import FakeClock, list_runs, ok, send
 from storage_support import REGISTER, REVIEWERS, assert_reviewed_once, board, cap_pages, state
 from structlog.testing import capture_logs
 
@@ -73,13 +73,13 @@ async def test_storage_full_leaves_a_comment_unapplied_so_its_redelivery_after_s
         await cap_pages(rt.services.store, 0)
         with no_actor_crash():
             assert_typed_full(await send(rt, comment))
-        assert (await ok(rt, {"type": "list_runs"})).result == []
+        assert (await ok(rt, {"type": "list_runs"})).result["runs"] == []
 
         await cap_pages(rt.services.store, None)
         redelivered = await ok(rt, comment)  # the operation id was not marked: it is evaluated again
         assert not redelivered.result.get("idempotent")
         assert (await ok(rt, comment)).result["idempotent"] is True  # marked once it committed
-        [run] = (await ok(rt, {"type": "list_runs"})).result
+        [run] = (await ok(rt, {"type": "list_runs"})).result["runs"]
         assert (run["agent_profile_id"], run["reason"]) == ("worker", "comment")
 
 
@@ -176,7 +176,7 @@ async def test_busy_database_answers_typed_busy_for_runtime_and_task_commands(
         # The lock is gone: the runtime serves as before, and nothing of the refused commands landed.
         assert await state(rt) == before
         await ok(rt, {"type": "turn_complete", "task_id": "T1"})
-        assert len((await ok(rt, {"type": "list_runs"})).result) == len(REVIEWERS)
+        assert len(await list_runs(rt)) == len(REVIEWERS)
 
 
 def fan_out_unavailable(conn: sqlite3.Connection, ctx: ActionContext, action: ActionDecl) -> Effect:
@@ -205,12 +205,12 @@ async def assert_scan_commits_nothing_then_is_exact(
     store = rt.services.store
     with no_actor_crash():
         assert await recover_open_entries(rt.services, EventHub()) == 0
-    assert (await ok(rt, {"type": "list_runs"})).result == []  # no entry after the failing one ran alone
+    assert await list_runs(rt) == []  # no entry after the failing one ran alone
     assert len(await store.transact(step_entries.open_entries)) == len(TASKS)
 
     await restore()
     assert await recover_open_entries(rt.services, EventHub()) == len(TASKS)
-    runs = (await ok(rt, {"type": "list_runs"})).result
+    runs = await list_runs(rt)  # every page: more runs than one page holds
     assert sorted((run["task_id"], run["agent_profile_id"]) for run in runs) == [
         (task_id, agent) for task_id in TASKS for agent in REVIEWERS
     ]

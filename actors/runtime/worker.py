@@ -105,7 +105,7 @@ class Run:
 
     def __init__(self, worker: RunWorker, info: ClaimedRun) -> None:
         self.info = info
-        self.lease_expires_at: float | None = info["lease_expires_at"]
+        self.lease_expires_at: str | None = info["lease_expires_at"]  # RFC 3339 UTC
         self.superseded = info["superseded"]
         self.lost: str | None = None
         self.outcome: FinishOutcome | None = None

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -118,7 +119,8 @@ def report(agent: str, run: onceflow.Run) -> None:
     if outcome is None:
         say(f"{agent}: run {run.id} ended without a finish (lost: {run.lost}, released: {run.released})")
     elif outcome["status"] == "queued":
-        retry_in = (outcome["retry_at"] or time.time()) - time.time()
+        retry_at = outcome["retry_at"]
+        retry_in = datetime.fromisoformat(retry_at).timestamp() - time.time() if retry_at else 0.0
         say(f"{agent}: run {run.id} failed, retry scheduled in {retry_in:.0f} s")
     else:
         say(f"{agent}: run {run.id} {outcome['status']}")

@@ -148,7 +148,7 @@ def test_an_asyncio_host_drives_the_office_flow_to_done_under_asyncio_run(tmp_pa
             task = await asyncio.wait_for(host.started.get(), WAIT)  # the agent loop: work, then report
             assert await fake_model(f"work on {task}") == "approved"
             await _ok(rt, {"type": "turn_complete", "task_id": task})
-            runs = (await _ok(rt, {"type": "list_runs", "task_id": "T1"})).result
+            runs = (await _ok(rt, {"type": "list_runs", "task_id": "T1"})).result["runs"]
             reviewers = sorted(r["agent_profile_id"] for r in runs if r["reason"] == "review_started")
             assert reviewers == ["reviewer-1", "reviewer-2"]
             for reviewer in reviewers:

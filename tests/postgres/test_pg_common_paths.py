@@ -77,7 +77,9 @@ def renumbered(value: Any, ranks: dict[int, int]) -> Any:
     replaced by its rank: PostgreSQL's sequence is not rolled back with a savepoint, so the two paths may
     number the same runs differently."""
     if isinstance(value, dict):
-        return {k: ranks.get(v, v) if k.endswith("run_id") else renumbered(v, ranks) for k, v in value.items()}
+        return {
+            k: ranks.get(v, v) if k.endswith("run_id") else renumbered(v, ranks) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return type(value)(renumbered(v, ranks) for v in value)
     return value

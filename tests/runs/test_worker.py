@@ -20,6 +20,7 @@ from onceflow.actors.runtime.worker import Run, RunError
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.events import Event
 from onceflow.protocol.runs import RunPolicy
+from onceflow.protocol.times import rfc3339
 from onceflow.store import run_claims
 from onceflow.testing import TrioWallClock
 
@@ -115,7 +116,7 @@ async def test_a_slow_body_keeps_its_claim_through_renewals(
     """Lease 30 s, a body of 100 s: renewed every 10 s, never expired, one attempt."""
     await queue(rt, "T1")
     watch = rt.subscribe()
-    seen_leases: list[float | None] = []
+    seen_leases: list[str | None] = []  # RFC 3339 UTC: sorts as the times do
 
     async def work() -> None:
         async with rt.runs("worker", lease_seconds=30) as runs:
@@ -195,7 +196,10 @@ async def test_run_error_retry_at_schedules_the_retry_then(rt: Runtime) -> None:
             async with run:
                 raise RunError("rate limited", retry_at=at)
             runs.stop()
-    assert run.outcome is not None and (run.outcome["status"], run.outcome["retry_at"]) == ("queued", at)
+    assert run.outcome is not None and (run.outcome["status"], run.outcome["retry_at"]) == (
+        "queued",
+        rfc3339(at),
+    )
 
 
 async def test_a_cancelled_run_cancels_its_body_at_once_and_the_loop_goes_on(

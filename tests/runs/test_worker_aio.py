@@ -16,6 +16,7 @@ from onceflow.actors.runtime.worker import RunError
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.protocol.runs import RunPolicy
+from onceflow.protocol.times import unix_seconds
 from onceflow.worker_aio import AsyncioRun
 
 MINIMAL = """\
@@ -51,7 +52,7 @@ async def queue(rt: Runtime, task_id: str) -> None:
 
 
 async def runs_of(rt: Runtime, task_id: str) -> list[dict[str, Any]]:
-    return list((await ok(rt, {"type": "list_runs", "task_id": task_id})).result)
+    return list((await ok(rt, {"type": "list_runs", "task_id": task_id})).result["runs"])
 
 
 def run_with_runtime(db: Path, scenario: Callable[[Runtime], Awaitable[None]]) -> None:
@@ -99,7 +100,7 @@ def test_a_body_longer_than_its_lease_keeps_its_claim(tmp_path: Path) -> None:
                     async with run:
                         await asyncio.sleep(3.0)
                     assert run.lease_expires_at is not None and first_lease is not None
-                    assert run.lease_expires_at > first_lease + 1.5  # renewed
+                    assert unix_seconds(run.lease_expires_at) > unix_seconds(first_lease) + 1.5  # renewed
             [row] = await runs_of(rt, "T1")
             assert (row["status"], row["attempt"]) == ("finished", 1)
             await rt.send({"type": "get_task", "task_id": "T1"})

@@ -10,8 +10,8 @@ table and in --json form, with stdout read to the end: printed per run are the t
 line, the total time, the rows printed and the process's peak RSS (`ru_maxrss` of the child). A closing
 line runs `runs --json --limit 10` for the time a bounded look costs; the first, `onceflow --version`, is
 the interpreter's and the CLI's start-up alone (most of a first row's time is that start-up); before them,
-each view's first row read in this process (open + one page's query, no start-up). Targets (the
-issue's): first row under 1 s and peak RSS under 150 MB whatever the size. Prints figures; asserts nothing
+each view's first row read in this process (open + one page's query, no start-up). Targets: first
+row under 1 s and peak RSS under 150 MB whatever the size. Prints figures; asserts nothing
 about time.
 """
 

@@ -49,7 +49,7 @@ import structlog
 import trio
 import yaml
 
-from onceflow import prune, reference, scenario, serve, views
+from onceflow import history, prune, reference, scenario, serve, views
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.demo import run_demo
@@ -292,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
         "--import-path", action="store_true", help="with --template: the import path's allow-lists"
     )
     views.add_commands(sub)
+    history.add_command(sub)
     prune.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)

@@ -53,7 +53,14 @@ def story(items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
                 out.append(("created", d["step_id"]))
             case "transition":
                 out.append(
-                    ("transition", d["from_step"], d["to_step"], d["trigger"], d["operation_id"], d["entry_path"])
+                    (
+                        "transition",
+                        d["from_step"],
+                        d["to_step"],
+                        d["trigger"],
+                        d["operation_id"],
+                        d["entry_path"],
+                    )
                 )
             case "decision":
                 out.append(("decision", d["decider_id"], d["decision"], d["operation_id"]))
@@ -129,7 +136,9 @@ async def test_the_office_cycle_is_told_in_order_across_a_restart(
     moved = items[2]["detail"]
     assert (moved["entry_seq"], moved["workflow_id"], moved["queued"]) == (1, "office-default", False)
     done = items[-2]["detail"]
-    assert done["entry_seq"] is None  # Done declares no engine-owned action: no entry record, still a transition
+    assert (
+        done["entry_seq"] is None
+    )  # Done declares no engine-owned action: no entry record, still a transition
     written = [item["seq"] for item in items if item["kind"] != "run"]
     assert written == list(range(1, len(written) + 1))
 
@@ -143,7 +152,9 @@ async def test_a_cleared_decision_stays_in_the_history(office: Runtime) -> None:
     listed = await ok(office, {"type": "list_decisions", "task_id": "T1", "step_id": "review"})
     assert listed.result == []
     decisions = [i for i in (await history(office, "T1"))["items"] if i["kind"] == "decision"]
-    assert [(d["detail"]["decider_id"], d["detail"]["decision"]) for d in decisions] == [("rev-a", "rejected")]
+    assert [(d["detail"]["decider_id"], d["detail"]["decision"]) for d in decisions] == [
+        ("rev-a", "rejected")
+    ]
 
 
 async def test_bad_cursors_and_unknown_tasks_are_refused_naming_the_field(office: Runtime) -> None:

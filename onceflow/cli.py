@@ -13,6 +13,8 @@ subcommand runs its own Trio run.
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]
                                                               read-only views (onceflow.views)
+  onceflow history --db FILE|URL --task ID [--json] [--limit N]
+                                                              a task's history (onceflow.history)
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
   onceflow --version
 

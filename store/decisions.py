@@ -145,6 +145,7 @@ def record(
         comment=command.comment,
         created_at=now,
     )
+    history.hold(conn, task.id)  # before the decision's foreign key takes a share lock on the row
     decision_id = participants.record_decision(
         conn,
         **where,

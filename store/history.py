@@ -30,6 +30,7 @@ import attrs
 from onceflow.protocol.errors import NotFoundError, ProtocolError
 from onceflow.protocol.results import HistoryItem, HistoryPage
 from onceflow.store.connection import Connection
+from onceflow.store.urls import on_postgres
 
 Kind = Literal["created", "transition", "decision", "run"]
 
@@ -37,6 +38,15 @@ _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"
     " SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4 FROM task_history WHERE task_id = ?1"
 )
+
+
+def hold(conn: Connection, task_id: str) -> None:
+    """On PostgreSQL, lock the task's row until `conn`'s transaction ends, so two runtimes appending to one
+    task's history never number two items alike (a transition holds it already: its step change updates
+    the row first); nothing on SQLite, whose one writer serializes every transaction. Call it before the
+    transaction's first statement that touches the task's rows."""
+    if on_postgres(conn):
+        conn.execute("UPDATE tasks SET updated_at = updated_at WHERE id = ?", (task_id,))
 
 
 def record(conn: Connection, task_id: str, at: float, kind: str, detail: dict[str, Any]) -> None:

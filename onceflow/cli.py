@@ -13,6 +13,8 @@ subcommand runs its own Trio run.
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
                                                               read-only views (onceflow.views), streamed
+  onceflow history --db FILE|URL --task ID [--json] [--limit N]
+                                                              a task's history (onceflow.history)
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
   onceflow --version
 
@@ -51,7 +53,7 @@ import structlog
 import trio
 import yaml
 
-from onceflow import prune, reference, scenario, serve, views
+from onceflow import history, prune, reference, scenario, serve, views
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.demo import run_demo
@@ -326,6 +328,7 @@ def _parser() -> argparse.ArgumentParser:
         "--import-path", action="store_true", help="with --template: the import path's allow-lists"
     )
     views.add_commands(sub)
+    history.add_command(sub)
     prune.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)

@@ -36,6 +36,8 @@ Name = Annotated[str, Field(max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 """Free text: a title or a comment."""
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+HISTORY_CURSOR = r"^-?[0-9][0-9.e+-]*:[0-3]:[0-9]+$"
+"""A `task_history` cursor: `<time>:<rank>:<key>`, as a page's `next` gives it."""
 Role = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
 Priority = Literal["critical", "high", "medium", "low"]
 
@@ -527,6 +529,22 @@ class ListStepEntries(_Command):
         return self
 
 
+class TaskHistory(_Command):
+    """A page of the task's history, oldest first: its creation, transitions (with trigger and operation
+    id), step entries, decisions and runs (queued, claimed, ended), at most `limit` (1..1000, default
+    100) items after the cursor `after`. Result `{items, next}`: `next` is None on the last page, else the
+    value to pass as `after` for the next one (a page never repeats or skips an item)."""
+
+    type: Literal["task_history"] = "task_history"
+    """The command name."""
+    task_id: Id
+    """The task."""
+    after: Annotated[str, Field(max_length=64, pattern=HISTORY_CURSOR)] | None = None
+    """Start after this cursor (a page's `next`); None: from the first item."""
+    limit: int = Field(default=100, ge=1, le=1000)
+    """At most this many items in the page."""
+
+
 class ListReviewRuns(_Command):
     """A page of the code-review passes started by run_code_review (of one task, or all) in review-run-id
     order: each with its review-run id and entry identity, so a host can tell a launch repeated after a
@@ -585,6 +603,7 @@ Command = Annotated[
     | ListDecisions
     | ListStepEntries
     | ListReviewRuns
+    | TaskHistory
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome,
@@ -625,6 +644,7 @@ RuntimeCommand = (
     | ListTasks
     | ListRuns
     | ListReviewRuns
+    | TaskHistory
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome

@@ -575,6 +575,43 @@ class ReviewRunPage(TypedDict):
     """Pass it as `after_review_run_id` for the next page; None on the last page."""
 
 
+class HistoryItem(TypedDict):
+    """One item of a task's history (`task_history`).
+
+    `kind` and its `detail`:
+    - `created`: `{workflow_id, step_id, queued}`, where the task was created;
+    - `transition`: `{from_step, to_step, workflow_id, trigger, operation_id, entry_path, entry_seq,
+      queued}`: the command or trigger that moved it (`move_task`, `on_turn_complete`, `record_decision`,
+      `switch_workflow`, `wip_promotion`, ...), its operation id (None when it carries none), the entry
+      path (E1 ... E5) and the step entry allocated (None: the step keeps no entry record, or the task
+      waits `queued` at a full step);
+    - `decision`: `{step_id, decision, decider_type, decider_id, role, participant_id, decision_id,
+      operation_id}` as recorded (a replay records nothing);
+    - `run`: `{run_id, status, agent_profile_id, step_id, ...}`, status `queued` (with `trigger`,
+      `entry_seq`, `reason`), `claimed` (its latest claim's `attempt`) or how it ended (`finished`,
+      `failed`, `cancelled`, with `attempt` and `outcome_reason`).
+    """
+
+    at: str
+    """When, RFC 3339 UTC (the runtime's clock)."""
+    kind: Literal["created", "transition", "decision", "run"]
+    """What happened."""
+    seq: int | None
+    """The item's number in the task's written history (None for a `run` item: read from the run's row)."""
+    detail: dict[str, Any]
+    """What the item says (per `kind`, above)."""
+
+
+@_result
+class HistoryPage(TypedDict):
+    """`task_history`: one page of a task's history, oldest first."""
+
+    items: list[HistoryItem]
+    """The page."""
+    next: str | None
+    """Pass it as `after` for the next page; None on the last page."""
+
+
 @_result
 class OutcomeReceived(TypedDict):  # AC-CO-11
     """`outcome_ready`: the outcome is recorded."""
@@ -632,6 +669,7 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "list_decisions": DecisionPage,
         "list_step_entries": StepEntryPage,
         "list_review_runs": ReviewRunPage,
+        "task_history": HistoryPage,
         "outcome_ready": OutcomeReceived,
         "coordinator_ack": AckQueued,
         "get_outcome": OutcomeInfo,

@@ -7,8 +7,9 @@ admitted flag and admission counter), so a task that moved meanwhile is not move
 limit queues the task instead (not an entry: nothing allocated). The step-entry record is allocated in the
 same transaction (AC-B7, AC-E5). When no host action must come first, the dispatch's leading segment runs
 here too, in a savepoint: one commit for the move and its first effects, and a failure there leaves the
-move standing (AC-C4). An entry of built-in clears and fan-outs only is first tried whole in one savepoint
-(store/common_entry.py); any anomaly rolls that back and the per-action path above decides it.
+move standing (AC-C4). The transition (or queued placement) joins the task's history in the same
+transaction (store/history.py). An entry of built-in clears and fan-outs only is first tried whole in one
+savepoint (store/common_entry.py); any anomaly rolls that back and the per-action path above decides it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import attrs
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import Step
-from onceflow.store import faults, runs, step_entries, tasks, wip
+from onceflow.store import faults, history, runs, step_entries, tasks, wip
 from onceflow.store.common_entry import Admission, Admitted, Plan, admit_common, admit_group
 from onceflow.store.connection import Connection
 from onceflow.store.epochs import EpochSource
@@ -47,7 +48,8 @@ class EntryRequest:
     `version` a cached row's (workflow id, admitted flag, admission count) to verify, None for a fresh read;
     `common` the step's common-entry plan when the whole entry may run in one savepoint; `lead` the
     dispatch's leading segment (its actions, and whether it is the entry's last engine chunk) when no host
-    action comes first.
+    action comes first; `trigger` and `operation_id` what moved it (the history's transition item,
+    store/history.py; "" when it carries no operation id).
 
     Built once per entry and frozen without slots: a frozen slotted class sets each of its ten fields
     through `object.__setattr__`, a dict class writes its `__dict__` directly (about 40 % fewer
@@ -63,6 +65,8 @@ class EntryRequest:
     common: Plan | None
     lead: tuple[Order, bool] | None
     executors: Mapping[str, Executor]
+    trigger: str = ""
+    operation_id: str = ""
 
 
 @attrs.frozen
@@ -94,6 +98,8 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
             path=request.path,
             now=request.now,
             version=request.version,
+            trigger=request.trigger,
+            operation_id=request.operation_id,
         )
         if fast is not None:
             return Entered("admitted", fast.key, fast, fast.left)
@@ -112,6 +118,7 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         return Entered("stale" if request.version is not None else "abandoned")
     leaving = runs.leave_entries(conn, [task.id], request.now)
     if not placement.admitted:  # a queued placement: not an entry, nothing allocated
+        _record(conn, request, None, queued=True)
         return Entered("queued", left=leaving.changes())
     # The landing step's declaration was resolved by the caller and is read once (Allocation inputs).
     key = step_entries.allocate_for(
@@ -122,6 +129,7 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         path=request.path,
         now=request.now,
     )
+    _record(conn, request, key, queued=False)
     if key is None or request.lead is None:
         return Entered("admitted", key, left=leaving.changes())
     actions, finish = request.lead
@@ -137,6 +145,21 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
             raise
         log.error("leading_segment_failed", task_id=task.id, step_id=target.id, cause=repr(exc))
     return Entered("admitted", key, left=leaving.changes())
+
+
+def _record(conn: Connection, request: EntryRequest, key: EntryKey | None, *, queued: bool) -> None:
+    """The admission's transition in the task's history (store/history.py)."""
+    detail = history.transition_detail(
+        from_step=request.task.step_id,
+        to_step=request.target.id,
+        workflow_id=request.workflow_id,
+        trigger=request.trigger,
+        operation_id=request.operation_id,
+        path=None if queued else request.path,
+        entry_seq=key.entry_seq if key else None,
+        queued=queued,
+    )
+    history.record_transition(conn, request.task.id, request.now, detail)
 
 
 def group_key(request: EntryRequest) -> tuple[int, str, str] | None:
@@ -156,7 +179,14 @@ def admit_together(conn: Connection, requests: list[EntryRequest]) -> list[Enter
         assert request.common is not None
         admissions.append(
             Admission(
-                request.task, request.workflow_id, request.common, request.path, request.now, request.version
+                request.task,
+                request.workflow_id,
+                request.common,
+                request.path,
+                request.now,
+                request.version,
+                request.trigger,
+                request.operation_id,
             )
         )
     admitted = admit_group(conn, admissions)

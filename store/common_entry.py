@@ -5,15 +5,15 @@ common and publishes what they did (actors/engine/common.py).
 Most entries declare nothing but `clear_decisions` and `queue_run_for_each_participant` (served by the
 built-in executors). For those the admitting request runs in one savepoint (the writer's per-request one,
 `request_savepoint`): the step compare-and-set, the entry insert (already terminal: the savepoint either
-finishes the entry or leaves no trace), the clear, one multi-row marker insert and one multi-row runs insert
-that reads the participants itself (`_RUNS`: five statements). Any anomaly (the task moved, the step is at
-its WIP limit, a seat without an agent, an idempotency key already taken or merged by coalescing, any
-database error other than a storage fault) rolls back to that savepoint and the caller takes the
-per-action path, which decides it exactly as before; a storage fault, or an error that ends the
-transaction, is re-raised (`faults.fails_request`).
+finishes the entry or leaves no trace), the clear, one multi-row marker insert, one multi-row runs insert
+that reads the participants itself (`_RUNS`) and the transition of the task's history (six statements).
+Any anomaly (the task moved, the step is at its WIP limit, a seat without an agent, an idempotency key
+already taken or merged by coalescing, any database error other than a storage fault) rolls back to that
+savepoint and the caller takes the per-action path, which decides it exactly as before; a storage fault, or
+an error that ends the transaction, is re-raised (`faults.fails_request`).
 The writer returns plain data (`Admitted`); after the commit the caller publishes the
 events the executors would have. Entries of one step that share a writer batch are admitted together
-(`admit_group`: the same five statements for all of them, two reads instead of RETURNING); any anomaly
+(`admit_group`: the same six statements for all of them, two reads instead of RETURNING); any anomaly
 rolls the group back and each is decided alone, as above. Source: on-enter-action-dispatch.md AC-B5,
 AC-B6, AC-B7, AC-C1, AC-A3, AC-A5.
 """
@@ -29,7 +29,7 @@ import attrs
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store import faults, keys, runs, tasks, wip
+from onceflow.store import faults, history, keys, runs, tasks, wip
 from onceflow.store.connection import Connection
 from onceflow.store.executors import fan_out_digest, fan_out_reason
 from onceflow.store.participants import seats_sql
@@ -111,19 +111,22 @@ def admit_common(
     path: EntryPath,
     now: float,
     version: tuple[str, bool, int] | None = None,
+    trigger: str = "",
+    operation_id: str = "",
 ) -> Admitted | None:
     """Admit `task` to `plan.step` and run its whole on_enter in one savepoint (writer thread); None when an
     anomaly rolled it back and nothing of it remains. It must be the first write of its writer request: the
     savepoint is the request's own (`request_savepoint`, two statements fewer per entry). `version` (a
     cached row's workflow id, admitted flag and admission count) is verified by the compare-and-set too
-    (`tasks.move_task_step`). The caller publishes the events outside the writer.
+    (`tasks.move_task_step`). `trigger` and `operation_id` (what moved the task) go into its history's
+    transition item (store/history.py). The caller publishes the events outside the writer.
 
     Raises:
         sqlite3.Error: a storage fault, or an error that ended the transaction (`faults.fails_request`).
     """
     try:
         with request_savepoint(conn):  # the first write of the admitting request (Engine.enter_step)
-            return _admit(conn, task, workflow_id, plan, path, now, version)
+            return _admit(conn, task, workflow_id, plan, path, now, version, (trigger, operation_id))
     except Exception as exc:
         if faults.fails_request(conn, exc):
             raise
@@ -166,6 +169,7 @@ def _admit(
     path: EntryPath,
     now: float,
     version: tuple[str, bool, int] | None,
+    cause: tuple[str, str],
 ) -> Admitted:
     step = plan.step
     if not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
@@ -188,6 +192,7 @@ def _admit(
         " FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
         (task.id, step.id, workflow_id, plan.declaration, path, now),
     ).fetchone()
+    history.record_transition(conn, task.id, now, _transition(task, workflow_id, plan, path, seq, cause))
     deleted = 0
     if plan.clears:
         deleted = conn.execute(
@@ -210,6 +215,22 @@ def _admit(
     return Admitted(EntryKey(task.id, step.id, seq), _done(plan, deleted, queued), leaving.changes())
 
 
+def _transition(
+    task: TaskRecord, workflow_id: str, plan: Plan, path: EntryPath, seq: int, cause: tuple[str, str]
+) -> str:
+    """The history's transition detail of a common entry (store/history.py); `cause` (trigger, operation
+    id)."""
+    return history.transition_detail(
+        from_step=task.step_id,
+        to_step=plan.step.id,
+        workflow_id=workflow_id,
+        trigger=cause[0],
+        operation_id=cause[1],
+        path=path,
+        entry_seq=seq,
+    )
+
+
 @attrs.frozen
 class Admission:
     """One common entry of a group (`admit_group`): what `admit_common` takes for it."""
@@ -220,6 +241,8 @@ class Admission:
     path: EntryPath
     now: float
     version: tuple[str, bool, int] | None
+    trigger: str = ""
+    operation_id: str = ""
 
 
 def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admitted] | None:
@@ -320,10 +343,15 @@ def _admit_group(
     conn.execute(_ENTRIES_GROUP, (step.id, workflow_id, plan.declaration, path, members))
     seqs, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = []
+    transitions = []
     for index, seq, deleted in sorted(json.loads(seqs)):
         admission = admissions[index]
         task_id = admission.task.id
         entries.append((task_id, seq, admission.now, keys.entry_prefix(task_id, step.id, seq), deleted))
+        cause = (admission.trigger, admission.operation_id)
+        detail = _transition(admission.task, workflow_id, plan, path, seq, cause)
+        transitions.append((task_id, admission.now, detail))
+    history.record_transitions(conn, transitions)
     rows = json.dumps([entry[:4] for entry in entries])
     if plan.clears:
         conn.execute(

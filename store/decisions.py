@@ -16,8 +16,9 @@ import attrs
 
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ConflictError
+from onceflow.protocol.operation_ids import decision_operation_id
 from onceflow.protocol.workflow import Step, Workflow, find_step, find_workflow
-from onceflow.store import participants, tasks
+from onceflow.store import history, participants, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.records import Decision, Participant, TaskRecord
 
@@ -38,6 +39,23 @@ class Recorded:
     inserted: bool
     role: str | None = None
     not_counted: str | None = None
+
+
+def _history_detail(decision: Decision, command: c.RecordDecision) -> dict[str, object]:
+    """The task history's decision item (store/history.py): what was recorded, and the host's id for it."""
+    op = command.decision_id and decision_operation_id(
+        decision.task_id, decision.step_id, command.decision_id
+    )
+    return {
+        "step_id": decision.step_id,
+        "decision": decision.decision,
+        "decider_type": decision.decider_type,
+        "decider_id": decision.decider_id,
+        "role": decision.role,
+        "participant_id": decision.participant_id,
+        "decision_id": command.decision_id,
+        "operation_id": op or None,
+    }
 
 
 def content_of(command: c.RecordDecision) -> str:
@@ -85,7 +103,8 @@ def record(
     written — even if the task has left the step since. A decision without `role` takes the role of the
     decider's seat (`rules.seat_role`). A decision no guard counts — the task is not at `step_id` (a late
     vote; the next entry's clear_decisions removes it), or it matches no guard's seat — is still recorded,
-    and `not_counted` says why.
+    and `not_counted` says why. A recorded decision is also a `decision` item of the task's history
+    (store/history.py), which a clear does not remove.
 
     Raises:
         NotFoundError: the task does not exist, or its workflow has no step `step_id`.
@@ -126,6 +145,7 @@ def record(
         comment=command.comment,
         created_at=now,
     )
+    history.hold(conn, task.id)  # before the decision's foreign key takes a share lock on the row
     decision_id = participants.record_decision(
         conn,
         **where,
@@ -141,6 +161,7 @@ def record(
         participants.add_decision_receipt(
             conn, **where, external_id=command.decision_id, decision_id=decision_id, content=content, now=now
         )
+    history.record(conn, task.id, now, "decision", _history_detail(decision, command))
     if task.step_id != step.id:  # a late vote: the next entry's clear_decisions (if declared) removes it
         return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted="task_not_at_step")
     reason = rules.not_counted(attrs.evolve(decision, id=decision_id), step, rows)

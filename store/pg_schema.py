@@ -218,6 +218,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX decision_receipts_by_age ON decision_receipts(created_at);
     CREATE INDEX step_entries_by_age ON step_entries(created_at) WHERE terminal = 1;
     """,
+    # 14
+    """
+    CREATE TABLE task_history (
+        task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        seq     BIGINT NOT NULL,
+        at      DOUBLE PRECISION NOT NULL,
+        kind    TEXT NOT NULL,
+        detail  TEXT NOT NULL,
+        PRIMARY KEY (task_id, seq)
+    );
+    CREATE INDEX task_history_by_age ON task_history(at);
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

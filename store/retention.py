@@ -15,7 +15,9 @@ What goes, once older than the retention (seconds, never below the 24 h key wind
   of the same entries go with them;
 - decisions superseded by a later one of the same seat and decider (the latest of each still counts);
 - decision receipts (a redelivered decision within the window is still recognised);
-- acknowledged coordinator outcomes (by `acknowledged_at`), their acknowledgements cascading.
+- acknowledged coordinator outcomes (by `acknowledged_at`), their acknowledgements cascading;
+- task history items (store/history.py, by `at`) but each task's latest, which keeps its numbering going
+  (the history's run items go with their runs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import attrs
 
 from onceflow.store.connection import Connection
 
-KINDS = ("runs", "step_entries", "review_runs", "decisions", "decision_receipts", "outcomes")
+KINDS = ("runs", "step_entries", "review_runs", "decisions", "decision_receipts", "outcomes", "history")
 """What `prune_batch` deletes, in its order (the `onceflow.retention.deleted` metric's `kind`)."""
 
 _RUNS = (
@@ -62,7 +64,12 @@ _OUTCOMES = (
     "DELETE FROM outcomes WHERE outcome_id IN (SELECT outcome_id FROM outcomes WHERE phase = 'acknowledged'"
     " AND acknowledged_at < ? LIMIT ?)"
 )
-_STATEMENTS = (_RUNS, _ENTRIES, _REVIEW_RUNS, _DECISIONS, _RECEIPTS, _OUTCOMES)
+_HISTORY = (
+    "DELETE FROM task_history WHERE (task_id, seq) IN (SELECT h.task_id, h.seq FROM task_history AS h"
+    " WHERE h.at < ? AND h.seq < (SELECT MAX(l.seq) FROM task_history AS l WHERE l.task_id = h.task_id)"
+    " ORDER BY h.at LIMIT ?)"
+)
+_STATEMENTS = (_RUNS, _ENTRIES, _REVIEW_RUNS, _DECISIONS, _RECEIPTS, _OUTCOMES, _HISTORY)
 
 
 @attrs.frozen

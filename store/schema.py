@@ -380,6 +380,19 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         CREATE INDEX step_entries_by_age ON step_entries(created_at) WHERE terminal = 1;
         """
     ),
+    # 14: a task's history (store/history.py): what no other table keeps (its creation, transitions,
+    # decisions), numbered per task, written in the transaction of the effect; by age for retention.
+    """
+    CREATE TABLE task_history (
+        task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+        seq     INTEGER NOT NULL,
+        at      REAL NOT NULL,
+        kind    TEXT NOT NULL,
+        detail  TEXT NOT NULL,
+        PRIMARY KEY (task_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX task_history_by_age ON task_history(at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

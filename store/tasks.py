@@ -13,7 +13,7 @@ from onceflow.protocol.commands import CreateTask, Priority
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.results import TaskInfo
 from onceflow.protocol.workflow import Step
-from onceflow.store import run_claims, wip
+from onceflow.store import history, run_claims, wip
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import Change
@@ -113,15 +113,15 @@ def create_task(
 ) -> TaskRecord:
     """Insert the task `command` creates where `wip.place` lands it at `target` of `workflow_id` (a creation
     is not a step entry): admitted there, queued there when it is full, or admitted at its `feeder` tagged
-    for it. Takes the command whole: a store request's keyword arguments cost a dict on the way to the
-    writer thread.
+    for it; its history starts with a `created` item (store/history.py). Takes the command whole: a store
+    request's keyword arguments cost a dict on the way to the writer thread.
 
     Raises:
         WipLimitError: `target` and its feeder are both full (field step_id).
         ConflictError: the task id is taken (field task_id).
     """
     placement = wip.place(conn, workflow_id, target, feeder=feeder)
-    return insert_task(
+    task = insert_task(
         conn,
         task_id=command.task_id,
         workflow_id=workflow_id,
@@ -135,6 +135,9 @@ def create_task(
         admitted=placement.admitted,
         queued_for_step_id=placement.queued_for,
     )
+    detail = {"workflow_id": workflow_id, "step_id": placement.step_id, "queued": not placement.admitted}
+    history.record(conn, task.id, now, "created", detail)
+    return task
 
 
 def move_task_step(

@@ -28,7 +28,7 @@ import attrs
 
 from onceflow.protocol.errors import WipLimitError
 from onceflow.protocol.workflow import Step, Workflow
-from onceflow.store import step_entries
+from onceflow.store import history, step_entries
 from onceflow.store.connection import Connection
 from onceflow.store.step_entries import EntryKey
 from onceflow.store.urls import on_postgres
@@ -201,6 +201,16 @@ def promote_one(conn: Connection, workflow: Workflow, step: Step, now: float) ->
             key = step_entries.allocate_for(
                 conn, task_id=task_id, workflow_id=workflow.id, step=step, path="E3", now=now
             )
+            detail = history.transition_detail(
+                from_step=from_step,
+                to_step=step.id,
+                workflow_id=workflow.id,
+                trigger="wip_promotion",
+                operation_id="",
+                path="E3",
+                entry_seq=key.entry_seq if key else None,
+            )
+            history.record_transition(conn, task_id, now, detail)
             return Promotion(task_id, workflow.id, step.id, key)
     return None
 

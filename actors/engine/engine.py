@@ -95,7 +95,13 @@ class Engine:
                 deferred = bool(inp.operation_id) and not inp.defer_operation_mark
                 return attrs.evolve(result, operation_mark_deferred=deferred)
             applied = await self.enter_step(
-                task, workflow, target, path="E1", trigger=str(inp.trigger), out=out
+                task,
+                workflow,
+                target,
+                path="E1",
+                trigger=str(inp.trigger),
+                out=out,
+                operation_id=inp.operation_id,
             )
             result = attrs.evolve(result, applied=applied)
         if inp.operation_id and not inp.defer_operation_mark:
@@ -118,6 +124,7 @@ class Engine:
         trigger: str,
         out: Outbox,
         cached: bool = False,
+        operation_id: str = "",
     ) -> bool:
         """Admit the task to `target` and dispatch its on_enter; False if the task moved meanwhile.
 
@@ -136,7 +143,8 @@ class Engine:
         decide again (the host's preflight, already called with the cached source step, is then called
         again with the real one: a stale row costs an extra preflight, never a wrong commit; a refusal is
         asked again the same way, so a refusal is only ever answered from the committed row). The admitted
-        row is cached; any other outcome forgets it.
+        row is cached; any other outcome forgets it. `trigger` and `operation_id` (the command's or
+        trigger's, "" for none) go into the task history's transition item (store/history.py).
 
         Raises:
             TransitionRefusedError: the host's preflight refused (field step_id); nothing was written.
@@ -145,7 +153,17 @@ class Engine:
         """
         if self._asks_preflight:  # the default host's preflight accepts everything: not even a coroutine
             await self._preflight(task, target, cached)
-        request, on_exit = plan_entry(self.services, self._plans, task, workflow, target, path, cached=cached)
+        request, on_exit = plan_entry(
+            self.services,
+            self._plans,
+            task,
+            workflow,
+            target,
+            path,
+            cached=cached,
+            trigger=trigger,
+            operation_id=operation_id,
+        )
         entered = await self._commit(request)
         if entered.outcome == "stale":
             raise StaleRow(task.id)

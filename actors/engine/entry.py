@@ -83,10 +83,13 @@ def plan_entry(
     path: EntryPath,
     *,
     cached: bool,
+    trigger: str = "",
+    operation_id: str = "",
 ) -> tuple[EntryRequest, Sequence[ActionDecl]]:
     """The admission request of `task` to `target` (store/admission.py) and the source step's on_exit
     actions to ask the host for once it commits. `cached`: `task` came from the task-row cache, so the
-    compare-and-set also verifies its version."""
+    compare-and-set also verifies its version. `trigger` and `operation_id` ("" for none) say what moved it
+    (the task history's transition item, store/history.py)."""
     now = services.now()
     # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
     entered = attrs.evolve(
@@ -101,6 +104,17 @@ def plan_entry(
     on_exit, common, lead = plans.get(source_step(services, task), target, path)
     version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
     request = EntryRequest(
-        task, entered, workflow.id, target, path, now, version, common, lead, services.executors
+        task,
+        entered,
+        workflow.id,
+        target,
+        path,
+        now,
+        version,
+        common,
+        lead,
+        services.executors,
+        trigger,
+        operation_id,
     )
     return request, on_exit

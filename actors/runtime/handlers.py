@@ -1,6 +1,6 @@
 """The runtime-level commands: templates, template-level seats, the runs queue (actors/runtime/runs.py),
-the task list, review runs and coordinator outcomes. Trio thread: each is a store request (a template is
-parsed on a worker thread).
+the task list, a task's history, review runs and coordinator outcomes. Trio thread: each is a store request
+(a template is parsed on a worker thread).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from onceflow.protocol.results import (
     AckQueued,
     ClaimedRun,
     FinishOutcome,
+    HistoryPage,
     OutcomeInfo,
     OutcomeReceived,
     ParticipantAdded,
@@ -40,7 +41,7 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, review_runs, runs, tasks, workflows
+from onceflow.store import history, participants, review_runs, runs, tasks, workflows
 from onceflow.store.workflows import StoredWorkflow
 
 log = get_logger("onceflow.supervisor")
@@ -56,6 +57,7 @@ RuntimeResult: TypeAlias = (
     | RunPage
     | TaskPage
     | ReviewRunPage
+    | HistoryPage
     | OutcomeReceived
     | AckQueued
     | OutcomeInfo
@@ -132,6 +134,8 @@ async def handle(
             return ReviewRunPage(
                 review_runs=passes, next_after_review_run_id=passes[-1]["id"] if more else None
             )
+        case c.TaskHistory():
+            return await store.transact(history.task_page, command.task_id, command.after, command.limit)
         case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
             return await outcomes.handle(command, out)
 

@@ -66,7 +66,7 @@ async def record_decision(
     moved_to: str | None = None
     guard_outcome: GuardOutcome = "not_at_step"
     if recorded.task.step_id == command.step_id:
-        moved_to, guard_outcome = await _reevaluate(ctx, recorded.task, out)
+        moved_to, guard_outcome = await _reevaluate(ctx, recorded.task, op, out)
     if op:
         await ledger.mark_applied(op)
     return DecisionResult(
@@ -81,8 +81,11 @@ async def record_decision(
     )
 
 
-async def _reevaluate(ctx: TaskContext, task: TaskRecord, out: Outbox) -> tuple[str | None, GuardOutcome]:
-    """Apply the first satisfied guarded on_turn_complete transition of the task's step.
+async def _reevaluate(
+    ctx: TaskContext, task: TaskRecord, op: str, out: Outbox
+) -> tuple[str | None, GuardOutcome]:
+    """Apply the first satisfied guarded on_turn_complete transition of the task's step (`op`: the
+    decision's operation id, "" for none, named by the transition in the task's history).
 
     Returns (the step moved to, or None; the outcome). The move is a compare-and-set on the task still
     being at its step; a lost race is `move_abandoned` (with a `transition_abandoned` diagnostic),
@@ -99,7 +102,7 @@ async def _reevaluate(ctx: TaskContext, task: TaskRecord, out: Outbox) -> tuple[
         target = await ctx.engine.evaluate_transition(task, workflow, step, guard.action, out)
         if target is not None:
             moved = await ctx.engine.enter_step(
-                task, workflow, target, path="E1", trigger="record_decision", out=out
+                task, workflow, target, path="E1", trigger="record_decision", out=out, operation_id=op
             )
             return (target.id, "moved") if moved else (None, "move_abandoned")
     return None, "quorum_not_met"

@@ -62,7 +62,9 @@ async def switch_workflow(
     target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
     if workflow.id == task.workflow_id and target.id == task.step_id:
         return MoveResult(moved=False, step_id=task.step_id)
-    moved = await ctx.engine.enter_step(task, workflow, target, path="E4", trigger="switch_workflow", out=out)
+    moved = await ctx.engine.enter_step(
+        task, workflow, target, path="E4", trigger="switch_workflow", out=out, operation_id=op
+    )
     if op:
         await ledger.mark_applied(switch_workflow_operation_id(command.operation_id or "", "on_exit"))
         await ledger.mark_applied(op)

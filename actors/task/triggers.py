@@ -160,7 +160,7 @@ async def _commit_deferred(
         target = find_step(workflow, result.to_step or "")
         at_source = attrs.evolve(task, step_id=source.id)
         return await ctx.engine.enter_step(
-            at_source, workflow, target, path="E1", trigger=str(trigger), out=out
+            at_source, workflow, target, path="E1", trigger=str(trigger), out=out, operation_id=op
         )
     except Exception as exc:  # every failure leaves the operation retryable
         out.diagnostic(

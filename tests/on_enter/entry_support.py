@@ -324,7 +324,15 @@ def logged(logs: list[dict[str, Any]], level: str, event: str | None = None) -> 
     return [r for r in logs if r["log_level"] == level and (event is None or r["event"] == event)]
 
 
-SNAPSHOT_TABLES = ("tasks", "step_entries", "step_entry_markers", "runs", "decisions", "coalesced_keys")
+SNAPSHOT_TABLES = (
+    "tasks",
+    "step_entries",
+    "step_entry_markers",
+    "runs",
+    "decisions",
+    "coalesced_keys",
+    "task_history",
+)
 """The tables an entry's admission, dispatch or recovery writes."""
 
 

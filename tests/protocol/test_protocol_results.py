@@ -188,6 +188,7 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     await c.send({"type": "start_task", "task_id": "T1", "session_id": "s-T1b", "step_id": "backlog"})
     await c.send({"type": "get_task", "task_id": "T1"})
     await c.send({"type": "list_tasks", "limit": 1})
+    await c.send({"type": "task_history", "task_id": "T1", "limit": 3})
     await c.send({"type": "delete_task", "task_id": "T2"})
 
     # coordinator outcomes

@@ -575,6 +575,7 @@ class ReviewRunPage(TypedDict):
     """Pass it as `after_review_run_id` for the next page; None on the last page."""
 
 
+@_result
 class HistoryItem(TypedDict):
     """One item of a task's history (`task_history`).
 

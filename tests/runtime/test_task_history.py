@@ -150,7 +150,7 @@ async def test_a_cleared_decision_stays_in_the_history(office: Runtime) -> None:
     await decide(office, "T1", "review", "rev-a", "rejected")  # → work
     await turn_complete(office, "T1")  # → review again: clear_decisions deletes the rejection
     listed = await ok(office, {"type": "list_decisions", "task_id": "T1", "step_id": "review"})
-    assert listed.result == []
+    assert listed.result["decisions"] == []
     decisions = [i for i in (await history(office, "T1"))["items"] if i["kind"] == "decision"]
     assert [(d["detail"]["decider_id"], d["detail"]["decision"]) for d in decisions] == [
         ("rev-a", "rejected")

@@ -8,7 +8,9 @@
 `open_runtime` starts one thread running `trio.run`; calls go in through the Trio token
 (`TrioToken.run_sync_soon`, first in first out) and answers come back through
 `loop.call_soon_threadsafe`, so the asyncio loop never blocks on the runtime and the runtime never
-waits on asyncio. A `Host` or `Coordinator` passed in is called on the Trio thread (Trio code).
+waits on asyncio. A `Host` or `Coordinator` passed in is called on the Trio thread (Trio code). The
+OpenTelemetry context current where `send` is called goes with the command: the caller's span is the
+parent of the command's span.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
+from opentelemetry.context import Context
 from pydantic import BaseModel
 
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
+from onceflow import tracing
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 
@@ -111,7 +115,8 @@ class AsyncioRuntime:
         """
         future: asyncio.Future[Reply] = self._loop.create_future()
         self._pending.add(future)
-        if not self._call_in_trio(self._start_command, command, future):
+        context = tracing.current()  # the caller's span is the command span's parent (onceflow/tracing.py)
+        if not self._call_in_trio(self._start_command, command, future, context):
             self._answer(future, _shutting_down())
         return future
 
@@ -140,16 +145,17 @@ class AsyncioRuntime:
             finally:
                 self._accepting = False
 
-    def _start_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+    def _start_command(self, command: Any, future: asyncio.Future[Reply], context: Context) -> None:
         if not self._accepting or self._commands is None:
             self._call_in_asyncio(self._answer, future, _shutting_down())
             return
-        self._commands.start_soon(self._run_command, command, future)
+        self._commands.start_soon(self._run_command, command, future, context)
 
-    async def _run_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+    async def _run_command(self, command: Any, future: asyncio.Future[Reply], context: Context) -> None:
         assert self._runtime is not None
         try:
-            reply = await self._runtime.send(command)
+            with tracing.attached(context):
+                reply = await self._runtime.send(command)
         except Exception as exc:  # Runtime.send never raises; if it ever does, the caller still hears
             reply = Reply(command="unknown", ok=False, error=ErrorInfo(code="internal", message=repr(exc)))
         self._call_in_asyncio(self._answer, future, reply)

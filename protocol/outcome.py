@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN
+from onceflow.protocol.tracecontext import TraceContext
 
 CONTRACT_VERSION = 1
 
@@ -361,7 +362,7 @@ class OutcomeAcknowledgement(_Message):
     """Who acknowledged; the same one again is a no-op, another one a `conflict`."""
 
 
-class OutcomeReady(_Message):
+class OutcomeReady(_Message, TraceContext):
     """Command `outcome_ready`: start delivering `envelope`, or count a repeat of it (AC-CO-11)."""
 
     type: Literal["outcome_ready"] = "outcome_ready"
@@ -370,14 +371,14 @@ class OutcomeReady(_Message):
     """The outcome, in Gas City's wire format."""
 
 
-class CoordinatorAck(OutcomeAcknowledgement):
+class CoordinatorAck(OutcomeAcknowledgement, TraceContext):
     """Command `coordinator_ack`: an `OutcomeAcknowledgement` with the command's `type` tag."""
 
     type: Literal["coordinator_ack"] = "coordinator_ack"
     """The command name."""
 
 
-class GetOutcome(_Message):
+class GetOutcome(_Message, TraceContext):
     """Query `get_outcome`: the outcome's state, as the spec's `coordinator-outcome-state` query (AC-CO-3)."""
 
     type: Literal["get_outcome"] = "get_outcome"

@@ -3,8 +3,8 @@
 `actors/` is the Trio side: no function there takes a database connection and no SQL text lives there.
 `store/` owns every statement. `protocol/` is the wire and the host contracts: importing it loads no actor
 and no store module. Lower layers never import higher ones: protocol < store < actors < the facade
-(`onceflow/logs.py`, `onceflow/metrics.py` and `onceflow/tracing.py` are leaves every layer may use). Every module's docstring says
-which thread runs it.
+(`onceflow/logs.py`, `onceflow/metrics.py` and `onceflow/tracing.py` are leaves every layer may use).
+Every module's docstring says which thread runs it.
 """
 
 from __future__ import annotations

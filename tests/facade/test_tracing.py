@@ -249,8 +249,8 @@ async def test_coordinator_delivery_and_ack_attempts_are_spans_under_outcome_rea
         await ok(rt, {"type": "outcome_ready", "envelope": ENVELOPE})
         with trio.fail_after(20):
             await coordinator.until(lambda: len(coordinator.deliveries) == 2)
-        ack = {"store_ref": ENVELOPE["store_ref"], "outcome_id": ENVELOPE["outcome_id"],
-               "work_id": ENVELOPE["work_id"], "coordinator_fence": coordinator.fence, "acknowledged_by": "mayor"}  # fmt: skip
+        ack = {key: ENVELOPE[key] for key in ("store_ref", "outcome_id", "work_id")}
+        ack |= {"coordinator_fence": coordinator.fence, "acknowledged_by": "mayor"}
         await ok(rt, {"type": "coordinator_ack", **ack})
         with trio.fail_after(20):
             await coordinator.until(lambda: bool(coordinator.acks))

@@ -31,6 +31,7 @@ attribute dict or context is built at all.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from typing import Any, TypeAlias
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -92,23 +94,33 @@ class Tracing:
     """Where one runtime's spans go: the `tracer_provider` given to `open_runtime`, else the global one
     (`opentelemetry.trace.set_tracer_provider`, before or after the runtime opened)."""
 
-    __slots__ = ("_provider", "_tracer")
+    __slots__ = ("_settled", "_tracer")
 
     def __init__(self, provider: trace.TracerProvider | None = None) -> None:
-        self._provider = provider
         self._tracer: Tracer | None = None
-        if provider is not None and not isinstance(provider, _NO_RECORDING):
-            self._tracer = provider.get_tracer(NAME)
+        self._settled = False  # the provider is known for good: `_tracer` is the answer
+        if provider is not None:
+            self._settle(provider)
+        elif OTEL_PYTHON_TRACER_PROVIDER in os.environ:  # the API loads the one the environment names
+            self._settle(trace.get_tracer_provider())
 
     def tracer(self) -> Tracer | None:
-        """The tracer to start spans with, or None while nothing would record them (the fast path)."""
-        if self._tracer is not None or self._provider is not None:
+        """The tracer to start spans with, or None while nothing would record them (the fast path: an
+        attribute or two, no call into OpenTelemetry).
+
+        The global provider can be set once only (`set_tracer_provider` refuses a second), so once set it
+        is settled; until then it is OpenTelemetry's proxy, which records nothing."""
+        if self._settled:
             return self._tracer
-        provider = trace.get_tracer_provider()
-        if isinstance(provider, _NO_RECORDING):
+        provider = trace._TRACER_PROVIDER  # what `get_tracer_provider` reads, without its environment lookup
+        if provider is None:
             return None
-        self._tracer = provider.get_tracer(NAME)
+        self._settle(provider)
         return self._tracer
+
+    def _settle(self, provider: trace.TracerProvider) -> None:
+        self._tracer = None if isinstance(provider, _NO_RECORDING) else provider.get_tracer(NAME)
+        self._settled = True
 
 
 def current() -> Context:

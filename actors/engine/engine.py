@@ -14,7 +14,7 @@ import attrs
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from onceflow import tracing
+from onceflow import metrics, tracing
 from onceflow.actors.engine import guards, promotion
 from onceflow.actors.engine.common import publish_common
 from onceflow.actors.engine.entry import EntryPlans, StaleRow, plan_entry
@@ -290,6 +290,7 @@ class Engine:
     def _publish_entered(self, request: EntryRequest, entered: Entered, out: Outbox) -> None:
         """`step_entered`, then what a common entry committed whole in the admission."""
         key = entered.key
+        metrics.count_entry(request.workflow_id, request.target.id, request.path)
         out.emit(
             trusted.step_entered(
                 task_id=request.task.id,

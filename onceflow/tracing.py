@@ -15,7 +15,7 @@ Spans (tracer name `onceflow`; README, "Tracing"):
 (1) The OpenTelemetry context current where `Runtime.send` (or the asyncio bridge's `send`) was called, or
 the W3C `traceparent` the command carries (protocol/tracecontext.py), which wins. A command queued behind a
 busy task actor carries the context in its mailbox envelope; a WIP promotion's entry carries the context
-of the command that freed the slot. (2) An action the store ran inside a transaction (a common entry, a
+where the slot was freed (the entry, or command, that moved the task out). (2) An action the store ran inside a transaction (a common entry, a
 segment) gets a span timed as that transaction, made when its outcome is published. (3)
 `perform_session_action`, `start_code_review` or `preflight_transition`.
 
@@ -160,9 +160,9 @@ class CommandSpan:
 
     __slots__ = ("_span", "_token")
 
-    def __init__(self, tracer: Tracer, command: Any, kind: str) -> None:
+    def __init__(self, tracer: Tracer, command: Any, command_type: str) -> None:
         parent = _carried(command)
-        attributes: dict[str, AttributeValue] = {COMMAND: kind}
+        attributes: dict[str, AttributeValue] = {COMMAND: command_type}
         for field, key in _COMMAND_FIELDS:
             value = getattr(command, field, None)
             if isinstance(value, str | int) and value != "":
@@ -170,7 +170,8 @@ class CommandSpan:
         envelope = getattr(command, "envelope", None)  # outcome_ready names its outcome in the envelope
         if envelope is not None and isinstance(getattr(envelope, "outcome_id", None), str):
             attributes[OUTCOME_ID] = envelope.outcome_id
-        self._span = tracer.start_span(f"onceflow.command {kind}", context=parent, attributes=attributes)
+        name = f"onceflow.command {command_type}"
+        self._span = tracer.start_span(name, context=parent, attributes=attributes)
         self._token = otel_context.attach(trace.set_span_in_context(self._span, parent))
 
     def finish(self, reply: Any, error: BaseException | None = None) -> None:

@@ -29,7 +29,7 @@ from onceflow.store.writer import StoreActor
 from onceflow.tracing import Tracing
 
 Announced: TypeAlias = tuple[Promotion, Context | None]
-"""A committed promotion, with the trace context of the command that made it (None: not traced)."""
+"""A committed promotion, with the trace context current where it was made (None: not traced)."""
 
 
 @attrs.define

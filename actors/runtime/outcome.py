@@ -321,7 +321,9 @@ class OutcomeSupervisor:
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
     `redelivery_interval` is in seconds (ValueError unless finite and positive); `retry_policy` governs the
-    attempts inside one cycle (AC-CO-18); `clock` returns Unix seconds.
+    attempts inside one cycle (AC-CO-18); `clock` returns Unix seconds; `tracing` is where each attempt's
+    span goes (`onceflow.coordinator deliver|acknowledge`, under the span current when the outcome's actor
+    was started: its `outcome_ready` command's, or none for one resumed at start-up).
     """
 
     def __init__(

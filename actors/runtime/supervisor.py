@@ -100,6 +100,10 @@ class Runtime:
         outcome; every command is safe to send again (operation ids, idempotency keys, decision receipts and
         compare-and-set moves make a repeat a no-op or an idempotent replay), and `get_task` tells where the
         task stands.
+
+        Traced (a recording tracer, onceflow/tracing.py), a command that parsed is the span
+        `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
+        span current where `send` was called; a refusal sets its status ERROR, a cancellation ends it too.
         """
         name = "unknown"
         out = Outbox(self._hub)

@@ -238,6 +238,40 @@ async def test_a_command_queued_behind_a_busy_actor_keeps_its_senders_span(
     assert into_done.attributes is not None and into_done.attributes["onceflow.step_id"] == "done"
 
 
+WIP = """
+id: wip
+name: WIP
+steps:
+  - {id: backlog, name: Backlog, position: 0, is_start_step: true, allow_manual_move: true}
+  - {id: narrow, name: Narrow, position: 1, wip_limit: 1, allow_manual_move: true}
+  - {id: done, name: Done, position: 2, allow_manual_move: true}
+"""
+
+
+async def test_a_promoted_entry_is_traced_under_the_entry_that_freed_the_slot(
+    db_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async with open_runtime(db_path, tracer_provider=provider) as rt:
+        await register(rt, WIP)
+        for task in ("T1", "T2"):
+            await ok(rt, {"type": "create_task", "task_id": task, "workflow_id": "wip"})
+            await ok(rt, {"type": "move_task", "task_id": task, "step_id": "narrow"})  # T2 is queued
+        exporter.clear()
+        await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "done"})
+        await trio.testing.wait_all_tasks_blocked()  # T2's promoted entry is dispatched on a task of its own
+    spans = exporter.get_finished_spans()
+    command = one(spans, "onceflow.command move_task")
+    entries = {
+        span.attributes["onceflow.entry_path"]: span
+        for span in named(spans, "onceflow.entry")
+        if span.attributes
+    }
+    assert set(entries) == {"E2", "E3"}
+    assert entries["E3"].attributes is not None and entries["E3"].attributes["onceflow.task_id"] == "T2"
+    assert parent_of(entries["E2"]) == command.context.span_id
+    assert parent_of(entries["E3"]) == entries["E2"].context.span_id  # T1's entry freed the slot
+
+
 async def test_coordinator_delivery_and_ack_attempts_are_spans_under_outcome_ready(
     db_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:

@@ -7,7 +7,7 @@ Spans (tracer name `onceflow`; README, "Tracing"):
 | name | parent | what it covers |
 |---|---|---|
 | `onceflow.command <type>` | the sender's span (1) | one command, from its parse to its reply |
-| `onceflow.entry` | the command | one step entry: preflight, admission, on_exit, on_enter dispatch |
+| `onceflow.entry` | the command (1) | one step entry: preflight, admission, on_exit, on_enter dispatch |
 | `onceflow.action <type>` | the entry or command | one engine-owned action (2) |
 | `onceflow.host <method>` | the entry, action or command | one call of the host (3) |
 | `onceflow.coordinator <method>` | the `outcome_ready` command | one attempt of `deliver` or `acknowledge` |
@@ -15,9 +15,9 @@ Spans (tracer name `onceflow`; README, "Tracing"):
 (1) The OpenTelemetry context current where `Runtime.send` (or the asyncio bridge's `send`) was called, or
 the W3C `traceparent` the command carries (protocol/tracecontext.py), which wins. A command queued behind a
 busy task actor carries the context in its mailbox envelope; a WIP promotion's entry carries the context
-where the slot was freed (the entry, or command, that moved the task out). (2) An action the store ran inside a transaction (a common entry, a
-segment) gets a span timed as that transaction, made when its outcome is published. (3)
-`perform_session_action`, `start_code_review` or `preflight_transition`.
+where the slot was freed (the entry, or command, that moved the task out). (2) An action the store ran
+inside a transaction (a common entry, a segment) gets a span timed as that transaction, made when its
+outcome is published. (3) `perform_session_action`, `start_code_review` or `preflight_transition`.
 
 Attributes, where known: `onceflow.task_id`, `onceflow.workflow_id`, `onceflow.step_id`,
 `onceflow.entry_seq`, `onceflow.entry_path`, `onceflow.operation_id`, `onceflow.run_id`,

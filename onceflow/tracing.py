@@ -142,11 +142,27 @@ def attached(parent: Context | None) -> Iterator[None]:
 
 
 @contextmanager
-def span(tracer: Tracer, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
+def span(
+    tracer: Tracer,
+    name: str,
+    attributes: Mapping[str, AttributeValue],
+    *,
+    benign: tuple[type[BaseException], ...] = (),
+) -> Iterator[Span]:
     """A span, current inside the block, child of the current one; an exception leaving the block is
-    recorded on it with status ERROR (and passes on)."""
-    with tracer.start_as_current_span(name, attributes=attributes) as started:
-        yield started
+    recorded on it with status ERROR (and passes on), unless it is one of `benign` (no failure: e.g. a
+    stale cached row, read again)."""
+    with tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as started:
+        try:
+            yield started
+        except benign:
+            raise
+        except BaseException as exc:
+            started.record_exception(exc)
+            started.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
 
 
 def ids(**values: Any) -> Attributes:

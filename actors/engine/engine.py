@@ -155,7 +155,7 @@ class Engine:
         attributes = tracing.ids(
             task_id=task.id, workflow_id=workflow.id, step_id=target.id, entry_path=path, trigger=trigger
         )
-        with tracing.span(tracer, "onceflow.entry", attributes) as span:
+        with tracing.span(tracer, "onceflow.entry", attributes, benign=(StaleRow,)) as span:
             try:
                 return await self._enter_step(task, workflow, target, path, trigger, out, cached, tracer)
             except StaleRow:  # not a failure: the caller reads the row afresh and enters again

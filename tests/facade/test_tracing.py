@@ -196,6 +196,27 @@ async def test_a_trigger_action_and_a_refusal(
     assert parent_of(failed) is None  # no span was current: a new trace
 
 
+async def test_a_host_call_that_raises_is_recorded_on_its_span(
+    db_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    class FailingHost(RecordingHost):
+        async def perform_session_action(self, request: Any) -> None:
+            raise RuntimeError("session backend down")
+
+    async with open_runtime(db_path, host=FailingHost(), tracer_provider=provider) as rt:
+        await setup(rt)
+        reply = await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "work"})
+    assert any(e.type == "diagnostic" and e.code == "session_action_failed" for e in reply.events)
+    spans = exporter.get_finished_spans()
+    failed = one(spans, "onceflow.host perform_session_action")
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.status.description == "RuntimeError: session backend down"
+    assert [event.name for event in failed.events] == ["exception"]
+    entry = one(spans, "onceflow.entry")
+    assert entry.status.status_code == StatusCode.UNSET  # the entry stands (AC-C4)
+    assert parent_of(failed) == entry.context.span_id
+
+
 async def test_a_command_queued_behind_a_busy_actor_keeps_its_senders_span(
     db_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:

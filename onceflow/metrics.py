@@ -20,9 +20,9 @@ its own readers. Names and units (README, "Metrics"):
 
 (1) `change`: claimed, finished, retry_scheduled, failed, cancelled, lease_expired.
 (2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes (store/retention.py).
-(3) Observed from the latest count the runtime read (actors/runtime/run_gauges.py: one grouped query every
-`run_gauge_interval` seconds, only while a meter provider with an SDK is set); an agent profile whose runs
-are all gone reads 0. With several runtimes in one process, each reports its database's counts.
+(3) The latest count the runtime read (actors/runtime/run_gauges.py: one grouped query at start with an SDK,
+then one after each collection, so a collection shows the counts as of the one before); an agent profile
+whose runs are all gone reads 0. With several runtimes in one process, each reports its database's counts.
 """
 
 from __future__ import annotations
@@ -105,6 +105,8 @@ def count_event(event: Event) -> None:
 
 _open_runs: dict[int, Mapping[tuple[str, str], int]] = {}
 """The latest open-run counts, {(status, agent_profile_id): runs}, per reporting runtime (by its id)."""
+_readers: dict[int, Callable[[], None]] = {}
+"""Per runtime (by its id): asks it for a fresh reading of its counts (callable from any thread)."""
 
 
 def recording() -> bool:
@@ -120,13 +122,23 @@ def report_open_runs(owner: object, counts: Mapping[tuple[str, str], int]) -> No
     _open_runs[id(owner)] = {**dict.fromkeys(before, 0), **counts}
 
 
+def watch_open_runs(owner: object, ask: Callable[[], None]) -> None:
+    """Have each collection of the gauges call `ask` (from the reader's thread): `owner` then reads its
+    counts afresh for the next one."""
+    _readers[id(owner)] = ask
+
+
 def forget_open_runs(owner: object) -> None:
     """`owner` (a runtime) closed: its counts are no longer observed."""
     _open_runs.pop(id(owner), None)
+    _readers.pop(id(owner), None)
 
 
 def _observe(status: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def observe(_: CallbackOptions) -> Iterable[Observation]:
+        if status == "queued":  # once per collection (both gauges are collected together)
+            for ask in list(_readers.values()):
+                ask()
         for counts in list(_open_runs.values()):
             for (kind, agent), count in counts.items():
                 if kind == status:

@@ -28,7 +28,7 @@ from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger, prune_forever
-from onceflow.actors.runtime.run_gauges import RUN_GAUGE_INTERVAL, gauge_open_runs_forever
+from onceflow.actors.runtime.run_gauges import gauge_open_runs_forever
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
@@ -67,7 +67,6 @@ async def open_runtime(
     retention: float = DEFAULT_RETENTION,
     retention_every: int = RETENTION_EVERY,
     tracer_provider: TracerProvider | None = None,
-    run_gauge_interval: float = RUN_GAUGE_INTERVAL,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -110,9 +109,6 @@ async def open_runtime(
 
     - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; README, "Tracing"); None: the
       global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK nothing is recorded.
-    - `run_gauge_interval`: seconds between two counts of the queued and claimed runs the
-      `onceflow.runs.queued` / `onceflow.runs.claimed` gauges show (actors/runtime/run_gauges.py; only
-      while a meter provider with an SDK is set).
 
     The ledger is created here, before the runtime object, and lives exactly as long as the runtime.
 
@@ -130,7 +126,6 @@ async def open_runtime(
     busy_timeout = seconds("busy_timeout", busy_timeout)
     epoch_sweep_interval = seconds("epoch_sweep_interval", epoch_sweep_interval)
     lease_sweep_interval = seconds("lease_sweep_interval", lease_sweep_interval)
-    run_gauge_interval = seconds("run_gauge_interval", run_gauge_interval)
     retention = retention_seconds(retention)
     if isinstance(retention_every, bool) or not isinstance(retention_every, int) or retention_every < 1:
         raise ValueError(f"retention_every must be a positive integer, got {retention_every!r}")
@@ -204,9 +199,7 @@ async def open_runtime(
                             await task_nursery.start(prune_forever, runtime.services, retention, trigger)
                         )
                         background.append(
-                            await task_nursery.start(
-                                gauge_open_runs_forever, runtime.services, runtime, run_gauge_interval
-                            )
+                            await task_nursery.start(gauge_open_runs_forever, runtime.services, runtime)
                         )
                         yield runtime
                     finally:

@@ -74,8 +74,8 @@ async def test_issue13_metrics_count_entries_runs_commits_and_recovered_entries(
 async def test_the_queued_and_claimed_run_gauges_count_open_runs_by_agent_profile(
     db_path: Path, clock: FakeClock, metric_reader: InMemoryMetricReader
 ) -> None:
-    """The gauges read the database's open runs every `run_gauge_interval` seconds; an agent profile whose
-    runs are gone reads 0; a closed runtime is no longer observed."""
+    """Each collection reports the open runs the runtime last counted and has it count afresh; an agent
+    profile whose runs are gone reads 0; a closed runtime is no longer observed."""
 
     def gauges() -> dict[tuple[str, str], float]:
         points = metric_points(metric_reader)
@@ -91,7 +91,7 @@ async def test_the_queued_and_claimed_run_gauges_count_open_runs_by_agent_profil
                 await trio.sleep(0.01)
 
     beat = {"type": "heartbeat", "task_id": "T1", "step_id": "work"}
-    async with open_runtime(db_path, clock=clock, run_gauge_interval=0.01) as rt:
+    async with open_runtime(db_path, clock=clock) as rt:
         await register(rt, METERED)
         for task, agent in (("T1", "worker"), ("T2", "other")):
             await ok(rt, {"type": "create_task", "task_id": task, "workflow_id": "metered",

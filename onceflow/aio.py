@@ -9,7 +9,9 @@
 (`TrioToken.run_sync_soon`, first in first out) and answers come back through
 `loop.call_soon_threadsafe`, so the asyncio loop never blocks on the runtime and the runtime never
 waits on asyncio. The coroutine methods of a `Host` or `Coordinator` passed in run on the caller's asyncio
-loop (onceflow/aio_hosts.py), unless `host_loop="trio"` says they are Trio code.
+loop (onceflow/aio_hosts.py), unless `host_loop="trio"` says they are Trio code. The
+OpenTelemetry context current where `send` is called goes with the command: the caller's span is the
+parent of the command's span.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 
 import trio
+from opentelemetry.context import Context
 from pydantic import BaseModel
 
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
+from onceflow import tracing
 from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
@@ -118,7 +122,8 @@ class AsyncioRuntime:
         """
         future: asyncio.Future[Reply] = self._loop.create_future()
         self._pending.add(future)
-        if not self._call_in_trio(self._start_command, command, future):
+        context = tracing.current()  # the caller's span is the command span's parent (onceflow/tracing.py)
+        if not self._call_in_trio(self._start_command, command, future, context):
             self._answer(future, _shutting_down(command))
         return future
 
@@ -178,16 +183,17 @@ class AsyncioRuntime:
         self._host_calls.close()
         self._stop.set()
 
-    def _start_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+    def _start_command(self, command: Any, future: asyncio.Future[Reply], context: Context) -> None:
         if not self._accepting or self._commands is None:
             self._call_in_asyncio(self._answer, future, _shutting_down(command))
             return
-        self._commands.start_soon(self._run_command, command, future)
+        self._commands.start_soon(self._run_command, command, future, context)
 
-    async def _run_command(self, command: Any, future: asyncio.Future[Reply]) -> None:
+    async def _run_command(self, command: Any, future: asyncio.Future[Reply], context: Context) -> None:
         assert self._runtime is not None
         try:
-            reply = await self._runtime.send(command)
+            with tracing.attached(context):
+                reply = await self._runtime.send(command)
         except Exception as exc:  # Runtime.send never raises; if it ever does, the caller still hears
             reply = Reply(command="unknown", ok=False, error=ErrorInfo(code="internal", message=repr(exc)))
         self._call_in_asyncio(self._answer, future, reply)

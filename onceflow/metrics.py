@@ -7,22 +7,31 @@ its own readers. Names and units (README, "Metrics"):
 
 | name | kind | unit | attributes | what it counts |
 |---|---|---|---|---|
-| `onceflow.step_entries` | counter | `{entry}` | `entry_path` (E1..E5) | step entries admitted |
+| `onceflow.step_entries` | counter | `{entry}` | `workflow_id`, `step_id`, `entry_path` | entries admitted |
 | `onceflow.runs` | counter | `{run}` | `result` (queued, coalesced, suppressed) | run enqueues by result |
 | `onceflow.store.commit.duration` | histogram | `s` | | one group commit, BEGIN to durable COMMIT |
 | `onceflow.store.commit.batch_size` | histogram | `{transaction}` | | store requests sharing that commit |
-| `onceflow.recovery.open_entries` | counter | `{entry}` | | open entries the startup scan found |
+| `onceflow.recovery.open_entries` | counter | `{entry}` | `workflow_id`, `step_id` | open entries found |
 | `onceflow.outcomes` | counter | `{outcome}` | `phase` | outcomes entering each delivery phase |
 | `onceflow.run_changes` | counter | `{run}` | `change` | a run's life after its enqueue (1) |
 | `onceflow.retention.deleted` | counter | `{row}` | `kind` | rows retention deleted (2) |
+| `onceflow.runs.queued` | gauge | `{run}` | `agent_profile_id` | runs waiting to be claimed (3) |
+| `onceflow.runs.claimed` | gauge | `{run}` | `agent_profile_id` | runs claimed, not yet resolved (3) |
 
 (1) `change`: claimed, finished, retry_scheduled, failed, cancelled, lease_expired.
 (2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes (store/retention.py).
+(3) The latest count the runtime read (actors/runtime/run_gauges.py: one grouped query at start with an SDK,
+then one after each collection, so a collection shows the counts as of the one before); an agent profile
+whose runs are all gone reads 0. With several runtimes in one process, each reports its database's counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, NoOpMeterProvider, Observation
+from opentelemetry.metrics._internal import _ProxyMeterProvider  # the API's stand-in until one is set
 
 from onceflow.protocol.events import Event
 
@@ -75,16 +84,78 @@ _RUN_CHANGES = {
     "run_lease_expired": "lease_expired",
 }
 
-COUNTED_EVENTS = frozenset(("step_entered", *_RUN_RESULTS, *_RUN_CHANGES))
+COUNTED_EVENTS = frozenset((*_RUN_RESULTS, *_RUN_CHANGES))
 """The event types `count_event` counts: an emitter may skip the call for any other."""
 
 
+def count_entry(workflow_id: str, step_id: str, entry_path: str) -> None:
+    """Count one admitted step entry (as its `step_entered` event is emitted: the event names no
+    workflow)."""
+    STEP_ENTRIES.add(1, {"workflow_id": workflow_id, "step_id": step_id, "entry_path": entry_path})
+
+
 def count_event(event: Event) -> None:
-    """Count a committed event: a step entry, a run enqueue or a change of a run. Called for every event
-    the runtime emits; other events count nothing."""
-    if event.type == "step_entered":
-        STEP_ENTRIES.add(1, {"entry_path": event.entry_path})
-    elif event.type in _RUN_RESULTS:
+    """Count a committed event: a run enqueue or a change of a run. Called for every event the runtime
+    emits; other events count nothing."""
+    if event.type in _RUN_RESULTS:
         RUNS.add(1, {"result": _RUN_RESULTS[event.type]})
     elif event.type in _RUN_CHANGES:
         RUN_CHANGES.add(1, {"change": _RUN_CHANGES[event.type]})
+
+
+_open_runs: dict[int, Mapping[tuple[str, str], int]] = {}
+"""The latest open-run counts, {(status, agent_profile_id): runs}, per reporting runtime (by its id)."""
+_readers: dict[int, Callable[[], None]] = {}
+"""Per runtime (by its id): asks it for a fresh reading of its counts (callable from any thread)."""
+
+
+def recording() -> bool:
+    """Whether a meter provider with an SDK is set (instruments then export; before that they are
+    no-ops, and nothing needs counting)."""
+    return not isinstance(metrics.get_meter_provider(), _ProxyMeterProvider | NoOpMeterProvider)
+
+
+def report_open_runs(owner: object, counts: Mapping[tuple[str, str], int]) -> None:
+    """Replace `owner`'s open-run counts ({(status, agent_profile_id): runs}); a pair it reported before and
+    no longer has reads 0. Any thread (the gauges read them on the reader's)."""
+    before = _open_runs.get(id(owner), {})
+    _open_runs[id(owner)] = {**dict.fromkeys(before, 0), **counts}
+
+
+def watch_open_runs(owner: object, ask: Callable[[], None]) -> None:
+    """Have each collection of the gauges call `ask` (from the reader's thread): `owner` then reads its
+    counts afresh for the next one."""
+    _readers[id(owner)] = ask
+
+
+def forget_open_runs(owner: object) -> None:
+    """`owner` (a runtime) closed: its counts are no longer observed."""
+    _open_runs.pop(id(owner), None)
+    _readers.pop(id(owner), None)
+
+
+def _observe(status: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def observe(_: CallbackOptions) -> Iterable[Observation]:
+        if status == "queued":  # once per collection (both gauges are collected together)
+            for ask in list(_readers.values()):
+                ask()
+        for counts in list(_open_runs.values()):
+            for (kind, agent), count in counts.items():
+                if kind == status:
+                    yield Observation(count, {"agent_profile_id": agent})
+
+    return observe
+
+
+QUEUED_RUNS = _meter.create_observable_gauge(
+    "onceflow.runs.queued",
+    callbacks=[_observe("queued")],
+    unit="{run}",
+    description="Runs waiting to be claimed, by agent profile.",
+)
+CLAIMED_RUNS = _meter.create_observable_gauge(
+    "onceflow.runs.claimed",
+    callbacks=[_observe("claimed")],
+    unit="{run}",
+    description="Runs claimed and not yet resolved, by agent profile.",
+)

@@ -21,10 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from onceflow.protocol import errors, limits, results
+from onceflow.protocol import errors, limits, results, tracecontext
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event, Reply
+from onceflow.protocol.tracecontext import TRACE_FIELDS
 from onceflow.serve import MAX_ID_LENGTH, IdleTimeoutError, ServeOptions, SlowConsumerError
 
 PAGE = "docs/protocol.md"
@@ -183,14 +184,28 @@ def _reply() -> str:
 
 def _commands() -> str:
     defs = COMMAND_ADAPTER.json_schema()["$defs"]
-    parts = ["## Commands"]
+    parts = ["## Commands", _trace_context(defs)]
     for model in COMMAND_TYPES:
         schema = defs[model.__name__]
         tag = _tag(model)
         result = _python_type(results.RESULTS[tag])
-        parts += [f"### `{tag}`", _paragraphs(schema.get("description", "")), _fields(schema, skip="type")]
+        skip = ("type", *TRACE_FIELDS)
+        parts += [f"### `{tag}`", _paragraphs(schema.get("description", "")), _fields(schema, skip=skip)]
         parts.append(f"**Result:** {result}.")
     return "\n\n".join(parts)
+
+
+def _trace_context(defs: Mapping[str, Any]) -> str:
+    """The trace context fields, said once: every command has them (protocol/tracecontext.py)."""
+    schema = defs[COMMAND_TYPES[0].__name__]
+    fields = {"properties": {name: schema["properties"][name] for name in TRACE_FIELDS}}
+    text = _paragraphs(inspect.getdoc(tracecontext) or "").split("\n\n", 1)[1]
+    intro = (
+        "Every command below also accepts the two trace context fields, left out of its table: "
+        + ", ".join(f"`{name}`" for name in TRACE_FIELDS)
+        + "."
+    )
+    return "\n\n".join(["### Trace context", intro, text, _fields(fields)])
 
 
 def _events() -> str:
@@ -295,7 +310,7 @@ def _link(model: type[BaseModel] | str) -> str:
     return f"[{label}](#{_anchor(name)})"
 
 
-def _fields(schema: Mapping[str, Any], skip: str = "", *, host_sends: bool = True) -> str:
+def _fields(schema: Mapping[str, Any], skip: tuple[str, ...] | str = (), *, host_sends: bool = True) -> str:
     """A table of the model's fields: name, type with bounds, default (or required), description. A model
     the runtime sends (`host_sends=False`: replies, events, results) has every field present, so it gets
     no default column."""
@@ -304,7 +319,7 @@ def _fields(schema: Mapping[str, Any], skip: str = "", *, host_sends: bool = Tru
     if not host_sends:
         lines = ["| Field | Type | Description |", "| --- | --- | --- |"]
     for name, prop in schema.get("properties", {}).items():
-        if name == skip:
+        if name in ((skip,) if isinstance(skip, str) else skip):
             continue
         cells = [f"`{name}`", _schema_type(prop)]
         if host_sends:

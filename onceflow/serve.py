@@ -75,6 +75,7 @@ from typing import Any
 
 import attrs
 import trio
+from opentelemetry.trace import TracerProvider
 
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -629,11 +630,14 @@ async def serve(
     socket_path: Path | None = None,
     options: ServeOptions = ServeOptions(),
     switch_interval: float | None = SWITCH_INTERVAL,
+    tracer_provider: TracerProvider | None = None,
 ) -> int:
     """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
     connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
     clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
-    serving (`open_runtime`; the process is the server's own), None for Python's.
+    serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
+    the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
+    `traceparent` is its command span's parent (onceflow/tracing.py).
 
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
@@ -642,7 +646,9 @@ async def serve(
         listener = None if socket_path is None else await _bind(socket_path, options.backlog)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
-            async with open_runtime(db, switch_interval=switch_interval) as runtime:
+            async with open_runtime(
+                db, switch_interval=switch_interval, tracer_provider=tracer_provider
+            ) as runtime:
                 if not await _register(runtime, workflows):
                     return 1
                 async with trio.open_nursery() as everything:

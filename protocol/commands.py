@@ -28,6 +28,7 @@ from onceflow.protocol.limits import (
 from onceflow.protocol.outcome import CoordinatorAck as CoordinatorAck  # re-exported: the outcome commands
 from onceflow.protocol.outcome import GetOutcome as GetOutcome
 from onceflow.protocol.outcome import OutcomeReady as OutcomeReady
+from onceflow.protocol.tracecontext import TraceContext
 
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 """A required identifier."""
@@ -42,9 +43,13 @@ Role = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
 Priority = Literal["critical", "high", "medium", "low"]
 
 
-class _Command(BaseModel):
+class _Model(BaseModel):
     # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class _Command(_Model, TraceContext):
+    """A command: its own fields and the trace context every command may carry (`tracecontext.py`)."""
 
 
 class RegisterWorkflow(_Command):
@@ -337,7 +342,7 @@ class BlockersResolved(_Command):
     """The task whose blockers are resolved."""
 
 
-class ChildRow(_Command):
+class ChildRow(_Model):
     """One child of the parent: its task state and, optionally, where it sits (`workflow_id` + `step_id`).
 
     Without a place the runtime uses the child's own task row when the child is one of its tasks. The

@@ -19,6 +19,11 @@ characters. A trigger's operation id is built from ids and is remembered for the
 ID_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]*$"
 """No C0 or C1 control character and no DEL (a newline in an id could forge a log or trace line)."""
 
+MAX_TRACESTATE_CHARS = 8_192
+"""A command's W3C `tracestate` (protocol/tracecontext.py): at most this many printable ASCII characters
+(32 list members of a 256-character key and value each would need more; the W3C spec asks that at least 512
+be propagated)."""
+
 MAX_TEXT_CHARS = 16_384
 """Free text (titles, decision comments): at most this many characters."""
 

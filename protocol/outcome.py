@@ -37,6 +37,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN
 from onceflow.protocol.times import RFC3339_UTC
+from onceflow.protocol.tracecontext import TraceContext
 
 CONTRACT_VERSION = 1
 
@@ -363,7 +364,7 @@ class OutcomeAcknowledgement(_Message):
 
 
 # AC-CO-11.
-class OutcomeReady(_Message):
+class OutcomeReady(_Message, TraceContext):
     """Command `outcome_ready`: start delivering `envelope`, or count a repeat of it."""
 
     type: Literal["outcome_ready"] = "outcome_ready"
@@ -372,7 +373,7 @@ class OutcomeReady(_Message):
     """The outcome, in Gas City's wire format."""
 
 
-class CoordinatorAck(OutcomeAcknowledgement):
+class CoordinatorAck(OutcomeAcknowledgement, TraceContext):
     """Command `coordinator_ack`: an `OutcomeAcknowledgement` with the command's `type` tag."""
 
     type: Literal["coordinator_ack"] = "coordinator_ack"
@@ -380,7 +381,7 @@ class CoordinatorAck(OutcomeAcknowledgement):
 
 
 # The coordinator-outcome-state query of AC-CO-3.
-class GetOutcome(_Message):
+class GetOutcome(_Message, TraceContext):
     """Query `get_outcome`: the outcome's durable state (phase, attempts, receipt, acknowledgement)."""
 
     type: Literal["get_outcome"] = "get_outcome"

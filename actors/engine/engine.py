@@ -11,7 +11,10 @@ Sources: kandev-engine-notes.md "Trigger handling", "Quorum guards"; on-enter-ac
 from __future__ import annotations
 
 import attrs
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
+from onceflow import metrics, tracing
 from onceflow.actors.engine import guards, promotion
 from onceflow.actors.engine.common import publish_common
 from onceflow.actors.engine.entry import EntryPlans, StaleRow, plan_entry
@@ -146,13 +149,46 @@ class Engine:
         row is cached; any other outcome forgets it. `trigger` and `operation_id` (the command's or
         trigger's, "" for none) go into the task history's transition item (store/history.py).
 
+        Traced (a recording tracer), it is the span `onceflow.entry` (onceflow/tracing.py), its end in
+        `onceflow.entry.result`.
+
         Raises:
             TransitionRefusedError: the host's preflight refused (field step_id); nothing was written.
             TransitionFailedError, StorageError: the admission failed; nothing was written.
             StaleRow: `cached`, and the row was stale; nothing was written.
         """
+        tracer = self.services.tracing.tracer()
+        if tracer is None:
+            return await self._enter_step(
+                task, workflow, target, path, trigger, out, cached, operation_id, None
+            )
+        attributes = tracing.ids(
+            task_id=task.id, workflow_id=workflow.id, step_id=target.id, entry_path=path, trigger=trigger
+        )
+        with tracing.span(tracer, "onceflow.entry", attributes, benign=(StaleRow,)) as span:
+            try:
+                return await self._enter_step(
+                    task, workflow, target, path, trigger, out, cached, operation_id, tracer
+                )
+            except StaleRow:  # not a failure: the caller reads the row afresh and enters again
+                span.set_attribute(tracing.ENTRY_RESULT, "stale_row")
+                raise
+
+    async def _enter_step(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        target: Step,
+        path: EntryPath,
+        trigger: str,
+        out: Outbox,
+        cached: bool,
+        operation_id: str,
+        tracer: Tracer | None,
+    ) -> bool:
+        """`enter_step`'s work, inside its span when `tracer` is given."""
         if self._asks_preflight:  # the default host's preflight accepts everything: not even a coroutine
-            await self._preflight(task, target, cached)
+            await self._preflight(task, target, cached, tracer)
         request, on_exit = plan_entry(
             self.services,
             self._plans,
@@ -164,7 +200,14 @@ class Engine:
             trigger=trigger,
             operation_id=operation_id,
         )
+        started = tracing.now() if tracer is not None else 0
         entered = await self._commit(request)
+        admitted = (started, tracing.now()) if tracer is not None else None
+        if tracer is not None:
+            span = trace.get_current_span()
+            span.set_attribute(tracing.ENTRY_RESULT, entered.outcome)
+            if entered.key is not None:
+                span.set_attribute(tracing.ENTRY_SEQ, entered.key.entry_seq)
         if entered.outcome == "stale":
             raise StaleRow(task.id)
         if entered.outcome == "abandoned":
@@ -201,22 +244,32 @@ class Engine:
         if entered.outcome == "queued":
             out.emit(TaskQueued(task_id=task.id, step_id=target.id))
         else:
+            mark = len(out.events)
             self._publish_entered(request, entered, out)
+            if tracer is not None and admitted is not None and isinstance(entered.first, Admitted):
+                tracing.action_spans(tracer, out.events[mark:], *admitted, _entry_ids(entered.key, path))
             if not isinstance(entered.first, Admitted):
-                await self.dispatch_entry(
-                    request.entered, workflow, target, entered.key, path, out, entered.first
+                await self._dispatch_entry(
+                    request.entered, workflow, target, entered.key, path, out, entered.first, admitted
                 )
         admitted_to = target if entered.outcome == "admitted" else None
         await promotion.promote_after_move(self.services, task, workflow, admitted_to)
         return True
 
-    async def _preflight(self, task: TaskRecord, target: Step, cached: bool) -> None:
+    async def _preflight(self, task: TaskRecord, target: Step, cached: bool, tracer: Tracer | None) -> None:
         """Ask the host whether the task may leave its step for `target` (not called for a host that accepts
-        every transition). Raises TransitionRefusedError (field step_id), or StaleRow for a cached row."""
+        every transition), in the span `onceflow.host preflight_transition` when traced. Raises
+        TransitionRefusedError (field step_id), or StaleRow for a cached row."""
         try:
-            await self.services.host.preflight_transition(
+            call = self.services.host.preflight_transition(
                 task_id=task.id, from_step=task.step_id, to_step=target.id
             )
+            if tracer is None:
+                await call
+            else:
+                attributes = tracing.ids(task_id=task.id, step_id=task.step_id, to_step_id=target.id)
+                with tracing.span(tracer, "onceflow.host preflight_transition", attributes):
+                    await call
         except Exception as exc:
             if cached:  # perhaps refused for a stale source step: ask again with the committed row
                 raise StaleRow(task.id) from exc
@@ -260,6 +313,7 @@ class Engine:
     def _publish_entered(self, request: EntryRequest, entered: Entered, out: Outbox) -> None:
         """`step_entered`, then what a common entry committed whole in the admission."""
         key = entered.key
+        metrics.count_entry(request.workflow_id, request.target.id, request.path)
         out.emit(
             trusted.step_entered(
                 task_id=request.task.id,
@@ -286,9 +340,36 @@ class Engine:
         admission). Never raises an error (a cancellation passes through, leaving the entry open for the
         next recovery scan): the transition stands whatever its actions do (AC-C4), and an entry left open
         is resumed by the next start's recovery scan. A failure (a storage fault included) is logged and
-        reported as an `on_enter_dispatch_failed` diagnostic, never silent."""
+        reported as an `on_enter_dispatch_failed` diagnostic, never silent. Traced, it is the span
+        `onceflow.entry` (a promoted entry's dispatch: `enter_step` dispatches inside its own)."""
+        tracer = self.services.tracing.tracer()
+        if tracer is None:
+            return await self._dispatch_entry(task, workflow, step, key, path, out, first, None)
+        attributes = tracing.ids(
+            task_id=task.id,
+            workflow_id=workflow.id,
+            step_id=step.id,
+            entry_path=path,
+            entry_seq=key.entry_seq if key else None,
+        )
+        with tracing.span(tracer, "onceflow.entry", attributes):
+            await self._dispatch_entry(task, workflow, step, key, path, out, first, None)
+
+    async def _dispatch_entry(
+        self,
+        task: TaskRecord,
+        workflow: Workflow,
+        step: Step,
+        key: EntryKey | None,
+        path: EntryPath,
+        out: Outbox,
+        first: SegmentResult | None,
+        admitted: tuple[int, int] | None,
+    ) -> None:
+        """`dispatch_entry`'s work; `admitted`: when the admission that ran `first` started and ended (Unix
+        ns), traced."""
         try:
-            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run(first)
+            await OnEnterDispatch(self.services, task, workflow, step, key, path, out).run(first, admitted)
         except Exception as exc:
             out.diagnostic(  # logged at ERROR too
                 "error",
@@ -302,3 +383,8 @@ class Engine:
     async def promote(self, workflow: Workflow, step: Step) -> int:
         """Admit candidates into `step` while it has room (`promotion.promote`); how many were promoted."""
         return await promotion.promote(self.services, workflow, step)
+
+
+def _entry_ids(key: EntryKey | None, path: EntryPath) -> tracing.Attributes:
+    """The attributes an entry's action spans share."""
+    return tracing.ids(entry_seq=key.entry_seq if key else None, entry_path=path)

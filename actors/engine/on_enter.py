@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 import attrs
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
+from onceflow import tracing
 from onceflow.actors.engine.order import Chunk, dispatch_order, plan_chunks
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import SessionOutcome, request_session_action
@@ -60,15 +63,24 @@ class OnEnterDispatch:
     path: EntryPath
     out: Outbox
 
-    async def run(self, first: SegmentResult | None = None) -> None:
+    async def run(self, first: SegmentResult | None = None, admitted: tuple[int, int] | None = None) -> None:
         """Dispatch the entry. `first` is the result of the leading segment when the admitting transaction
-        already ran it (see `leading_segment`); it is published and dispatch goes on after it."""
+        already ran it (see `leading_segment`); it is published and dispatch goes on after it.
+
+        Traced (a recording tracer), each engine-owned action gets a span `onceflow.action <type>`: timed as
+        the transaction that ran it for a segment (`admitted`: when the admission that ran `first` started
+        and ended, Unix ns), around its claim, host call and completion for an external one."""
         declaration = self.step.events.on_enter  # read once for the whole dispatch
+        tracer = self.services.tracing.tracer()
         chunks, last_engine = self._plan()
         start = 0
         digest_pending = self.key is not None
         if first is not None:
-            if not self.publish_segment(first):
+            mark = len(self.out.events)
+            published = self.publish_segment(first)
+            if tracer is not None and admitted is not None:
+                tracing.action_spans(tracer, self.out.events[mark:], *admitted, self._ids())
+            if not published:
                 return
             start, digest_pending = 1, False
         elif digest_pending and (not chunks or chunks[0][0] != "segment"):
@@ -88,14 +100,19 @@ class OnEnterDispatch:
                 continue
             assert self.key is not None
             if kind == "external":
-                if await self._external_action(self.key, *actions[0]) == "stop":
+                if await self._traced_external(tracer, self.key, *actions[0]) == "stop":
                     return
                 continue
             segment = self.segment(actions, check_digest=digest_pending, finish=index == last_engine)
             store = self.services.store
+            started = tracing.now() if tracer is not None else 0
             result = await store.transact(run_segment, segment, store, self.services.now())
             digest_pending = False
-            if not self.publish_segment(result):
+            mark, ended = len(self.out.events), tracing.now() if tracer is not None else 0
+            published = self.publish_segment(result)
+            if tracer is not None:
+                tracing.action_spans(tracer, self.out.events[mark:], started, ended, self._ids())
+            if not published:
                 return
         if self.key is not None and (last_engine < 0 or chunks[last_engine][0] == "external"):
             await self._finish_if_terminal(self.key, declaration)
@@ -234,8 +251,28 @@ class OnEnterDispatch:
             skipped=skipped,
         )
 
+    def _ids(self) -> tracing.Attributes:
+        """The attributes this entry's spans share."""
+        return tracing.ids(
+            task_id=self.task.id,
+            step_id=self.step.id,
+            entry_seq=self.key.entry_seq if self.key is not None else None,
+            entry_path=self.path,
+        )
+
+    async def _traced_external(
+        self, tracer: Tracer | None, key: EntryKey, position: int, action: ActionDecl
+    ) -> Literal["next", "stop"]:
+        """`_external_action`, in the span `onceflow.action <type>` when traced."""
+        if tracer is None:
+            return await self._external_action(key, position, action, None)
+        attributes = {**self._ids(), tracing.ACTION_TYPE: action.type, tracing.ACTION_POSITION: position}
+        attributes[tracing.TRIGGER] = "on_enter"
+        with tracing.span(tracer, f"onceflow.action {action.type}", attributes):
+            return await self._external_action(key, position, action, tracer)
+
     async def _external_action(
-        self, key: EntryKey, position: int, action: ActionDecl
+        self, key: EntryKey, position: int, action: ActionDecl, tracer: Tracer | None
     ) -> Literal["next", "stop"]:
         """Claim first, act outside the database, then complete.
 
@@ -259,13 +296,19 @@ class OnEnterDispatch:
         if reviewing:
             assert review_run is not None
             try:
-                await self.services.host.start_code_review(
+                call = self.services.host.start_code_review(
                     task_id=self.task.id,
                     step_id=self.step.id,
                     entry_seq=key.entry_seq,
                     review_run_id=review_run,
                     agent_profile_id=agent,
                 )
+                if tracer is None:
+                    await call
+                else:
+                    attributes = {**self._ids(), "onceflow.review_run_id": review_run}
+                    with tracing.span(tracer, "onceflow.host start_code_review", attributes):
+                        await call
                 effect = Effect("done")
             except Exception as exc:
                 start_failure = repr(exc)
@@ -297,6 +340,9 @@ class OnEnterDispatch:
             start_failure=start_failure,
         )
         self._publish(position, action, effect)
+        if tracer is not None:
+            span = trace.get_current_span()
+            span.set_attribute(tracing.ACTION_OUTCOME, effect.state)
         return "next"
 
     def _publish(self, position: int, action: ActionDecl, effect: Effect) -> None:

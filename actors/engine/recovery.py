@@ -12,6 +12,7 @@ Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import trio
@@ -52,7 +53,8 @@ async def recover_open_entries(
         entries = await decodable_open_entries(services)
         if entries is None:
             return 0
-    metrics.RECOVERED_OPEN_ENTRIES.add(len(entries))
+    for (workflow_id, step_id), found in Counter((e.workflow_id, e.step_id) for e, _ in entries).items():
+        metrics.RECOVERED_OPEN_ENTRIES.add(found, {"workflow_id": workflow_id, "step_id": step_id})
     plans = step_plans(services, (entry for entry, _ in entries))
     batches: trio.MemorySendChannel[tuple[list[Recovered], Outbox]]
     batches, committed = trio.open_memory_channel[tuple[list[Recovered], Outbox]](1)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
+from onceflow import tracing
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.events import EntryPath, SessionAction
@@ -35,7 +36,8 @@ async def request_session_action(
     With no live session the action is skipped (info diagnostic, "no_session") and nothing durable is
     recorded (on-enter-action-dispatch.md AC-A10, AC-B8); a host that raises gets an ERROR diagnostic
     `session_action_failed` ("failed") whose fields carry the exception: `error_type` (its class name),
-    `error` (its message) and `cause` (its repr). Never raises for a host failure.
+    `error` (its message) and `cause` (its repr). Never raises for a host failure. Traced, the host call is
+    the span `onceflow.host perform_session_action` (a raise recorded on it).
     """
     fields: dict[str, Any] = {
         "task_id": task.id,
@@ -63,7 +65,17 @@ async def request_session_action(
         admission_seq=task.admissions,
     )
     try:
-        await services.host.perform_session_action(request)
+        tracer = services.tracing.tracer()
+        if tracer is None:
+            await services.host.perform_session_action(request)
+        else:
+            attributes = tracing.ids(
+                task_id=task.id, step_id=step_id, entry_seq=entry_seq, entry_path=path, trigger=trigger
+            )
+            attributes[tracing.ACTION_TYPE] = action.type
+            attributes[tracing.ACTION_POSITION] = position
+            with tracing.span(tracer, "onceflow.host perform_session_action", attributes):
+                await services.host.perform_session_action(request)
     except Exception as exc:
         error = {"cause": repr(exc), "error_type": type(exc).__name__, "error": str(exc)}
         out.diagnostic("error", "session_action_failed", **error, **fields)

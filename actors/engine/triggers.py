@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from onceflow import tracing
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import request_session_action
 from onceflow.actors.kernel.outbox import Outbox
@@ -85,7 +86,8 @@ async def run_trigger_action(
 ) -> None:
     """Run one non-transition action of a non-on_enter trigger: a host action through the host, an engine
     action through its executor in one store transaction (its runs keyed by the delivery's operation id,
-    comment runs never coalesced), and publish what it did.
+    comment runs never coalesced), and publish what it did. Traced, an engine action is the span
+    `onceflow.action <type>` (a host action's call is `request_session_action`'s span).
 
     Raises:
         ActionNotWiredError: the action has no executor (field `events.<trigger>[<position>].type`).
@@ -102,6 +104,32 @@ async def run_trigger_action(
         raise ActionNotWiredError(
             f"no executor is registered for {action.type!r}", field=f"events.{inp.trigger}[{position}].type"
         )
+    tracer = services.tracing.tracer()
+    if tracer is None:
+        await _run_engine_action(services, executor, task, step, inp, position, action, out)
+        return
+    attributes = tracing.ids(
+        task_id=task.id, step_id=step.id, trigger=str(inp.trigger), operation_id=inp.operation_id
+    )
+    attributes[tracing.ACTION_TYPE] = action.type
+    attributes[tracing.ACTION_POSITION] = position
+    with tracing.span(tracer, f"onceflow.action {action.type}", attributes) as span:
+        state = await _run_engine_action(services, executor, task, step, inp, position, action, out)
+        span.set_attribute(tracing.ACTION_OUTCOME, state)
+
+
+async def _run_engine_action(
+    services: Services,
+    executor: Executor,
+    task: TaskRecord,
+    step: Step,
+    inp: HandleInput,
+    position: int,
+    action: ActionDecl,
+    out: Outbox,
+) -> str:
+    """`run_trigger_action`'s engine action: its transaction, its events; the effect's state. Raises
+    ActionError as `run_trigger_action` says."""
     op = inp.operation_id
     context = ActionContext(
         task=task,
@@ -124,3 +152,4 @@ async def run_trigger_action(
     )
     if effect.state == "failed":
         raise ActionError(f"{action.type} failed: {effect.detail}", field=f"events.{inp.trigger}[{position}]")
+    return effect.state

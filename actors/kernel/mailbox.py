@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import outcome
 import trio
+from opentelemetry.context import Context
 
 M = TypeVar("M")
 
@@ -32,13 +33,15 @@ class ReplySlot:
 
 
 class Envelope(Generic[M]):
-    """One message and the slot its answer goes to."""
+    """One message, the slot its answer goes to, and the asker's trace context (None: not traced), which
+    the actor makes current while it handles the message: the actor runs on a task of its own."""
 
-    __slots__ = ("message", "reply")
+    __slots__ = ("context", "message", "reply")
 
-    def __init__(self, message: M, reply: ReplySlot) -> None:
+    def __init__(self, message: M, reply: ReplySlot, context: Context | None = None) -> None:
         self.message = message
         self.reply = reply
+        self.context = context
 
 
 class Mailbox(Generic[M]):
@@ -52,8 +55,9 @@ class Mailbox(Generic[M]):
         self._closed = False
         self._receiver: trio.lowlevel.Task | None = None  # the actor parked in `receive`
 
-    async def ask(self, message: M) -> Any:
-        """Deliver `message` and return the actor's reply value, re-raising its exception.
+    async def ask(self, message: M, context: Context | None = None) -> Any:
+        """Deliver `message` (with the asker's trace `context`) and return the actor's reply value,
+        re-raising its exception.
 
         A cancelled asker stops waiting; the actor still handles the message (and its answer is dropped).
 
@@ -63,7 +67,7 @@ class Mailbox(Generic[M]):
         if self._closed:
             raise trio.ClosedResourceError("the mailbox is closed")
         slot = ReplySlot()
-        self._queue.append(Envelope(message, slot))
+        self._queue.append(Envelope(message, slot, context))
         self._wake_receiver()
         slot.waiter = trio.lowlevel.current_task()
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from typing import TypeAlias
 
 import attrs
 import trio
+from opentelemetry.context import Context
 
+from onceflow import tracing
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.run_signals import RunSignals
 from onceflow.actors.kernel.task_rows import TaskRows
@@ -23,6 +26,10 @@ from onceflow.protocol.workflow import Workflow, find_workflow
 from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.wip import Promotion
 from onceflow.store.writer import StoreActor
+from onceflow.tracing import Tracing
+
+Announced: TypeAlias = tuple[Promotion, Context | None]
+"""A committed promotion, with the trace context current where it was made (None: not traced)."""
 
 
 @attrs.define
@@ -43,19 +50,21 @@ class WorkflowRegistry:
 class Services:
     """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted). `task_rows` caches task
     rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes it). `run_policy` is how runs
-    are leased and retried; `run_signals` wakes the claims waiting for work (actors/kernel/run_signals.py).
+    are leased and retried; `run_signals` wakes the claims waiting for work (actors/kernel/run_signals.py);
+    `tracing` is where the runtime's spans go (onceflow/tracing.py).
     """
 
     store: StoreActor
     ledger: LedgerActor
     host: Host
     workflows: WorkflowRegistry
-    promotions: trio.MemorySendChannel[Promotion]
+    promotions: trio.MemorySendChannel[Announced]
     executors: Mapping[str, Executor] = DEFAULT_EXECUTORS
     clock: Callable[[], float] = time.time
     task_rows: TaskRows = attrs.field(factory=TaskRows)
     run_policy: RunPolicy = attrs.field(factory=RunPolicy)
     run_signals: RunSignals = attrs.field(factory=RunSignals)
+    tracing: Tracing = attrs.field(factory=Tracing)
 
     def now(self) -> float:
         return self.clock()
@@ -66,5 +75,6 @@ class Services:
         During shutdown the channel is closed; the entry is committed, so the next start's recovery scan
         finishes it.
         """
+        context = tracing.current() if self.tracing.tracer() is not None else None
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
-            self.promotions.send_nowait(promotion)
+            self.promotions.send_nowait((promotion, context))

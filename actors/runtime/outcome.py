@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from onceflow import metrics
+from onceflow import metrics, tracing
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
 from onceflow.logs import get_logger
@@ -88,6 +88,7 @@ from onceflow.store import outcome_claims, outcomes
 from onceflow.store.outcome_claims import ClaimLostError
 from onceflow.store.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
+from onceflow.tracing import Tracing
 
 log = get_logger("onceflow.outcome")
 
@@ -118,8 +119,10 @@ class OutcomeActor:
         interval: float,
         retry: RetryPolicy,
         clock: Callable[[], float],
+        tracing: Tracing | None = None,
     ) -> None:
         self.outcome_id = outcome_id
+        self._tracing = tracing or Tracing()
         self._store = store
         self._coordinator = coordinator
         self._hub = hub
@@ -200,7 +203,12 @@ class OutcomeActor:
         try:
             raw = await run_cycle(
                 self._retry,
-                lambda attempt: self._coordinator.deliver(DeliveryRequest(message, cycle_id, attempt)),
+                lambda attempt: self._attempt(
+                    "deliver",
+                    cycle_id,
+                    attempt,
+                    self._coordinator.deliver(DeliveryRequest(message, cycle_id, attempt)),
+                ),
                 cycle_id=cycle_id,
             )
             receipt = OutcomeDelivery.model_validate(raw, context={"envelope": self._envelope})
@@ -251,8 +259,11 @@ class OutcomeActor:
         try:
             await run_cycle(
                 self._retry,
-                lambda attempt: self._coordinator.acknowledge(
-                    AcknowledgeRequest(acknowledgement, cycle_id, attempt)
+                lambda attempt: self._attempt(
+                    "acknowledge",
+                    cycle_id,
+                    attempt,
+                    self._coordinator.acknowledge(AcknowledgeRequest(acknowledgement, cycle_id, attempt)),
                 ),
                 cycle_id=cycle_id,
             )
@@ -275,6 +286,20 @@ class OutcomeActor:
             acknowledged_by=ack.acknowledged_by,
         )
         return True
+
+    async def _attempt(self, method: str, cycle_id: str, attempt: int, call: Awaitable[T]) -> T:
+        """One attempt of the coordinator's `method`: its span `onceflow.coordinator <method>` when traced
+        (a raise or a timeout is recorded on it)."""
+        tracer = self._tracing.tracer()
+        if tracer is None:
+            return await call
+        attributes: tracing.Attributes = {
+            tracing.OUTCOME_ID: self.outcome_id,
+            tracing.CYCLE_ID: cycle_id,
+            tracing.ATTEMPT: attempt,
+        }
+        with tracing.span(tracer, f"onceflow.coordinator {method}", attributes):
+            return await call
 
     def _emit(self, level: str, code: str, **fields: Any) -> None:
         Outbox(self._hub).diagnostic(level, code, outcome_id=self.outcome_id, **fields)
@@ -308,7 +333,9 @@ class OutcomeSupervisor:
 
     `coordinator` None stores outcomes without delivering them (see the module docstring).
     `redelivery_interval` is in seconds (ValueError unless finite and positive); `retry_policy` governs the
-    attempts inside one cycle (AC-CO-18); `clock` returns Unix seconds.
+    attempts inside one cycle (AC-CO-18); `clock` returns Unix seconds; `tracing` is where each attempt's
+    span goes (`onceflow.coordinator deliver|acknowledge`, under the span current when the outcome's actor
+    was started: its `outcome_ready` command's, or none for one resumed at start-up).
     """
 
     def __init__(
@@ -320,8 +347,10 @@ class OutcomeSupervisor:
         redelivery_interval: float,
         retry_policy: RetryPolicy,
         clock: Callable[[], float],
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
+        self._tracing = tracing or Tracing()
         self._hub = hub
         self._coordinator = coordinator
         self._interval = seconds("redelivery_interval", redelivery_interval)
@@ -423,6 +452,7 @@ class OutcomeSupervisor:
             interval=self._interval,
             retry=self._retry,
             clock=self._clock,
+            tracing=self._tracing,
         )
         self._nursery.start_soon(self._supervise, actor)
 

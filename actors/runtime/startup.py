@@ -16,17 +16,19 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import trio
+from opentelemetry.trace import TracerProvider
 
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel import task_rows
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.outbox import EventHub
-from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger, prune_forever
+from onceflow.actors.runtime.run_gauges import gauge_open_runs_forever
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
@@ -34,8 +36,8 @@ from onceflow.protocol.durations import seconds
 from onceflow.protocol.host import BaseHost, Host
 from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy, retention_seconds
 from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
-from onceflow.store.wip import Promotion
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
+from onceflow.tracing import Tracing
 
 SWITCH_INTERVAL = 0.00005
 """Seconds: the GIL switch interval `onceflow serve` runs with (`open_runtime`'s `switch_interval`): short
@@ -64,6 +66,7 @@ async def open_runtime(
     lease_sweep_interval: float = LEASE_SWEEP_INTERVAL,
     retention: float = DEFAULT_RETENTION,
     retention_every: int = RETENTION_EVERY,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -104,6 +107,9 @@ async def open_runtime(
       history is deleted in bounded batches at start-up and after every `retention_every` entries, resolved
       runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention.py).
 
+    - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; README, "Tracing"); None: the
+      global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK nothing is recorded.
+
     The ledger is created here, before the runtime object, and lives exactly as long as the runtime.
 
     Raises:
@@ -125,6 +131,7 @@ async def open_runtime(
         raise ValueError(f"retention_every must be a positive integer, got {retention_every!r}")
     trigger = RetentionTrigger(retention_every)
     rows = task_rows.TaskRows(task_row_cache)
+    tracing = Tracing(tracer_provider)
     previous_interval = sys.getswitchinterval()
     if switch_interval is not None:
         sys.setswitchinterval(seconds("switch_interval", switch_interval))
@@ -137,7 +144,7 @@ async def open_runtime(
         ):
             ledger = LedgerActor()
             nursery.start_soon(ledger.run)
-            promotions, promoted = trio.open_memory_channel[Promotion](math.inf)
+            promotions, promoted = trio.open_memory_channel[Announced](math.inf)
             services = Services(
                 store=store,
                 ledger=ledger,
@@ -148,6 +155,7 @@ async def open_runtime(
                 clock=clock,
                 task_rows=task_rows.TaskRows() if store.postgres else rows,
                 run_policy=run_policy or RunPolicy(),
+                tracing=tracing,
             )
             hub = EventHub(services.run_signals, trigger)
             outcome_supervisor = OutcomeSupervisor(
@@ -157,6 +165,7 @@ async def open_runtime(
                 redelivery_interval=redelivery_interval,
                 retry_policy=retry_policy or RetryPolicy(),
                 clock=clock,
+                tracing=tracing,
             )
             try:
                 await nursery.start(outcome_supervisor.run)
@@ -188,6 +197,9 @@ async def open_runtime(
                         )
                         background.append(
                             await task_nursery.start(prune_forever, runtime.services, retention, trigger)
+                        )
+                        background.append(
+                            await task_nursery.start(gauge_open_runs_forever, runtime.services, runtime)
                         )
                         yield runtime
                     finally:

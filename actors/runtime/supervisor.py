@@ -16,14 +16,16 @@ from typing import Any, cast
 
 import outcome
 import trio
+from opentelemetry.context import Context
 from pydantic import BaseModel, ValidationError
 
+from onceflow import tracing
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
 from onceflow.actors.kernel.mailbox import Envelope, Mailbox, ReplySlot, reply_to
 from onceflow.actors.kernel.operation_locks import TaskLocks
 from onceflow.actors.kernel.outbox import EventHub, Outbox
-from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
 from onceflow.actors.runtime import handlers
 from onceflow.actors.runtime.handlers import RuntimeResult
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
@@ -129,9 +131,14 @@ class Runtime:
         outcome; every command is safe to send again (operation ids, idempotency keys, decision receipts and
         compare-and-set moves make a repeat a no-op or an idempotent replay), and `get_task` tells where the
         task stands.
+
+        Traced (a recording tracer, onceflow/tracing.py), a command that parsed is the span
+        `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
+        span current where `send` was called; a refusal sets its status ERROR, a cancellation ends it too.
         """
         name = "unknown"
         out = Outbox(self._hub)
+        span: tracing.CommandSpan | None = None  # with a recording tracer: the command's span (current)
         try:
             if c.is_command(command):
                 parsed = command
@@ -140,6 +147,9 @@ class Runtime:
                 name = command_type(data)  # a refusal names the type it read, even an unknown one
                 parsed = decode_command(data)
             name = getattr(parsed, "type", type(parsed).__name__)
+            tracer = self.services.tracing.tracer()
+            if tracer is not None:
+                span = tracing.CommandSpan(tracer, parsed, name)
             if self._closing:
                 raise ShuttingDownError("the runtime is shutting down")
             routed = c.route(parsed)
@@ -148,19 +158,26 @@ class Runtime:
                 result, out = await self._ask(*routed)
             else:
                 result = await handlers.handle(self, self._outcomes, routed, out)
+            reply = out.reply(name, result=result)
         except OnceflowError as exc:
-            return out.reply(name, error=_error_info(exc))
+            reply = out.reply(name, error=_error_info(exc))
         except ValidationError as exc:
-            return out.reply(name, error=_error_info(validation_error(exc)))
+            reply = out.reply(name, error=_error_info(validation_error(exc)))
         except _Refused as refused:
-            return refused.out.reply(name, error=_error_info(refused.error))
+            reply = refused.out.reply(name, error=_error_info(refused.error))
         except _ActorFailure as failure:
-            return failure.out.reply(name, error=failure.info)
+            reply = failure.out.reply(name, error=failure.info)
         except Exception as exc:
             log.error("command_failed", command=name, cause=shown(exc), exc_info=True)
             info = ErrorInfo(code="internal", message=f"{name} failed: {shown(exc)}")
-            return out.reply(name, error=info)
-        return out.reply(name, result=result)
+            reply = out.reply(name, error=info)
+        except BaseException as exc:  # a cancellation: the span ends saying so, the context is restored
+            if span is not None:
+                span.finish(None, exc)
+            raise
+        if span is not None:
+            span.finish(reply)
+        return reply
 
     async def _ask(self, task_id: str, message: TaskMessage) -> tuple[TaskResult, Outbox]:
         """Have the task's actor handle `message`: queued behind the actor's current command when it is
@@ -176,8 +193,9 @@ class Runtime:
         failure as `_Refused` or `_ActorFailure`, as `Mailbox.ask` does.
         """
         mailbox = self._mailboxes.get(task_id)
-        if mailbox is not None:
-            return cast(tuple[TaskResult, Outbox], await mailbox.ask(message))
+        if mailbox is not None:  # the actor's task is another: the message carries the trace context
+            context = tracing.current() if self.services.tracing.tracer() is not None else None
+            return cast(tuple[TaskResult, Outbox], await mailbox.ask(message, context))
         if self._closing:  # a mailbox opened now would never be closed: shutdown would wait on it forever
             raise ShuttingDownError("the runtime is shutting down")
         mailbox = self._mailboxes[task_id] = Mailbox()
@@ -272,7 +290,11 @@ class Runtime:
         emitted before it. Raises `_Restart` after an unexpected failure, for the supervisor to restart."""
         out = Outbox(self._hub)
         try:
-            result = await actor.handle(envelope.message, out)
+            if envelope.context is None:  # lent (the asker's own task), or not traced
+                result = await actor.handle(envelope.message, out)
+            else:
+                with tracing.attached(envelope.context):  # the asker's: it was queued
+                    result = await actor.handle(envelope.message, out)
         except OnceflowError as exc:
             reply_to(envelope, outcome.Error(_Refused(exc, out)))
         except Exception as exc:
@@ -313,6 +335,7 @@ class Runtime:
             task_rows=old.task_rows,
             run_policy=old.run_policy,
             run_signals=old.run_signals,
+            tracing=old.tracing,
         )
         self.engine = Engine(self.services)
 
@@ -320,17 +343,19 @@ class Runtime:
         """Start-up promotion of every step (`promotion.promote_all`); how many tasks were promoted."""
         return await promote_all(self.services)
 
-    async def forward_promotions(self, promotions: trio.MemoryReceiveChannel[Promotion]) -> None:
+    async def forward_promotions(self, promotions: trio.MemoryReceiveChannel[Announced]) -> None:
         """Route each committed promotion to its task's actor, which dispatches the entry's on_enter."""
-        async for promotion in promotions:
+        async for promotion, context in promotions:
             if not self._closing:  # after shutdown starts, the next start's recovery scan finishes it
-                self._nursery.start_soon(self._deliver_promotion, promotion)
+                self._nursery.start_soon(self._deliver_promotion, promotion, context)
 
-    async def _deliver_promotion(self, promotion: Promotion) -> None:
-        """Dispatch a committed promotion's entry; a refusal (a storage fault now refuses instead of crashing
-        the actor) is logged, and the entry stays open for the next start's recovery scan."""
+    async def _deliver_promotion(self, promotion: Promotion, context: Context | None) -> None:
+        """Dispatch a committed promotion's entry (traced under `context`, the promoting command's); a
+        refusal (a storage fault now refuses instead of crashing the actor) is logged, and the entry stays
+        open for the next start's recovery scan."""
         try:
-            await self._ask(promotion.task_id, promotion)
+            with tracing.attached(context):
+                await self._ask(promotion.task_id, promotion)
         except _Refused as refused:
             log.warning(
                 "promotion_dispatch_refused",

@@ -3,6 +3,7 @@ workflow switch (E4), and the dispatch of a WIP promotion's entry (E3). Trio thr
 
 from __future__ import annotations
 
+from onceflow import metrics
 from onceflow.actors.engine.entry import StaleRow
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task.context import TaskContext
@@ -80,6 +81,7 @@ async def promoted(ctx: TaskContext, promotion: Promotion, out: Outbox) -> bool:
     workflow = ctx.services.workflows.get(promotion.workflow_id)
     step = find_step(workflow, promotion.step_id)
     seq = promotion.key.entry_seq if promotion.key else None
+    metrics.count_entry(workflow.id, step.id, "E3")
     out.emit(StepEntered(task_id=task.id, step_id=step.id, entry_seq=seq, entry_path="E3"))
     await ctx.engine.dispatch_entry(task, workflow, step, promotion.key, "E3", out)
     return True

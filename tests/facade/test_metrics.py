@@ -54,11 +54,15 @@ async def test_issue13_metrics_count_entries_runs_commits_and_recovered_entries(
         await ok(rt, beat)  # redelivered after the restart: the run's key is suppressed
 
     moved = metric_delta(before, metric_points(metric_reader))
-    assert moved[("onceflow.step_entries", (("entry_path", "E2"),))] == 2
-    assert moved[("onceflow.step_entries", (("entry_path", "E1"),))] == 1
+    work, review = (
+        (("step_id", "work"), ("workflow_id", "metered")),
+        (("step_id", "review"), ("workflow_id", "metered")),
+    )
+    assert moved[("onceflow.step_entries", (("entry_path", "E2"), *work))] == 2
+    assert moved[("onceflow.step_entries", (("entry_path", "E1"), *review))] == 1
     for result in ("queued", "coalesced", "suppressed"):
         assert moved[("onceflow.runs", (("result", result),))] == 1
-    assert moved[("onceflow.recovery.open_entries", ())] == 1
+    assert moved[("onceflow.recovery.open_entries", review)] == 1
     commits = moved[("onceflow.store.commit.duration", ())]
     assert commits >= 7  # at least one per command that wrote
     assert 0 < moved[("onceflow.store.commit.duration.sum", ())] < commits  # seconds, not milliseconds

@@ -183,7 +183,7 @@ class _LineReader:
                     continue
                 return _Overlong(line[:HEAD_BYTES]) if len(line) > self._max else line
             self._scanned = len(self._buffer)
-            if self._scanned > self._max:
+            if self._scanned > max(self._max, HEAD_BYTES):  # a head as long whatever the chunking
                 head = bytes(self._buffer[:HEAD_BYTES])
                 self._buffer.clear()
                 self._scanned = 0

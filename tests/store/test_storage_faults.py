@@ -255,7 +255,7 @@ async def test_a_promotion_refused_for_a_busy_database_is_logged_not_swallowed(
         await board(rt)
         promotion = Promotion("T1", "board", "work", None)
         with capture_logs() as logs, write_lock_held(db_path):
-            await rt._deliver_promotion(promotion)  # the forwarder's call for a committed promotion
+            await rt._deliver_promotion(promotion, None)  # the forwarder's call for a committed promotion
         [refused] = [r for r in logs if r["event"] == "promotion_dispatch_refused"]
         assert (refused["task_id"], refused["step_id"], refused["code"]) == ("T1", "work", "storage_busy")
         assert [r for r in logs if r["event"] == "task_actor_crashed"] == []

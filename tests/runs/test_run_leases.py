@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import events, list_runs, move, ok, send, setup_office, to_review
+from helpers import COMMENT_QUEUES_RUN, events, list_runs, move, ok, send, setup_office, to_review
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -20,28 +20,11 @@ from onceflow.protocol.times import unix_seconds
 from onceflow.store import run_claims
 from onceflow.testing import FakeClock, TrioWallClock
 
-MINIMAL = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-  - id: done
-    name: Done
-    position: 1
-"""
-
 
 @pytest.fixture
 async def rt(db_path: Path | str, mock_clock: trio.testing.MockClock) -> AsyncIterator[Runtime]:
     async with open_runtime(db_path, clock=TrioWallClock(), lease_sweep_interval=1.0) as runtime:
-        await ok(runtime, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+        await ok(runtime, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         yield runtime
 
 
@@ -148,7 +131,7 @@ async def test_a_claim_takes_over_an_expired_lease_itself_before_any_sweep(
 ) -> None:
     clock = FakeClock()  # the wall clock moves, Trio's does not: the sweep never wakes
     async with open_runtime(db_path, clock=clock) as rt:
-        await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+        await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
         first = (await claim(rt, lease_seconds=5)).result
         clock.advance(6)
@@ -161,7 +144,7 @@ async def test_a_lease_expires_across_a_restart(
     db_path: Path | str, mock_clock: trio.testing.MockClock
 ) -> None:
     async with open_runtime(db_path, clock=TrioWallClock()) as rt:
-        await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+        await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
         first = (await claim(rt, lease_seconds=30)).result
     mock_clock.jump(60)  # the runtime is down when the lease ends
@@ -180,7 +163,7 @@ async def test_a_run_whose_leases_keep_expiring_fails_after_max_attempts(
     async with open_runtime(
         db_path, clock=TrioWallClock(), run_policy=policy, lease_sweep_interval=1.0
     ) as rt:
-        await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+        await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
         watch = rt.subscribe()
         for _ in range(2):

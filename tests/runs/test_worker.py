@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import list_runs, ok, send
+from helpers import COMMENT_QUEUES_RUN, list_runs, ok, send
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -24,29 +24,12 @@ from onceflow.protocol.times import rfc3339
 from onceflow.store import run_claims
 from onceflow.testing import TrioWallClock
 
-MINIMAL = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-  - id: done
-    name: Done
-    position: 1
-"""
-
 
 @pytest.fixture
 async def rt(db_path: Path | str, mock_clock: trio.testing.MockClock) -> AsyncIterator[Runtime]:
     policy = RunPolicy(backoff=(60.0,), jitter=0.0)
     async with open_runtime(db_path, clock=TrioWallClock(), run_policy=policy) as runtime:
-        await ok(runtime, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+        await ok(runtime, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         yield runtime
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import COMMENT_QUEUES_RUN
 
 import onceflow.aio
 from onceflow.actors.runtime.worker import RunError
@@ -18,23 +19,6 @@ from onceflow.protocol.events import Reply
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import unix_seconds
 from onceflow.worker_aio import AsyncioRun
-
-MINIMAL = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-  - id: done
-    name: Done
-    position: 1
-"""
 
 Runtime = onceflow.aio.AsyncioRuntime
 
@@ -59,7 +43,7 @@ def run_with_runtime(db: Path, scenario: Callable[[Runtime], Awaitable[None]]) -
     async def main() -> None:
         policy = RunPolicy(backoff=(60.0,), jitter=0.0)
         async with onceflow.aio.open_runtime(db, run_policy=policy) as rt:
-            await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+            await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
             await scenario(rt)
 
     asyncio.run(main())
@@ -207,7 +191,7 @@ def test_closing_the_runtime_under_a_busy_worker_hands_its_run_back(tmp_path: Pa
     async def main() -> None:
         started = asyncio.Event()
         async with onceflow.aio.open_runtime(db) as rt:
-            await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
+            await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
             await queue(rt, "T1")
 
             async def work() -> None:

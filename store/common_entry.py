@@ -21,6 +21,7 @@ AC-B6, AC-B7, AC-C1, AC-A3, AC-A5.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from onceflow.store.records import TaskRecord
 from onceflow.store.runs import Change, payload_json
 from onceflow.store.savepoint import request_savepoint
 from onceflow.store.step_entries import EntryKey, declaration_digest
+from onceflow.store.urls import on_postgres
 
 log = get_logger("onceflow.on_enter")
 
@@ -271,10 +273,11 @@ def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admit
 
 _MOVE_GROUP = (
     "UPDATE tasks SET workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
-    " queued_at = NULL, updated_at = m.value ->> 5, admissions = admissions + 1 FROM json_each(?3) AS m"
-    " WHERE tasks.id = m.value ->> 0 AND tasks.workflow_step_id = m.value ->> 1 AND (m.value ->> 2 IS NULL"
-    " OR (tasks.workflow_id = m.value ->> 2 AND tasks.wip_admitted = m.value ->> 3"
-    " AND tasks.admissions = m.value ->> 4))"
+    " queued_at = NULL, updated_at = CAST(m.value ->> 5 AS DOUBLE PRECISION), admissions = admissions + 1"
+    " FROM json_each(?3) AS m WHERE tasks.id = m.value ->> 0 AND tasks.workflow_step_id = m.value ->> 1"
+    " AND (m.value ->> 2 IS NULL OR (tasks.workflow_id = m.value ->> 2"
+    " AND tasks.wip_admitted = CAST(m.value ->> 3 AS INTEGER) AND tasks.admissions = CAST(m.value ->> 4 AS"
+    " INTEGER)))"
 )
 """`tasks.move_task_step` (admitted, a cached row's version verified when given) for every task of ?3:
 [[task id, expected step id, version workflow id or null, admitted flag, admission count, now], ...]."""
@@ -282,9 +285,22 @@ _MOVE_GROUP = (
 _ENTRIES_GROUP = (
     "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
     " terminal, created_at) SELECT m.value ->> 0, ?1, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
-    " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1, m.value ->> 5"
-    " FROM json_each(?5) AS m ORDER BY m.key"
+    " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1,"
+    " CAST(m.value ->> 5 AS DOUBLE PRECISION) FROM json_each(?5) AS m ORDER BY m.key"
 )
+"""One terminal entry per task of ?5 (`_MOVE_GROUP`'s rows), each the next seq of its (task, step ?1)."""
+
+_ENTRIES_GROUP_PG = _ENTRIES_GROUP + " RETURNING task_id, entry_seq"
+"""`_ENTRIES_GROUP` on PostgreSQL, which answers each new entry's seq itself: a read of the largest run id
+(`_SEQS_GROUP`) would not bound this transaction's runs there, where other runtimes insert runs meanwhile."""
+
+_CLEAR_GROUP = (
+    "DELETE FROM decisions WHERE step_id = ?1 AND task_id IN (SELECT value ->> 0 FROM json_each(?2))"
+)
+"""The clear of every task of ?2 (`_MOVE_GROUP`'s rows) at step ?1."""
+
+_CLEAR_GROUP_PG = _CLEAR_GROUP + " RETURNING task_id"
+"""`_CLEAR_GROUP` answering each deleted decision's task: PostgreSQL's count of what each clear deleted."""
 
 _SEQS_GROUP = (
     "SELECT json_group_array(json_array(m.key, (SELECT MAX(entry_seq) FROM step_entries"
@@ -308,12 +324,22 @@ _RUNS_GROUP = (
     f" FROM e CROSS JOIN a CROSS JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
     " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
     " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
-    " s.now, 'on_enter', s.seq, (SELECT admissions FROM tasks WHERE id = s.task)"
-    " FROM s ORDER BY s.i, s.n, s.position, s.id"
+    " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+    " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
 )
 """`_RUNS` for every entry of ?1 ([[task id, seq, now, key prefix], ...]) in entry order: the run ids are
-those the entries get one after another. Its rows are read back by id (`_QUEUED_GROUP`), not RETURNING: one
-row to fetch instead of one per run."""
+those the entries get one after another. On SQLite its rows are read back by id (`_QUEUED_GROUP`), not
+RETURNING: one row to fetch instead of one per run; PostgreSQL answers them (`_RUNS_GROUP_PG`)."""
+
+_RUNS_GROUP_PG = _RUNS_GROUP + " RETURNING id, task_id, agent_profile_id, idempotency_key"
+
+_MARKERS_GROUP = (
+    "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
+    " updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER), CAST(k.value ->> 0 AS INTEGER),"
+    " k.value ->> 1, 'done', NULL, '', CAST(e.value ->> 2 AS DOUBLE PRECISION)"
+    " FROM json_each(?2) AS e, json_each(?3) AS k ORDER BY e.key, k.key"
+)
+"""The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...])."""
 
 _QUEUED_GROUP = (
     "SELECT json_group_array(json_array(id, task_id, agent_profile_id, idempotency_key))"
@@ -340,36 +366,46 @@ def _admit_group(
     if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
-    conn.execute(_ENTRIES_GROUP, (step.id, workflow_id, plan.declaration, path, members))
-    seqs, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
+    entry_params = (step.id, workflow_id, plan.declaration, path, members)
+    pg = on_postgres(conn)
+    if pg:  # the clear is sent before the seqs are read: both answers come in one round trip
+        seqs = conn.execute(_ENTRIES_GROUP_PG, entry_params)
+        cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
+        seq_of = dict(seqs.fetchall())
+        deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
+        numbered = [
+            (index, seq_of[admission.task.id], deleted[admission.task.id])
+            for index, admission in enumerate(admissions)
+        ]
+        last_run = 0
+    else:
+        conn.execute(_ENTRIES_GROUP, entry_params)
+        seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
+        numbered = sorted(json.loads(seqs_json))
     entries = []
     transitions = []
-    for index, seq, deleted in sorted(json.loads(seqs)):
+    for index, seq, count in numbered:
         admission = admissions[index]
         task_id = admission.task.id
-        entries.append((task_id, seq, admission.now, keys.entry_prefix(task_id, step.id, seq), deleted))
+        entries.append((task_id, seq, admission.now, keys.entry_prefix(task_id, step.id, seq), count))
         cause = (admission.trigger, admission.operation_id)
         detail = _transition(admission.task, workflow_id, plan, path, seq, cause)
         transitions.append((task_id, admission.now, detail))
     history.record_transitions(conn, transitions)
     rows = json.dumps([entry[:4] for entry in entries])
-    if plan.clears:
-        conn.execute(
-            "DELETE FROM decisions WHERE step_id = ?1 AND task_id IN (SELECT value ->> 0 FROM json_each(?2))",
-            (step.id, members),
-        )
-    conn.execute(
-        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-        " updated_at) SELECT e.value ->> 0, ?1, e.value ->> 1, CAST(k.value ->> 0 AS INTEGER), k.value ->> 1,"
-        " 'done', NULL, '', e.value ->> 2 FROM json_each(?2) AS e, json_each(?3) AS k ORDER BY e.key, k.key",
-        (step.id, rows, plan.markers),
-    )
+    if plan.clears and not pg:
+        conn.execute(_CLEAR_GROUP, (step.id, members))
+    conn.execute(_MARKERS_GROUP, (step.id, rows, plan.markers))
     queued: dict[str, dict[int, list[tuple[str, int, str]]]] = {}
     if plan.fan_outs:
-        conn.execute(_RUNS_GROUP, (rows, step.id, workflow_id, plan.fan_outs))
-        (returned,) = conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()
+        params = (rows, step.id, workflow_id, plan.fan_outs)
+        if pg:
+            returned = conn.execute(_RUNS_GROUP_PG, params).fetchall()
+        else:
+            conn.execute(_RUNS_GROUP, params)
+            returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
         prefixes = {entry[0]: entry[3] for entry in entries}
-        for run_id, task_id, agent, run in sorted(json.loads(returned)):
+        for run_id, task_id, agent, run in sorted(returned):
             position = keys.position_in(run, prefixes[task_id])
             queued.setdefault(task_id, {}).setdefault(position, []).append((agent, run_id, run))
     left: dict[str | None, list[Change]] = {}

@@ -5,6 +5,7 @@ Writer thread: every function runs inside the caller's transaction (store/writer
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +18,7 @@ from onceflow.store import history, run_claims, wip
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import Change
+from onceflow.store.urls import on_postgres
 
 TASK_COLUMNS = (
     # every column a TaskRecord is read from, in `task_from_row` order
@@ -47,6 +49,23 @@ def task_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
 def find_task(conn: Connection, task_id: str) -> TaskRecord | None:
     row = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
     return task_from_row(row) if row else None
+
+
+def get_tasks(conn: Connection, task_ids: list[str]) -> list[TaskRecord] | None:
+    """`get_task` of every id in one statement, in order: the writer's grouped reads (store/writer.py
+    `Grouped`, one statement for a batch's reads instead of one each). None when one does not exist: each
+    is then read alone, and the missing one raises there."""
+    if on_postgres(conn):
+        found = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(?)", (task_ids,)).fetchall()
+    else:
+        found = conn.execute(
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(task_ids),),
+        ).fetchall()
+    rows = {row[0]: row for row in found}
+    if not rows.keys() >= set(task_ids):
+        return None
+    return [task_from_row(rows[task_id]) for task_id in task_ids]
 
 
 def list_tasks(conn: Connection, *, after_task_id: str | None, limit: int) -> tuple[list[TaskRecord], bool]:

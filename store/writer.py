@@ -76,7 +76,7 @@ class StoreClosedError(RuntimeError):
 
 
 class Grouped(Generic[T]):
-    """What lets the writer run a request together with others of the same batch (SQLite only): requests
+    """What lets the writer run a request together with others of the same batch: requests
     whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
     request's result in order, or None when it cannot decide them all (its writes are then rolled back and
     each request's own fn runs alone, as without a group): one set of statements for a batch of common
@@ -155,7 +155,7 @@ class StoreActor:
         (a store function: no Trio calls, no BEGIN/COMMIT/ROLLBACK of its own) and should return plain
         values, not cursors. The wait for the reply is shielded from cancellation: a cancelled caller still
         waits until its transaction has committed or rolled back, gets that result here, and sees the
-        cancellation at its next checkpoint. Requests run in arrival order, except that on SQLite a request
+        cancellation at its next checkpoint. Requests run in arrival order, except that a request
         submitted with `transact_grouped` may run first, together with the batch's other requests of the
         same group key: requests that share a commit were all waiting at once, none having seen another's
         result, so any order of them is one their callers could have observed.
@@ -473,7 +473,7 @@ class StoreActor:
                 conn.execute("BEGIN IMMEDIATE")
                 if self.postgres:
                     self._lock_tasks(_pg(conn), batch)
-                elif len(batch) > 1:
+                if len(batch) > 1:
                     self._run_groups(conn, batch)
                 for request in batch:
                     if request.result is not None:  # ran in its group
@@ -523,6 +523,8 @@ class StoreActor:
             conn.execute("SAVEPOINT request")
             try:
                 results = members[0][1].run(conn, [group.item for _, group in members])
+                if self.postgres:  # an unread statement's error is the group's, not the next one's
+                    _pg(conn).settle()
             except Exception as exc:
                 if not conn.in_transaction or faults.ends_transaction(conn, exc):
                     raise _TransactionEnded(members[0][0], exc) from exc

@@ -42,6 +42,9 @@ log = get_logger("onceflow.engine")
 
 __all__ = ["Engine", "HandleInput", "HandleResult", "StaleRow"]
 
+_TASK_ROWS = "task_rows"
+"""The writer's group key of the task-row reads (`Engine.load_task`)."""
+
 
 @attrs.define
 class Engine:
@@ -57,8 +60,10 @@ class Engine:
         self._plans = EntryPlans(self.services.executors)
 
     async def load_task(self, task_id: str) -> TaskRecord:
-        """The task's committed row. Raises NotFoundError (field task_id)."""
-        return await self.services.store.transact(tasks.get_task, task_id)
+        """The task's committed row, read with the writer batch's other rows in one statement
+        (`tasks.get_tasks`). Raises NotFoundError (field task_id)."""
+        read = Grouped(_TASK_ROWS, task_id, tasks.get_tasks)
+        return await self.services.store.transact_grouped(read, tasks.get_task, task_id)
 
     async def handle_trigger(self, inp: HandleInput, out: Outbox) -> HandleResult:
         """Evaluate `inp.trigger` for the task's current step and apply what it decides.

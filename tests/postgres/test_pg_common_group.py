@@ -1,0 +1,169 @@
+"""Common entries admitted together on PostgreSQL: one set of statements per writer batch decides exactly
+what the entries decide one after another, as on SQLite (tests/on_enter/test_common_entry_group.py).
+
+The writer runs a batch's grouped requests together on PostgreSQL too (after taking the batch's task
+locks): the common entries of one plan, workflow and path (`common_entry.admit_group`, whose seqs, clears
+and runs PostgreSQL answers with RETURNING: other runtimes insert runs meanwhile), and the task-row reads
+(`tasks.get_tasks`). Compared with the same entries admitted one at a time on a second database, by SQL,
+run ids by rank (PostgreSQL's identity values are not rolled back with a savepoint). Rules: AC-A3, AC-A5,
+AC-B5, AC-B6, AC-C1, AC-H6.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from helpers import FakeClock, ok
+from hypothesis import HealthCheck, event, given, settings
+from pg_support import PostgresServer
+from structlog.testing import capture_logs
+from test_pg_common_paths import fresh, run_ranks, snapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
+
+import test_common_entry_group as group
+from test_common_entry import workflow_yaml
+
+import onceflow.store.admission as admission
+from onceflow.actors.runtime.startup import open_runtime
+from onceflow.store import tasks
+from onceflow.store.common_entry import Admission, Admitted
+
+TASKS = group.TASKS
+
+
+def ranked(results: list[Any], ranks: dict[int, int]) -> list[Any]:
+    """Each admission's result with its run ids replaced by their rank in the database (`run_ranks`)."""
+    out: list[Any] = []
+    for result in results:
+        if not isinstance(result, Admitted):
+            out.append(result)
+            continue
+        done = []
+        for position, did in result.done:
+            if isinstance(did, tuple):
+                did = tuple((agent, ranks[run_id], key) for agent, run_id, key in did)
+            done.append((position, did))
+        out.append((result.key, tuple(done), result.left))
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=group.scenarios)
+def test_pg_a_group_of_common_entries_decides_each_as_one_after_another_AC_B5_AC_A5(
+    postgres_server: PostgresServer, scenario: dict[str, Any]
+) -> None:
+    together_url, separately_url = fresh(postgres_server), fresh(postgres_server)
+    together, ran = trio.run(group.batched, together_url, scenario)
+    separately = trio.run(group.one_by_one, separately_url, scenario)
+    assert snapshot(together_url) == snapshot(separately_url)
+    assert ranked(together, run_ranks(together_url)) == ranked(separately, run_ranks(separately_url))
+    assert len(ran) == 1  # the writer ran the group once
+    event("group decided" if ran[0] is not None else "group declined")
+    assert (ran[0] is not None) == all(result is not None for result in separately)
+
+
+def test_pg_a_clean_batch_is_admitted_by_one_group_run_AC_B6(postgres_server: PostgresServer) -> None:
+    """Not vacuous: on PostgreSQL too the group decides entries with nothing in the way, seqs, clears and
+    run ids in entry order."""
+    scenario = {
+        "review": ["clear", "fan_out", "fan_out_approver"],
+        "seats": ["rev-a", "rev-b", "approver:app-1"],
+        "before": dict.fromkeys(TASKS, "fresh") | {"T1": "decided", "T2": "entered"},
+        "cached": dict.fromkeys(TASKS, True),
+        "order": ("T2", "T0", "T1", "T3"),
+    }
+    together, ran = trio.run(group.batched, fresh(postgres_server), scenario)
+    assert ran[0] == together
+    assert [entry.key.task_id for entry in together] == ["T2", "T0", "T1", "T3"]
+    assert [entry.key.entry_seq for entry in together] == [2, 1, 1, 1]
+    assert [entry.done[0] for entry in together] == [(0, 0), (0, 0), (0, 1), (0, 0)]  # T1's decision
+    run_ids = [run_id for entry in together for _, did in entry.done[1:] for _, run_id, _ in did]  # type: ignore[union-attr]
+    assert run_ids == sorted(run_ids) and len(run_ids) == 12  # in entry order, three seats each
+
+
+def test_pg_one_anomaly_sends_the_whole_group_back_to_one_at_a_time_AC_H6(
+    postgres_server: PostgresServer,
+) -> None:
+    """T1's first key is taken in advance: the group is rolled back (its error read inside the group's
+    savepoint) and each entry decided alone; T1 by the per-action path, the others by the common path."""
+    scenario = {
+        "review": ["clear", "fan_out"],
+        "seats": ["rev-a"],
+        "before": dict.fromkeys(TASKS, "fresh") | {"T1": "take_key"},
+        "cached": dict.fromkeys(TASKS, False),
+        "order": TASKS,
+    }
+    with capture_logs() as logs:
+        together, ran = trio.run(group.batched, fresh(postgres_server), scenario)
+    assert ran == [None]
+    assert [result is not None for result in together] == [True, False, True, True]
+    declined = [log for log in logs if log["event"] == "common_entry_declined"]
+    assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
+
+
+def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
+    postgres_server: PostgresServer,
+) -> None:
+    """End to end through `Runtime.send` on PostgreSQL: 32 tasks moved at once are read and admitted by
+    group runs (the writer's batches), and every entry has its markers, its clear and one run per seat."""
+    url = fresh(postgres_server)
+    admitted: list[int] = []
+    read: list[int] = []
+    original_admit, original_read = admission.admit_group, tasks.get_tasks
+
+    def counted_admit(conn: Any, admissions: list[Admission]) -> Any:
+        result = original_admit(conn, admissions)
+        admitted.append(len(admissions) if result is not None else 0)
+        return result
+
+    def counted_read(conn: Any, task_ids: list[str]) -> Any:
+        result = original_read(conn, task_ids)
+        read.append(len(task_ids) if result is not None else 0)
+        return result
+
+    async def main() -> list[Any]:
+        async with open_runtime(url, clock=FakeClock()) as rt:
+            text = workflow_yaml(["clear", "fan_out"], 0)
+            await ok(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
+            for agent in ("rev-a", "rev-b"):
+                message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+                await ok(rt, message | {"role": "reviewer", "agent_profile_id": agent})
+            ids = [f"M{i}" for i in range(32)]
+            for task_id in ids:
+                await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
+            replies: dict[str, Any] = {}
+
+            async def move(task_id: str) -> None:
+                message = {"type": "move_task", "task_id": task_id, "step_id": "review"}
+                replies[task_id] = await ok(rt, message)
+
+            async with trio.open_nursery() as nursery:
+                for task_id in ids:
+                    nursery.start_soon(move, task_id)
+            return [replies[task_id] for task_id in ids]
+
+    admission.admit_group = counted_admit  # type: ignore[assignment]
+    tasks.get_tasks = counted_read  # type: ignore[assignment]
+    try:
+        replies = trio.run(main)
+    finally:
+        admission.admit_group = original_admit
+        tasks.get_tasks = original_read
+    assert sum(admitted) >= 16 and 0 not in admitted  # most entries went through groups, none declined
+    assert sum(read) >= 16 and 0 not in read  # and most rows were read by grouped reads
+    for reply in replies:
+        types = [event.type for event in reply.events]
+        assert types.count("run_queued") == 2 and "decisions_cleared" in types
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*), sum(terminal) FROM step_entries").fetchone() == (32, 32)
+        done = conn.execute("SELECT count(*) FROM step_entry_markers WHERE state = 'done'").fetchone()
+        assert done == (64,)
+        runs = conn.execute("SELECT count(DISTINCT idempotency_key), count(*) FROM runs").fetchone()
+        assert runs == (64, 64)
+        history = conn.execute("SELECT count(*) FROM task_history WHERE kind = 'transition'").fetchone()
+        assert history == (32,)

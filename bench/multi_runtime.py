@@ -11,7 +11,8 @@ from C concurrent Trio tasks (timed). Aggregate entries/s = N / (last finish - r
 same workload in one process (dispatch.run_dispatch, `synchronous=FULL`, dup-rate 0) in the same
 invocation. Afterwards each database is checked by SQL: runs = entries x 3, no idempotency key twice, every
 entry terminal, one done clear_decisions marker per entry. A violated invariant prints VIOLATION, exit 1.
-Each PostgreSQL line also gives the round trips per entry of the move phase (`round_trip_counter`), exact.
+Each PostgreSQL line also gives the round trips (`round_trip_counter`) and statements (transaction control and
+savepoints included) per entry of the move phase, exact.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, run_dispatch
 from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.store import postgres
 from onceflow.store.writer import Durability
 
 
@@ -60,6 +62,12 @@ def round_trip_counter() -> Callable[[], int]:
     return lambda: calls[0]
 
 
+def _statements() -> int:
+    """Statements this process sent to PostgreSQL (`PgConnection.total_statements`; 0 on code from before it
+    counted)."""
+    return int(getattr(postgres.PgConnection, "total_statements", 0))
+
+
 async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
     """One runtime: create `n` tasks, print `ready`, wait for a line on stdin, move them, print figures."""
     round_trips = round_trip_counter()
@@ -75,6 +83,7 @@ async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
         before = round_trips()
+        statements = _statements()
 
         async def mover(offset: int) -> None:
             for i in range(offset, n, concurrency):
@@ -83,7 +92,9 @@ async def _child(url: str, prefix: str, n: int, concurrency: int) -> None:
         async with trio.open_nursery() as nursery:
             for offset in range(concurrency):
                 nursery.start_soon(mover, offset)
-        print(json.dumps({"finished": time.time(), "round_trips": round_trips() - before}), flush=True)
+        figures = {"finished": time.time(), "round_trips": round_trips() - before,
+                   "statements": _statements() - statements}  # fmt: skip
+        print(json.dumps(figures), flush=True)
 
 
 async def _seed(url: str) -> None:
@@ -157,16 +168,17 @@ def run_postgres(server: Any, runtimes: int, n: int, concurrency: int) -> dict[s
         child.stdin.write("go\n")
         child.stdin.flush()
     finished = []
-    round_trips = 0
+    round_trips = statements = 0
     for child in children:
         assert child.stdout is not None
         figures = json.loads(child.stdout.readline())
         finished.append(figures["finished"])
         round_trips += figures["round_trips"]
+        statements += figures["statements"]
         child.wait()
     elapsed = max(finished) - released
     return {"runtimes": runtimes, "n": share * runtimes, "seconds": elapsed,
-            "entries_per_s": share * runtimes / elapsed, "round_trips": round_trips,
+            "entries_per_s": share * runtimes / elapsed, "round_trips": round_trips, "statements": statements,
             "violations": check_postgres(url, share * runtimes)}  # fmt: skip
 
 
@@ -196,7 +208,8 @@ def main() -> int:
             print(
                 f"postgres {runtimes} runtime{'s' if runtimes > 1 else ' '}: {result['entries_per_s']:8,.0f}"
                 f" entries/s  ({result['n']} entries, {result['seconds']:.2f} s,"
-                f" {result['round_trips'] / result['n']:.2f} round trips per entry)"
+                f" {result['round_trips'] / result['n']:.2f} round trips and"
+                f" {result['statements'] / result['n']:.2f} statements per entry)"
             )
             for violation in result["violations"]:
                 print(f"VIOLATION: {violation}")

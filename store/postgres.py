@@ -411,6 +411,7 @@ class PgConnection:
             self._unsettled[-1]._answer()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
+        PgConnection.total_statements += 1
         statement = translate(sql, bool(params))
         args = statement.params_for(params) if params else None
         if self._pipeline is None:
@@ -460,9 +461,11 @@ class PgConnection:
         text = statement.text
         if statement.returning is not None:  # no lastrowid from executemany
             text = text[: text.rindex(" RETURNING ")]
+        rows = [statement.params_for(params) for params in seq]
+        PgConnection.total_statements += len(rows)
         try:
             cur = self.raw.cursor()
-            cur.executemany(text, [statement.params_for(params) for params in seq])
+            cur.executemany(text, rows)
             self._waited()
         except psycopg.Error as exc:  # psycopg pipelines executemany itself
             raise self._fault(exc, pipelined=True) from exc
@@ -475,6 +478,10 @@ class PgConnection:
 
     total_round_trips: ClassVar[int] = 0
     """Round trips of every connection of this process (bench/multi_runtime.py reports them per entry)."""
+
+    total_statements: ClassVar[int] = 0
+    """Statements sent by every connection of this process, transaction control and savepoints included
+    (bench/multi_runtime.py reports them per entry)."""
 
     def _waited(self) -> None:
         self.round_trips += 1

@@ -73,15 +73,27 @@ _JSON_EACH = re.compile(r"\bjson_each\((\?\d*)\)(?=(\s+AS\b)?)", re.IGNORECASE)
 _CROSS_JOIN_ON = re.compile(r"\bCROSS\s+JOIN\s+(\w+(?:\s+AS\s+\w+)?)\s+ON\b", re.IGNORECASE)
 
 
+# A set-based statement: it reads a caller's list (a JSON array or a PostgreSQL array) as a set of rows.
+_SET_BASED = re.compile(r"\bjson_each\(|=\s*ANY\(", re.IGNORECASE)
+
+
 class Statement(NamedTuple):
     """A statement translated for PostgreSQL: its `text`, the identity column appended as RETURNING for
     `lastrowid` (or None), and, when the SQLite text numbers its parameters (`?1`, `?2`), the 0-based index
     of the caller's parameter for each `%s` in order (`params_for` applies it; None: in the caller's
-    order)."""
+    order); `prepare` False for a set-based statement, which the server plans at every execution.
+
+    Prepared statements are used deliberately: psycopg prepares a statement at its fifth use, and the server
+    then settles on a generic plan after five more, built on the statistics of that moment and kept. For a
+    statement of one row (a key's lookup, a row's insert) that plan is the one any would be. A set-based
+    statement (`json_each(?)`, `= ANY(?)`: a writer batch's rows, or a recovery group's) runs once per
+    batch, so planning it afresh costs little per row, while a generic plan made when its tables were young
+    (a full scan of a partial index that then held four rows) is kept as they grow to millions."""
 
     text: str
     returning: str | None
     order: tuple[int, ...] | None = None
+    prepare: bool = True
 
     def params_for(self, params: Sequence[Any]) -> Sequence[Any]:
         """The parameters as PostgreSQL takes them: one per `%s`, a numbered one repeated where reused."""
@@ -95,6 +107,7 @@ def translate(sql: str, has_params: bool = True) -> Statement:
     A bare `?` after numbered ones is the next number, as in SQLite."""
     if sql.strip().upper() == "BEGIN IMMEDIATE":
         return Statement("BEGIN", None)
+    prepare = _SET_BASED.search(sql) is None
     sql = _PARAM_IS_NULL.sub(r"CAST(? AS TEXT)\1", sql)
     sql = _IS_PARAM.sub(lambda m: "IS DISTINCT FROM ?" if m.group(1) else "IS NOT DISTINCT FROM ?", sql)
     each = "json_array_elements" if "->>" in sql else "json_array_elements_text"
@@ -138,7 +151,7 @@ def translate(sql: str, has_params: bool = True) -> Statement:
         returning = _IDENTITY.get(match.group(1).lower())
         if returning is not None:
             text = f"{text.rstrip().rstrip(';')} RETURNING {returning}"
-    return Statement(text, returning, tuple(order) if numbered else None)
+    return Statement(text, returning, tuple(order) if numbered else None, prepare)
 
 
 class PgCursor:
@@ -415,10 +428,10 @@ class PgConnection:
         statement = translate(sql, bool(params))
         args = statement.params_for(params) if params else None
         if self._pipeline is None:
-            return self._now(statement.text, args, statement.returning)
+            return self._now(statement, args)
         control = _CONTROL.match(statement.text)
         if control is None:
-            cursor = self._send(statement.text, args, statement.returning)
+            cursor = self._send(statement.text, args, statement.returning, statement.prepare)
             self._unsettled.append(cursor)
             return cursor
         verb = control.group(1).upper().split()[0]
@@ -520,20 +533,22 @@ class PgConnection:
         except AttributeError:
             self.raw.prepare_threshold = None
 
-    def _now(self, text: str, args: Sequence[Any] | None, returning: str | None) -> PgCursor:
+    def _now(self, statement: Statement, args: Sequence[Any] | None) -> PgCursor:
         try:
-            cur = self.raw.execute(text, args)
+            cur = self.raw.execute(statement.text, args, prepare=None if statement.prepare else False)
         except psycopg.Error as exc:
             raise self._fault(exc, pipelined=False) from exc
         self._waited()
-        cursor = PgCursor(self, cur, returning)
+        cursor = PgCursor(self, cur, statement.returning)
         cursor._answer()
         return cursor
 
-    def _send(self, text: str, args: Sequence[Any] | None, returning: str | None) -> PgCursor:
+    def _send(
+        self, text: str, args: Sequence[Any] | None, returning: str | None, prepare: bool = True
+    ) -> PgCursor:
         try:
             cur = self.raw.cursor()
-            cur.execute(text, args)
+            cur.execute(text, args, prepare=None if prepare else False)
         except psycopg.Error as exc:
             error = self._fault(exc, pipelined=True)
             self._recover()

@@ -30,6 +30,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,28 +108,33 @@ def check(db: Path, n: int) -> tuple[dict[str, int], list[str]]:
     """The invariants over the closed database, by plain SQL."""
     conn = sqlite3.connect(db)
     try:
-        one = lambda sql: int(conn.execute(sql).fetchone()[0])  # noqa: E731
-        figures = {
-            "entries": one("SELECT COUNT(*) FROM step_entries WHERE step_id = 'review'"),
-            "open_entries": one("SELECT COUNT(*) FROM step_entries WHERE terminal = 0"),
-            "runs": one("SELECT COUNT(*) FROM runs"),
-            "dup_keys": one(
-                "SELECT COUNT(*) FROM (SELECT idempotency_key FROM runs"
-                " GROUP BY idempotency_key HAVING COUNT(*) > 1)"
-            ),
-            "null_keys": one("SELECT COUNT(*) FROM runs WHERE idempotency_key IS NULL"),
-            "clears_done": one(
-                "SELECT COUNT(*) FROM step_entry_markers WHERE kind = 'clear_decisions' AND state = 'done'"
-            ),
-            "entries_without_one_clear": one(
-                "SELECT COUNT(*) FROM step_entries e WHERE (SELECT COUNT(*) FROM step_entry_markers m"
-                " WHERE m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
-                " AND m.kind = 'clear_decisions' AND m.state = 'done') != 1"
-            ),
-            "tasks_in_review": one("SELECT COUNT(*) FROM tasks WHERE workflow_step_id = 'review'"),
-        }
+        return invariants(lambda sql: int(conn.execute(sql).fetchone()[0]), n)
     finally:
         conn.close()
+
+
+def invariants(one: Callable[[str], int], n: int) -> tuple[dict[str, int], list[str]]:
+    """The figures and violated invariants of a database holding n review entries, `one` answering a
+    single-value query (portable SQL: SQLite or PostgreSQL)."""
+    figures = {
+        "entries": one("SELECT COUNT(*) FROM step_entries WHERE step_id = 'review'"),
+        "open_entries": one("SELECT COUNT(*) FROM step_entries WHERE terminal = 0"),
+        "runs": one("SELECT COUNT(*) FROM runs"),
+        "dup_keys": one(
+            "SELECT COUNT(*) FROM (SELECT idempotency_key FROM runs"
+            " GROUP BY idempotency_key HAVING COUNT(*) > 1) AS twice"
+        ),
+        "null_keys": one("SELECT COUNT(*) FROM runs WHERE idempotency_key IS NULL"),
+        "clears_done": one(
+            "SELECT COUNT(*) FROM step_entry_markers WHERE kind = 'clear_decisions' AND state = 'done'"
+        ),
+        "entries_without_one_clear": one(
+            "SELECT COUNT(*) FROM step_entries e WHERE (SELECT COUNT(*) FROM step_entry_markers m"
+            " WHERE m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
+            " AND m.kind = 'clear_decisions' AND m.state = 'done') != 1"
+        ),
+        "tasks_in_review": one("SELECT COUNT(*) FROM tasks WHERE workflow_step_id = 'review'"),
+    }
     violations = []
     if figures["entries"] != n:
         violations.append(f"{figures['entries']} review entries, expected one per task ({n})")

@@ -6,8 +6,10 @@ SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours i
 PostgreSQL: several runtimes share the database, so liveness must be real. A runtime holds a session-level
 advisory lock keyed by its epoch on the writer's own connection, taken before any epoch-stamped write
 (`hold_epoch`, at connect). A marker's epoch is stale iff that lock can be taken: `is_live` tries
-`pg_try_advisory_xact_lock` inside the reclaiming transaction, so the answer holds until it commits (a
-dead epoch's lock is then ours for the rest of the transaction; nobody else wants it). A SIGKILLed
+`pg_try_advisory_xact_lock_shared` inside the reclaiming transaction, so the answer holds until it commits
+(the dead epoch's lock is then held shared for the rest of the transaction, so no session could take it
+exclusively meanwhile), and runtimes recovering at once, each holding it shared, all see the epoch dead
+(an exclusive try would see it live while another recovering transaction holds it). A SIGKILLed
 runtime's session ends at once and frees its lock; a partitioned one's ends within
 `postgres.PARTITION_BOUND` seconds. A runtime that loses its connection mints a new epoch, never re-locks
 the old one. Engines whose advisory locks are stubs that always succeed (CockroachDB's) would make every
@@ -25,7 +27,7 @@ import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from onceflow.store.connection import Connection, scalar
+from onceflow.store.connection import Connection, Cursor, scalar
 from onceflow.store.records import StepEntry
 from onceflow.store.urls import on_postgres
 
@@ -92,10 +94,11 @@ class EpochSource(Protocol):
 def is_live(conn: Connection, epoch: str) -> bool:
     """Whether the runtime that wrote `epoch` into a marker may still be running, asked inside the
     reclaiming transaction on `conn`: never on SQLite (the file's owner is the only runtime; the caller
-    has already compared with its own epoch); on PostgreSQL iff `epoch`'s lock cannot be taken now."""
+    has already compared with its own epoch); on PostgreSQL iff `epoch`'s lock cannot be taken now, shared
+    (only its runtime holds it exclusively; other transactions testing it hold it shared)."""
     if not on_postgres(conn):
         return False
-    return not scalar(conn, "SELECT pg_try_advisory_xact_lock(?)", (epoch_key(epoch),))
+    return not scalar(conn, "SELECT pg_try_advisory_xact_lock_shared(?)", (epoch_key(epoch),))
 
 
 def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
@@ -116,6 +119,20 @@ def lock_tasks(conn: PgConnection, task_ids: Sequence[str]) -> dict[str, bool]:
     ).fetchall()
     held.update(zip(task_ids[1:], (bool(ok) for (ok,) in tried), strict=True))
     return held
+
+
+def try_lock_tasks(conn: Connection, task_ids: Sequence[str]) -> Cursor:
+    """Try, never wait for, the transaction-scoped locks of `task_ids` (distinct; PostgreSQL), in one
+    statement; its rows, when read, are (task_id, held) in `task_ids`' order. The statement is returned
+    unread, so that inside a pipeline the caller's next statements go out with it: one round trip. A lock
+    already held by this transaction is held again (advisory locks are re-entrant). Never waiting, a caller
+    holding many tasks' locks can never be part of a wait cycle with another runtime's batch, which waits for
+    one lock only while holding none (`lock_tasks`)."""
+    return conn.execute(
+        "SELECT u.task, pg_try_advisory_xact_lock(?, hashtext(u.task)) FROM unnest(CAST(? AS text[]))"
+        " WITH ORDINALITY AS u(task, n) ORDER BY u.n",
+        (TASK_NAMESPACE, list(task_ids)),
+    )
 
 
 def dead_epoch_entries(

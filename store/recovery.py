@@ -8,8 +8,15 @@ skipped(unresolvable); an entry whose clear_decisions failed is closed as it sta
 re-dispatched (engine-owned actions only, terminal positions skipped, stale in_progress markers re-claimed
 by epoch), set-oriented where the set path takes them (store/recovery_set.py), else one by one, every
 multi-write step in its own savepoint so a failing record rolls back alone. An entry with an action that
-waits on the host is left to the Trio side (`Deferred`). Source: on-enter-action-dispatch.md, "Recovery"
-and AC-B9.
+waits on the host is left to the Trio side (`Deferred`).
+
+On PostgreSQL other runtimes may serve the same tasks meanwhile, so each batch first takes its tasks' locks
+(store/epochs.py `try_lock_tasks`: tried, never waited for) and reads its entries again under them: an
+entry whose task another runtime's transaction holds is left to the Trio side (`Busy`), which recovers it
+alone once that lock is free; one another runtime finished meanwhile is dropped; the rest are decided as on
+SQLite, with the greatest entry_seq of their pair as it stands now, and no command of their task runs in
+between. Which runtime runs each engine action of an entry it finds half done is decided, as everywhere, by
+the markers' compare-and-set with epochs. Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import attrs
 
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import faults, step_entries, tasks
+from onceflow.store import epochs, faults, step_entries, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.epochs import EpochSource
 from onceflow.store.records import Marker, StepEntry, TaskRecord
@@ -25,6 +32,7 @@ from onceflow.store.recovery_set import SetRun, StepPlans, finish_common, plan_c
 from onceflow.store.savepoint import savepoint
 from onceflow.store.segment import Segment, SegmentResult, close_entry, run_segment
 from onceflow.store.step_entries import EntryKey
+from onceflow.store.urls import on_postgres
 
 BATCH_SIZE = 1024
 """Entries planned and classified together (the set path's query per step covers a batch), and about the
@@ -35,6 +43,13 @@ REQUEST_SIZE = 16 * BATCH_SIZE
 has decided `BATCH_SIZE` entries one by one or covered this many: the set path's entries cost little to
 hold, and every request costs a commit (an fsync at FULL) and two thread hand-offs, which on a loaded
 machine cost more than the set statements (bench/README.md)."""
+
+
+LOCKED_REQUEST_SIZE = 512
+"""The most entries one store request covers on PostgreSQL (one batch): the request holds a lock per task of
+its entries until its commit, PostgreSQL's shared lock table holds about max_locks_per_transaction (64) x
+max_connections locks for every session together, and a command of one of those tasks in another runtime
+waits for that commit (bench/recovery.py --db postgres: ~0.2 s a request)."""
 
 
 @attrs.frozen
@@ -70,7 +85,16 @@ class Failed:
     cause: str
 
 
-Recovered = Closed | Dispatched | Deferred | Failed | SetRun
+@attrs.frozen
+class Busy:
+    """An entry whose task's lock another runtime held (PostgreSQL): not looked at, to recover alone once
+    that lock is free; `latest` as it was given."""
+
+    entry: StepEntry
+    latest: int
+
+
+Recovered = Closed | Dispatched | Deferred | Failed | SetRun | Busy
 
 
 def recover_request(
@@ -92,11 +116,47 @@ def recover_request(
     covered = one_by_one = 0
     while covered < len(entries) and one_by_one < BATCH_SIZE:
         batch = entries[covered : covered + BATCH_SIZE]
+        covered += len(batch)
+        if on_postgres(conn):
+            batch, busy = _under_task_locks(conn, batch)
+            recovered.extend(busy)
         done = _recover_batch(conn, plans, batch, source, now, audience)
         one_by_one += sum(not isinstance(item, SetRun) for item in done)
         recovered.extend(done)
-        covered += len(batch)
     return recovered, covered
+
+
+def _under_task_locks(
+    conn: Connection, batch: list[tuple[StepEntry, int]]
+) -> tuple[list[tuple[StepEntry, int]], list[Busy]]:
+    """PostgreSQL: take the locks of the batch's tasks (tried, never waited for) and read the entries again
+    under them, in one round trip (two statements: the second one's snapshot, taken after the first ended,
+    sees every commit of a transaction that held one of these locks). Returns the entries still open whose
+    task's lock is held, each with its pair's greatest entry_seq now, and the entries whose task's lock
+    another runtime holds (`Busy`); an entry found terminal was finished by another runtime meanwhile."""
+    locks = epochs.try_lock_tasks(conn, list(dict.fromkeys(entry.task_id for entry, _ in batch)))
+    still_open = conn.execute(
+        "SELECT u.n, (SELECT MAX(later.entry_seq) FROM step_entries AS later"
+        "  WHERE later.task_id = u.task_id AND later.step_id = u.step_id)"
+        " FROM unnest(CAST(? AS text[]), CAST(? AS text[]), CAST(? AS bigint[]))"
+        " WITH ORDINALITY AS u(task_id, step_id, entry_seq, n)"
+        " JOIN step_entries AS e ON e.task_id = u.task_id AND e.step_id = u.step_id"
+        " AND e.entry_seq = u.entry_seq WHERE e.terminal = 0",
+        (
+            [entry.task_id for entry, _ in batch],
+            [entry.step_id for entry, _ in batch],
+            [entry.entry_seq for entry, _ in batch],
+        ),
+    ).fetchall()
+    held = {task_id for task_id, ok in locks.fetchall() if ok}
+    latest = {int(n) - 1: int(seq) for n, seq in still_open}
+    mine = [
+        (entry, latest[index])
+        for index, (entry, _) in enumerate(batch)
+        if entry.task_id in held and index in latest
+    ]
+    busy = [Busy(entry, seq) for entry, seq in batch if entry.task_id not in held]
+    return mine, busy
 
 
 def _recover_batch(

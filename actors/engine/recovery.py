@@ -7,7 +7,11 @@ non-terminal entry in (task_id, step_id, entry_seq) order; they are decided in b
 (`store.recovery.REQUEST_SIZE`), one request ahead of the publishing. An entry with an action that waits on
 the host is re-dispatched here after its request commits. The scan never stops the runtime from starting:
 a failing record, or one whose stored values cannot be decoded, is logged at ERROR and left open.
-Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
+
+The same scan runs on PostgreSQL, where other runtimes may be serving the same tasks: each request takes
+its entries' task locks (tried, never waited for) and decides the entries whose lock it got, set-oriented
+where it can; an entry whose task another runtime held is recovered afterwards alone, waiting for that
+lock (`recover_open_entries`). Source: on-enter-action-dispatch.md, "Recovery" and AC-B9.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from onceflow.actors.engine.order import dispatch_order
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
+from onceflow.store import epochs, step_entries
 from onceflow.store import recovery as writer_side
-from onceflow.store import step_entries
 from onceflow.store.records import StepEntry, TaskRecord
-from onceflow.store.recovery import Closed, Deferred, Dispatched, Failed, Recovered
+from onceflow.store.recovery import Busy, Closed, Deferred, Dispatched, Failed, Recovered
 from onceflow.store.recovery_set import SetRun, StepPlan, StepPlans
 from onceflow.store.step_entries import EntryKey, UndecodableEntry
 
@@ -48,6 +52,12 @@ async def recover_open_entries(
     it (AC-B9(f)). Each request publishes through its own `Outbox` on `hub` and decides about
     `store.recovery.BATCH_SIZE` entries one by one at most, so the scan never holds every event of a large
     recovery.
+
+    On PostgreSQL, where other runtimes may serve the same tasks meanwhile, a request covers
+    `store.recovery.LOCKED_REQUEST_SIZE` entries and holds their tasks' locks; an entry whose task's lock
+    another runtime held (`Busy`) is recovered after the scan, alone, in a request that waits for that lock
+    (`epochs.CURRENT_TASK`), as a command of the task would. An entry whose actions wait on the host is
+    re-dispatched under its task's lock too.
     """
     if entries is None:
         entries = await decodable_open_entries(services)
@@ -56,13 +66,39 @@ async def recover_open_entries(
     for (workflow_id, step_id), found in Counter((e.workflow_id, e.step_id) for e, _ in entries).items():
         metrics.RECOVERED_OPEN_ENTRIES.add(found, {"workflow_id": workflow_id, "step_id": step_id})
     plans = step_plans(services, (entry for entry, _ in entries))
+    redispatched, busy = await _scan(services, hub, plans, entries)
+    for item in busy:  # alone, waiting for its task's lock: no other runtime's command holds it for good
+        token = epochs.CURRENT_TASK.set(item.entry.task_id)
+        try:
+            done, still = await _scan(services, hub, plans, [(item.entry, item.latest)])
+        finally:
+            epochs.CURRENT_TASK.reset(token)
+        redispatched += done
+        for left in still:  # cannot be: the request ran holding the lock; the sweep would take it
+            log.error(
+                "recovery_entry_busy",
+                task_id=left.entry.task_id,
+                step_id=left.entry.step_id,
+                entry_seq=left.entry.entry_seq,
+            )
+    if busy:
+        log.info("recovery_busy_entries", entries=len(busy))
+    return redispatched
+
+
+async def _scan(
+    services: Services, hub: EventHub, plans: StepPlans, entries: list[tuple[StepEntry, int]]
+) -> tuple[int, list[Busy]]:
+    """Decide `entries` request after request, one request ahead of the publishing; how many entries were
+    re-dispatched, and the ones left `Busy` (PostgreSQL)."""
     batches: trio.MemorySendChannel[tuple[list[Recovered], Outbox]]
     batches, committed = trio.open_memory_channel[tuple[list[Recovered], Outbox]](1)
+    store = services.store
+    full = writer_side.LOCKED_REQUEST_SIZE if store.postgres else writer_side.REQUEST_SIZE
 
     async def run_batches() -> None:  # one request ahead: the writer works while the last one is published
         async with batches:
-            start, size = 0, writer_side.REQUEST_SIZE
-            store = services.store
+            start, size = 0, full
             while start < len(entries):
                 out = Outbox(hub, reply=False)
                 chunk = entries[start : start + size]
@@ -74,18 +110,22 @@ async def recover_open_entries(
                     if size > writer_side.BATCH_SIZE:  # again, its first batch alone: only it fails
                         size = writer_side.BATCH_SIZE
                         continue
-                    covered = min(writer_side.BATCH_SIZE, len(entries) - start)
+                    covered = min(size, len(entries) - start)
                     recovered = [Failed(entry, repr(exc)) for entry, _ in entries[start : start + covered]]
-                start, size = start + covered, writer_side.REQUEST_SIZE
+                start, size = start + covered, full
                 await batches.send((recovered, out))
 
     redispatched = 0
+    busy: list[Busy] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_batches)
         async for recovered, out in committed:
             for item in recovered:
-                redispatched += await _publish(services, plans, item, out)
-    return redispatched
+                if isinstance(item, Busy):
+                    busy.append(item)
+                else:
+                    redispatched += await _publish(services, plans, item, out)
+    return redispatched, busy
 
 
 async def decodable_open_entries(services: Services) -> list[tuple[StepEntry, int]] | None:
@@ -157,12 +197,15 @@ async def _publish(services: Services, plans: StepPlans, item: Recovered, out: O
         case SetRun():
             return _publish_set(services, plans, item, out)
         case Deferred(entry, task):
+            token = epochs.CURRENT_TASK.set(task.id)  # on PostgreSQL its transactions hold the task's lock
             try:
                 await _dispatch(services, plans, task, entry, out).run()
             except Exception as exc:
                 item = Failed(entry, repr(exc))
             else:
                 return 1
+            finally:
+                epochs.CURRENT_TASK.reset(token)
     if isinstance(item, Failed):
         log.error(
             "recovery_entry_failed",

@@ -6,11 +6,12 @@ dead one left is finished when the file is next opened. On PostgreSQL the runtim
 every live runtime looks every `interval` seconds for open entries holding an in_progress marker of a dead
 epoch, or holding no claim of a live epoch at all and older than `grace` (`GRACE_INTERVALS` sweeps): a
 dead runtime's entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through
-the recovery path, one entry at a time under that entry's task lock (so never concurrently with a command
-of the task in another runtime). The markers' compare-and-set with epochs decides which runtime runs each
-engine action when several sweep at once, or when a live runtime's own dispatch of an entry older than
-`grace` is raced (a dispatch waiting on a host action that long, with no engine action claimed: the sweep
-then runs the entry's remaining engine actions, each once, possibly before that host action completes).
+the recovery scan (actors/engine/recovery.py), which holds each entry's task lock while it decides the
+entry (so never concurrently with a command of the task in another runtime), common entries set-oriented.
+The markers' compare-and-set with epochs decides which runtime runs each engine action when several sweep
+at once, or when a live runtime's own dispatch of an entry older than `grace` is raced (a dispatch waiting
+on a host action that long, with no engine action claimed: the sweep then runs the entry's remaining engine
+actions, each once, possibly before that host action completes).
 Then it runs the start-up promotion (`promote`), so a WIP slot a dead runtime freed without promoting (or
 whose promotion failed `storage_busy`) is filled while tasks wait.
 """
@@ -21,12 +22,11 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from onceflow.actors.engine.recovery import decodable_open_entries, recover_open_entries
+from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.store import epochs
-from onceflow.store.records import StepEntry
 
 log = get_logger("onceflow.epoch_sweep")
 
@@ -60,7 +60,7 @@ async def sweep_once(
     except Exception as exc:
         log.warning("epoch_sweep_query_failed", cause=repr(exc))
         found = []
-    redispatched = await _each_under_its_task_lock(services, hub, found)
+    redispatched = await recover_open_entries(services, hub, found) if found else 0
     if found:
         log.info("epoch_sweep_finished", entries=len(found), redispatched=redispatched)
     if promote is not None:
@@ -71,31 +71,6 @@ async def sweep_once(
         else:
             if promoted:
                 log.info("epoch_sweep_promoted", tasks=promoted)
-    return redispatched
-
-
-async def recover_at_start(services: Services, hub: EventHub) -> int:
-    """The start-up recovery scan of a runtime on PostgreSQL; returns how many entries were re-dispatched.
-    Never raises.
-
-    Other runtimes may be serving the same tasks meanwhile, so unlike SQLite's batched scan each open entry
-    is recovered in its own transactions under its task's lock, never concurrently with a command of that
-    task. An undecodable row is logged at ERROR and left open, as on SQLite (AC-B9(f)).
-    """
-    found = await decodable_open_entries(services)
-    return 0 if found is None else await _each_under_its_task_lock(services, hub, found)
-
-
-async def _each_under_its_task_lock(
-    services: Services, hub: EventHub, entries: list[tuple[StepEntry, int]]
-) -> int:
-    redispatched = 0
-    for entry in entries:
-        epochs.CURRENT_TASK.set(entry[0].task_id)  # the recovery's transactions take this task's lock
-        try:
-            redispatched += await recover_open_entries(services, hub, [entry])
-        finally:
-            epochs.CURRENT_TASK.set(None)
     return redispatched
 
 

@@ -24,7 +24,7 @@ from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
-from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, recover_at_start, sweep_forever
+from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, sweep_forever
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger, prune_forever
@@ -175,10 +175,7 @@ async def open_runtime(
                     task_nursery.start_soon(runtime.forward_promotions, promoted)
                     try:
                         await load_workflows(runtime.services)
-                        if store.postgres:  # other runtimes may serve these tasks meanwhile
-                            await recover_at_start(runtime.services, hub)
-                        else:
-                            await recover_open_entries(runtime.services, hub)
+                        await recover_open_entries(runtime.services, hub)  # under task locks on PostgreSQL
                         await runtime.promote_all()
                         if store.postgres:  # others may die while we run: finish what their epochs left
                             background.append(

@@ -177,15 +177,13 @@ def per_entry_only() -> Iterator[None]:
         recovery.plan_common = original
 
 
-async def restart(
-    db: Path | str, *, listening: bool, scan_name: str = "recover_open_entries"
-) -> tuple[list[Event], list[dict[str, Any]]]:
-    """Open a runtime on `db` (a SQLite file, or a PostgreSQL URL with `scan_name="recover_at_start"`: the
-    supervisor's start-up scan observed); the events a subscriber present during the scan received (none
-    when not `listening`) and the logs of the scan."""
+async def restart(db: Path | str, *, listening: bool) -> tuple[list[Event], list[dict[str, Any]]]:
+    """Open a runtime on `db` (a SQLite file, or a PostgreSQL URL: the supervisor's start-up scan observed);
+    the events a subscriber present during the scan received (none when not `listening`) and the logs of
+    the scan."""
     events: list[Event] = []
     logs: list[dict[str, Any]] = []
-    scan = getattr(supervisor, scan_name)
+    scan = supervisor.recover_open_entries
 
     async def observed(services: Services, hub: EventHub) -> int:
         stream = hub.subscribe() if listening else None
@@ -199,12 +197,12 @@ async def restart(
                 break
         return done
 
-    setattr(supervisor, scan_name, observed)
+    supervisor.recover_open_entries = observed  # type: ignore[assignment]
     try:
         async with open_runtime(db, clock=FakeClock()):
             pass
     finally:
-        setattr(supervisor, scan_name, scan)
+        supervisor.recover_open_entries = scan
     return events, logs
 
 

@@ -32,7 +32,6 @@ import test_common_entry as common
 import test_recovery_set as recovery_set
 from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
 
-import onceflow.actors.runtime.startup as supervisor
 import onceflow.store.admission as admission
 import onceflow.store.recovery as recovery
 from onceflow.actors.runtime.startup import open_runtime
@@ -241,8 +240,8 @@ def prepared(postgres_server: PostgresServer) -> str:
 
 
 async def restart(url: str, *, listening: bool) -> tuple[list[Event], list[dict[str, Any]]]:
-    """`test_recovery_set.restart` observing PostgreSQL's start-up scan (`recover_at_start`)."""
-    return await recovery_set.restart(url, listening=listening, scan_name="recover_at_start")
+    """`test_recovery_set.restart` on PostgreSQL."""
+    return await recovery_set.restart(url, listening=listening)
 
 
 def crashed(server: PostgresServer, prepared: str, scenario: dict[str, Any]) -> str:
@@ -279,37 +278,20 @@ def test_issue15_issue14_the_set_path_recovers_every_crash_state_as_the_per_entr
 def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
     postgres_server: PostgresServer, prepared: str
 ) -> None:
-    """Not vacuous: on PostgreSQL untouched open entries are finished by the set path (one at a time,
-    each under its task's lock, as PostgreSQL's start-up scan goes)."""
+    """Not vacuous: on PostgreSQL the start-up scan finishes untouched open entries set-wise, several in one
+    savepoint (the multi-row marker insert over two json_each, the row-value terminal UPDATE) under their
+    tasks' locks, with the per-entry path's result (AC-B9)."""
     url = crashed(postgres_server, prepared, recovery_set.COMMON)
     calls, undo = counting("finish_common", recovery)
     try:
         trio.run(lambda: restart(url, listening=False))
     finally:
         undo()
-    assert [len(done.entries) if done is not None else 0 for done in calls] == [1, 1, 1]
+    assert [len(done.entries) if done is not None else 0 for done in calls] == [3]
     state = snapshot(url)
     assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
     assert all(row[6] == 1 for row in state["step_entries"])  # terminal
     assert state["decisions"] == []
-
-
-def test_issue15_the_batched_set_path_finishes_several_entries_in_one_savepoint_on_postgres(
-    postgres_server: PostgresServer, prepared: str
-) -> None:
-    """SQLite's batched scan (`recover_open_entries` over every open entry) on a PostgreSQL database: the
-    set statements take several entries at once there too (the multi-row marker insert over two json_each,
-    the row-value terminal UPDATE), with the per-entry path's result."""
-    url = crashed(postgres_server, prepared, recovery_set.COMMON)
-    calls, undo = counting("finish_common", recovery)
-    scan = supervisor.recover_at_start
-    supervisor.recover_at_start = supervisor.recover_open_entries  # type: ignore[assignment]
-    try:
-        trio.run(lambda: restart(url, listening=False))
-    finally:
-        supervisor.recover_at_start = scan
-        undo()
-    assert [len(done.entries) if done is not None else 0 for done in calls] == [3]
     slow = crashed(postgres_server, prepared, recovery_set.COMMON)
     with recovery_set.per_entry_only():
         trio.run(lambda: restart(slow, listening=False))

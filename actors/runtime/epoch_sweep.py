@@ -4,10 +4,10 @@ On SQLite the start-up recovery scan is enough: the runtime owning the file is t
 dead one left is finished when the file is next opened. On PostgreSQL the runtime that left an entry open
 (SIGKILLed, partitioned past `postgres.PARTITION_BOUND`) may never come back while others keep serving, so
 every live runtime looks every `interval` seconds for open entries holding no claim of a live epoch and
-either holding an in_progress marker of a dead epoch or created by a dead epoch (`step_entries.created_epoch`:
-a dead runtime's entry committed but never claimed), or, for an entry of unknown creating epoch (created
-before the column existed), older than `grace` (`GRACE_INTERVALS` sweeps) (`epochs.dead_epoch_entries`). So a
-live runtime's own dispatch, however long it waits on a host action, is never raced while its epoch lives.
+either holding an in_progress marker of a dead epoch or created by a dead epoch (`created_epoch`: a dead
+runtime's entry committed but never claimed), or, of unknown creating epoch (created before the column
+existed), older than `grace` (`GRACE_INTERVALS` sweeps): `epochs.dead_epoch_entries`. So a live runtime's
+own dispatch, however long it waits on a host action, is never raced while its epoch lives.
 It finishes them through the recovery path, one entry at a time under that entry's task lock (so never
 concurrently with a command of the task in another runtime). The markers' compare-and-set with epochs
 decides which runtime runs each engine action when several sweep at once, or when a sweep races a dispatch
@@ -114,8 +114,7 @@ async def sweep_forever(
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run `sweep_once` every `interval` seconds, with a grace of `GRACE_INTERVALS` intervals for claimless
-    entries of unknown creating epoch; `start` it to get the cancel scope that stops
-    it."""
+    entries of unknown creating epoch; `start` it to get the cancel scope that stops it."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:

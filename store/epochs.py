@@ -5,15 +5,18 @@ SQLite: one runtime owns the file (store/lock.py), so an epoch other than ours i
 
 PostgreSQL: several runtimes share the database, so liveness must be real. A runtime holds a session-level
 advisory lock keyed by its epoch on the writer's own connection, taken before any epoch-stamped write
-(`hold_epoch`, at connect). A marker's epoch is stale iff that lock can be taken: `is_live` tries
-`pg_try_advisory_xact_lock_shared` inside the reclaiming transaction, so the answer holds until it commits
-(the dead epoch's lock is then held shared for the rest of the transaction, so no session could take it
-exclusively meanwhile), and runtimes recovering at once, each holding it shared, all see the epoch dead
-(an exclusive try would see it live while another recovering transaction holds it). A SIGKILLed
-runtime's session ends at once and frees its lock; a partitioned one's ends within
+(`hold_epoch`, at connect), which also sets the session's `onceflow.epoch` (`EPOCH_SETTING`), so every step
+entry the writer inserts records its creating epoch (`step_entries.created_epoch`, a column DEFAULT read
+from that setting: store/pg_schema.py, migration 15). A marker's or an entry's epoch is stale iff that lock
+can be taken: `is_live` tries `pg_try_advisory_xact_lock_shared` inside the reclaiming transaction, so the
+answer holds until it commits (the dead epoch's lock is then held shared for the rest of the transaction,
+so no session could take it exclusively meanwhile), and runtimes recovering at once, each holding it
+shared, all see the epoch dead (an exclusive try would see it live while another recovering transaction
+holds it). A SIGKILLed runtime's session ends at once and frees its lock; a partitioned one's ends within
 `postgres.PARTITION_BOUND` seconds. A runtime that loses its connection mints a new epoch, never re-locks
-the old one. Engines whose advisory locks are stubs that always succeed (CockroachDB's) would make every
-epoch look dead: `verify_real_locks` refuses them at connect.
+the old one (its fresh session gets the new epoch's setting with the lock). Engines whose advisory locks
+are stubs that always succeed (CockroachDB's) would make every epoch look dead: `verify_real_locks` refuses
+them at connect.
 
 Commands for one task are serialized across runtimes by a transaction-scoped advisory lock keyed by the
 task id (`lock_tasks`), in a key space apart from the epochs' (two-int keys vs one bigint).
@@ -52,13 +55,25 @@ def epoch_key(epoch: str) -> int:
     return int.from_bytes(hashlib.blake2b(epoch.encode(), digest_size=8).digest(), "big", signed=True)
 
 
+EPOCH_SETTING = "onceflow.epoch"
+"""The session setting holding the epoch whose lock the session holds: the DEFAULT of
+`step_entries.created_epoch` on PostgreSQL (store/pg_schema.py)."""
+
+
 def hold_epoch(conn: PgConnection, epoch: str) -> None:
-    """Take `epoch`'s session-level lock on `conn` (the writer's connection), without waiting.
+    """Take `epoch`'s session-level lock on `conn` (the writer's connection), without waiting, and with it
+    set `EPOCH_SETTING` to `epoch` for the session (one statement; the setting only once the lock is held).
+    Called outside a transaction (at connect, and on the fresh connection of an epoch renewal), so the
+    setting is the session's for good: a rollback or `PgConnection.reset` (ROLLBACK, DEALLOCATE ALL) keeps it.
 
     Raises:
         RuntimeError: the lock is held by another session (two epochs sharing 64 bits: never in practice).
     """
-    if not conn.scalar("SELECT pg_try_advisory_lock(?)", (epoch_key(epoch),)):
+    held = conn.scalar(
+        "SELECT CASE WHEN pg_try_advisory_lock(?) THEN set_config(?, ?, false) END",
+        (epoch_key(epoch), EPOCH_SETTING, epoch),
+    )
+    if held is None:
         raise RuntimeError(f"the lock of fresh epoch {epoch} is already held by another session")
 
 
@@ -139,21 +154,36 @@ def dead_epoch_entries(
     conn: Connection, source: EpochSource, created_before: float, limit: int
 ) -> list[tuple[StepEntry, int]]:
     """The open entries a live runtime should finish, PostgreSQL only: those holding no in_progress marker
-    of a live epoch (`source.epoch`, ours, or one whose lock `is_live` finds held) and either holding one of
-    a dead epoch, or created before `created_before` (Unix seconds): a dead runtime's entry it committed but
-    never claimed (a promotion's E3 entry, a dispatch that had not begun). Each comes with the greatest
-    entry_seq of its pair, in (task_id, step_id, entry_seq) order, at most `limit` of them.
+    of a live epoch (`source.epoch`, ours, or one whose lock `is_live` finds held) and either
 
-    One statement asks which epochs holding a claim are dead (the partial index on in_progress markers),
-    one reads the entries (the partial index of open entries, each marker probe by primary key).
+    - holding one of a dead epoch (a dead runtime's claim), or
+    - created by a dead epoch (`created_epoch`): a dead runtime's entry it committed and left without a
+      claim (a promotion's E3 entry, a dispatch that had not begun or waited on a host action), taken as soon
+      as that epoch is dead, however young; an entry whose creating epoch lives is its runtime's to finish,
+      however long its dispatch waits on a host action; or
+    - of unknown creating epoch (NULL: created before migration 15, or on a session holding no epoch) and
+      created before `created_before` (Unix seconds): the grace rule, under which a live runtime's dispatch
+      waiting that long may be raced (each engine action still runs once, by the markers' compare-and-set).
+
+    An epoch that died while its runtime lives (a lost connection: the writer renews its epoch) forfeits
+    its entries like its claims: their remaining engine actions may run before a host action its dispatch
+    still waits on completes. Each entry comes with the greatest entry_seq of its pair, in (task_id, step_id,
+    entry_seq) order, at most `limit` of them.
+
+    One statement asks which epochs holding a claim (the partial index on in_progress markers) or having
+    created an open entry (the partial index of open entries) are not ours, `is_live` one statement each
+    for those, and one reads the entries (the partial index of open entries, each marker probe by primary
+    key).
     """
     own_epoch = source.epoch
-    held = conn.execute(
-        "SELECT DISTINCT epoch FROM step_entry_markers"
-        " WHERE state = 'in_progress' AND epoch IS NOT NULL AND epoch <> ?",
-        (own_epoch,),
+    epochs_seen = conn.execute(
+        "SELECT epoch FROM step_entry_markers"
+        " WHERE state = 'in_progress' AND epoch IS NOT NULL AND epoch <> ?"
+        " UNION SELECT created_epoch FROM step_entries"
+        " WHERE terminal = 0 AND created_epoch IS NOT NULL AND created_epoch <> ?",
+        (own_epoch, own_epoch),
     ).fetchall()
-    dead = [epoch for (epoch,) in held if not is_live(conn, epoch)]
+    dead = [epoch for (epoch,) in epochs_seen if not is_live(conn, epoch)]
     of_entry = "m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
     rows = conn.execute(
         "SELECT e.task_id, e.step_id, e.entry_seq, e.workflow_id, e.declaration_digest, e.entry_path,"
@@ -163,10 +193,12 @@ def dead_epoch_entries(
         # an epoch not known dead (ours, a live one, one claiming since the first statement) is live
         f" AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {of_entry}"
         "  AND m.state = 'in_progress' AND NOT COALESCE(m.epoch = ANY(CAST(? AS text[])), FALSE))"
-        " AND (e.created_at < ? OR EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE"
-        f"  {of_entry} AND m.state = 'in_progress' AND m.epoch = ANY(CAST(? AS text[]))))"
+        " AND (e.created_epoch = ANY(CAST(? AS text[]))"
+        "  OR (e.created_epoch IS NULL AND e.created_at < ?)"
+        f"  OR EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {of_entry}"
+        "   AND m.state = 'in_progress' AND m.epoch = ANY(CAST(? AS text[]))))"
         " ORDER BY e.task_id, e.step_id, e.entry_seq LIMIT ?",
-        (dead, created_before, dead, limit),
+        (dead, dead, created_before, dead, limit),
     ).fetchall()
     return [
         (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False), int(latest))

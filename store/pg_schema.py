@@ -230,6 +230,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX task_history_by_age ON task_history(at);
     """,
+    # 15: the creating epoch (store/schema.py's migration 15), filled by a DEFAULT from the session setting
+    # `epochs.hold_epoch` sets with the epoch's lock, so no INSERT names it; NULL on a connection holding no
+    # epoch. The DEFAULT comes in a second statement: given in ADD COLUMN, PostgreSQL would store its value
+    # now (the migrating runtime's epoch) as every existing row's, and the sweep would leave an entry from
+    # before, perhaps a dead runtime's, open as long as the migrating runtime lives; added apart, existing
+    # rows stay NULL (the sweep's grace rule).
+    """
+    ALTER TABLE step_entries ADD COLUMN created_epoch TEXT;
+    ALTER TABLE step_entries ALTER COLUMN created_epoch
+        SET DEFAULT NULLIF(current_setting('onceflow.epoch', true), '');
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

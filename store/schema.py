@@ -393,6 +393,13 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX task_history_by_age ON task_history(at);
     """,
+    # 15: the epoch of the runtime that created a step entry, which PostgreSQL's sweep reads to tell a live
+    # runtime's claimless entry from a dead one's (store/epochs.py `dead_epoch_entries`). PostgreSQL fills
+    # it from the writer's session (store/pg_schema.py); on SQLite it stays NULL, since one runtime owns the
+    # file and its start-up scan finishes what a dead one left. Entries from before stay NULL on both.
+    """
+    ALTER TABLE step_entries ADD COLUMN created_epoch TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

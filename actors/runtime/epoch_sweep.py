@@ -3,15 +3,19 @@
 On SQLite the start-up recovery scan is enough: the runtime owning the file is the only one, and what a
 dead one left is finished when the file is next opened. On PostgreSQL the runtime that left an entry open
 (SIGKILLed, partitioned past `postgres.PARTITION_BOUND`) may never come back while others keep serving, so
-every live runtime looks every `interval` seconds for open entries holding an in_progress marker of a dead
-epoch, or holding no claim of a live epoch at all and older than `grace` (`GRACE_INTERVALS` sweeps): a
-dead runtime's entry committed but never claimed (`epochs.dead_epoch_entries`). It finishes them through
-the recovery scan (actors/engine/recovery.py), which holds each entry's task lock while it decides the
-entry (so never concurrently with a command of the task in another runtime), common entries set-oriented.
-The markers' compare-and-set with epochs decides which runtime runs each engine action when several sweep
-at once, or when a live runtime's own dispatch of an entry older than `grace` is raced (a dispatch waiting
-on a host action that long, with no engine action claimed: the sweep then runs the entry's remaining engine
-actions, each once, possibly before that host action completes).
+every live runtime looks every `interval` seconds for open entries holding no claim of a live epoch and
+either holding an in_progress marker of a dead epoch or created by a dead epoch (`created_epoch`: a dead
+runtime's entry committed but never claimed), or, of unknown creating epoch (created before the column
+existed), older than `grace` (`GRACE_INTERVALS` sweeps): `epochs.dead_epoch_entries`. So a live runtime's
+own dispatch, however long it waits on a host action, is never raced while its epoch lives.
+It finishes them through the recovery scan (actors/engine/recovery.py), which holds each entry's task lock
+while it decides the entry (so never concurrently with a command of the task in another runtime), common
+entries set-oriented. The markers' compare-and-set with epochs decides which runtime runs each engine
+action when several sweep at once, or when a sweep races a dispatch whose epoch died under it (a lost
+connection renews the epoch) or of an entry older than `grace` with no creating epoch: the sweep then runs
+the entry's remaining engine actions, each once, possibly before a host action the dispatch waits on
+completes. An entry its live runtime left open (an executor's transient failure, AC-B9(f)) waits, as on
+SQLite, for that epoch to end (then the next sweep, or a restart's scan).
 Then it runs the start-up promotion (`promote`), so a WIP slot a dead runtime freed without promoting (or
 whose promotion failed `storage_busy`) is filled while tasks wait.
 """
@@ -34,10 +38,11 @@ SWEEP_INTERVAL = 5.0
 """Seconds between two sweeps of a live PostgreSQL runtime."""
 
 GRACE_INTERVALS = 12
-"""How many sweep intervals a claimless open entry must be old before a sweep takes it (60 s at the default
-interval). Session actions hold no marker, so a live runtime whose dispatch waits this long on a host
-action before its first engine action looks like a dead one; the grace makes that rare (and then each
-engine action still runs once), and a dead runtime's entry waits at most this long plus one sweep."""
+"""How many sweep intervals a claimless open entry of unknown creating epoch (created before the
+`created_epoch` column, or on a session holding no epoch) must be old before a sweep takes it (60 s at the
+default interval): such an entry may be a live runtime's whose dispatch waits on a host action, which the
+grace makes rare (and then each engine action still runs once). An entry whose creating epoch is known
+needs no grace: it is taken at the first sweep after that epoch is dead, never while it lives."""
 
 SWEEP_LIMIT = 100
 """The most entries one sweep finishes (the next sweep takes the rest)."""
@@ -49,9 +54,10 @@ async def sweep_once(
     grace: float,
     promote: Callable[[], Awaitable[int]] | None = None,
 ) -> int:
-    """Finish, once, the open entries of dead epochs and the claimless ones created more than `grace`
-    seconds ago (at most `SWEEP_LIMIT`), then run `promote` (the start-up promotion); returns how many
-    entries were re-dispatched. Never raises: a failure is logged at WARNING."""
+    """Finish, once, the open entries of dead epochs (claimed or created by one) and the claimless ones of
+    unknown creating epoch created more than `grace` seconds ago (at most `SWEEP_LIMIT`), then run `promote`
+    (the start-up promotion); returns how many entries were re-dispatched. Never raises: a failure is
+    logged at WARNING."""
     store = services.store
     before = services.now() - grace
     try:
@@ -83,8 +89,7 @@ async def sweep_forever(
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run `sweep_once` every `interval` seconds, with a grace of `GRACE_INTERVALS` intervals for claimless
-    entries (a live runtime's own dispatch is rarely raced); `start` it to get the cancel scope that stops
-    it."""
+    entries of unknown creating epoch; `start` it to get the cancel scope that stops it."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:

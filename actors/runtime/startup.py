@@ -87,9 +87,9 @@ async def open_runtime(
       once, so an idle task costs no actor memory, ~0.6 KiB of peak RSS per idle task in bench/memory.py);
       an idle task's next command runs on its sender's own Trio task, spawning nothing.
     - `epoch_sweep_interval` (PostgreSQL, where several runtimes may serve one database and each command's
-      transactions hold its task's lock): every so many seconds the runtime finishes the open entries whose
-      epoch is dead or that hold no live claim after `GRACE_INTERVALS` sweeps, then runs the start-up
-      promotion (actors/runtime/epoch_sweep.py).
+      transactions hold its task's lock): every so many seconds the runtime finishes the open entries
+      holding no live claim that a dead epoch claimed or created (an entry of unknown creating epoch: after
+      `GRACE_INTERVALS` sweeps), then runs the start-up promotion (actors/runtime/epoch_sweep.py).
     - `task_row_cache`: how many task rows a move may start from without reading them
       (actors/kernel/task_rows.py: the admission's compare-and-set verifies the row, a mismatch falls back to
       a fresh read); 0 turns it off, and it is always off on PostgreSQL, where other runtimes write rows too.

@@ -42,9 +42,10 @@ _names = itertools.count(1)
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """The tables, rows in order, with `rowid` columns left out and run ids replaced by their rank
+    """The tables, rows in order, with `rowid` columns left out, run ids replaced by their rank
     (`run_ranks`): PostgreSQL's identity values are not transactional, so a savepoint the common path rolled
-    back leaves a gap in them that SQLite would have reused."""
+    back leaves a gap in them that SQLite would have reused; and an entry's creating epoch by whether it has
+    one (each database's runtime mints its own)."""
     ranks = run_ranks(url)
     state: dict[str, list[tuple[Any, ...]]] = {}
     with psycopg.connect(url) as conn:
@@ -57,6 +58,8 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
                 for name, value in zip(names, row, strict=True):
                     if name == "rowid":
                         continue
+                    if name == "created_epoch":
+                        value = value is not None
                     run_id = (table == "runs" and name == "id") or name == "run_id"
                     kept.append(ranks.get(value, value) if run_id else value)
                 rows.append(tuple(kept))

@@ -960,15 +960,18 @@ def _read_events(encoded: bytes) -> Any:
     count limits are measured as each list ends, and the first one broken stops the reading.
 
     One pass, no node graph: each scalar is resolved and constructed by `_StrictConstructor` as the
-    node-based loaders do; mappings and sequences become dicts and lists in document order. Raises
+    node-based loaders do (once per distinct tag, text and implicitness: a repeated one reuses the value,
+    floats apart); mappings and sequences become dicts and lists in document order. Raises
     _OverCount for the first count problem `_first_count_problem` would find in the same text (raised once
     the step it lies in has been read); _NotPlain for anything it leaves to the node-based loaders (see
     there), which then read the whole text again; yaml.YAMLError where libyaml's parser refuses the text.
     """
-    parser = _CParser(encoded)
+    next_event = _CParser(encoded).get_event
+    scalar, mapping_start, sequence_start = yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent
+    mapping_end, sequence_end = yaml.MappingEndEvent, yaml.SequenceEndEvent
     constructor = _StrictConstructor()
-    constructors = _StrictConstructor.yaml_constructors
     resolve: Callable[..., str] = Resolver().resolve  # (node class, value, implicit) -> tag
+    read: dict[tuple[str | None, str, tuple[bool, bool]], Any] = {}  # a scalar as written -> its value
     open_: list[Any] = []  # the open mappings and sequences, outermost first
     slots: list[Any] = []  # where each open one goes in its parent: key, index, or None for the root
     keys: list[Any] = []  # each open mapping's key awaiting its value, or _NO_KEY
@@ -976,21 +979,19 @@ def _read_events(encoded: bytes) -> Any:
     documents = 0
     over: tuple[_Loc, str] | None = None
     while True:
-        event: Any = parser.get_event()  # the stubs type it `Event | None`; branches test its type
+        event: Any = next_event()  # the stubs type it `Event | None`; branches test its type
         kind = type(event)
-        if kind is yaml.ScalarEvent:
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolve(yaml.ScalarNode, event.value, event.implicit)
-            if len(open_) >= MAX_YAML_DEPTH or tag not in _SCALAR_TAGS or event.anchor is not None:
+        if kind is scalar:
+            if len(open_) >= MAX_YAML_DEPTH or event.anchor is not None:
                 raise _NotPlain
-            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
-            try:
-                value = constructors[tag](constructor, node)
-            except yaml.YAMLError:
-                raise _NotPlain from None
-        elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
-            mapping = kind is yaml.MappingStartEvent
+            written = (event.tag, event.value, event.implicit)
+            value = read.get(written, _NO_KEY)
+            if value is _NO_KEY:
+                value = _construct_scalar(event, constructor, resolve)
+                if type(value) is not float:  # each NaN stays its own object, as the node loaders make it
+                    read[written] = value
+        elif kind is mapping_start or kind is sequence_start:
+            mapping = kind is mapping_start
             tags = _MAPPING_TAGS if mapping else _SEQUENCE_TAGS
             if len(open_) >= MAX_YAML_DEPTH or event.tag not in tags or event.anchor is not None:
                 raise _NotPlain
@@ -1005,10 +1006,13 @@ def _read_events(encoded: bytes) -> Any:
             open_.append({} if mapping else [])
             keys.append(_NO_KEY)
             continue
-        elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+        elif kind is mapping_end or kind is sequence_end:
             value = open_.pop()
             keys.pop()
-            if over is None and (len(value) > MAX_TEMPLATE_ACTIONS or len(open_) == 5):
+            if over is None and (
+                len(value) > MAX_TEMPLATE_ACTIONS
+                or (len(open_) == 5 and kind is mapping_end and value.get("type") == "configure_session")
+            ):
                 over = _over_count(value, open_, slots)
             slots.pop()
         elif kind is yaml.DocumentStartEvent:
@@ -1035,6 +1039,21 @@ def _read_events(encoded: bytes) -> Any:
             keys[-1] = _NO_KEY
         if over is not None and len(open_) <= 2:  # the step holding the problem is read: its id is known
             raise _OverCount(*over, {"steps": open_[1] if len(open_) == 2 else value})
+
+
+def _construct_scalar(event: Any, constructor: _StrictConstructor, resolve: Callable[..., str]) -> Any:
+    """The value of a ScalarEvent, resolved and constructed as the node loaders do; _NotPlain when its tag
+    is not a scalar's or the constructor refuses it (the node loaders word that)."""
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag not in _SCALAR_TAGS:
+        raise _NotPlain
+    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+    try:
+        return _StrictConstructor.yaml_constructors[tag](constructor, node)
+    except yaml.YAMLError:
+        raise _NotPlain from None
 
 
 def _over_count(closed: Any, open_: list[Any], slots: list[Any]) -> tuple[_Loc, str] | None:

@@ -11,9 +11,8 @@ Every problem is reported as a `WorkflowError` naming the source, the step id (w
 dotted field path; the error is the first problem found and its `others` hold the rest of what the same pass
 found (`onceflow validate` prints them all), except that a template over a count limit (steps, actions
 per trigger) is refused with the first count problem alone, found as the text is read: before the rest of it
-is read, and before any step is validated. An unknown key
-or action type names the closest known one. Scalars are not coerced (`position: "1"` and `mode: 5` are
-errors).
+is read, and before any step is validated. An unknown key or action type names the closest known one.
+Scalars are not coerced (`position: "1"` and `mode: 5` are errors).
 """
 
 import difflib
@@ -1072,7 +1071,7 @@ def _over_count(closed: Any, open_: list[Any], slots: list[Any]) -> tuple[_Loc, 
     where: _Loc = ("steps", slots[2], "events", slots[4])
     if depth == 4 and type(closed) is list:
         return _count_problem(closed, _ACTIONS_BOUND, where)
-    if depth == 5 and type(closed) is dict:
+    if depth == 5 and type(open_[4]) is list and type(closed) is dict:
         return _rules_problem(closed, (*where, slots[5]))
     return None
 

@@ -553,6 +553,16 @@ def test_the_first_count_problem_is_the_refusal_alone_on_every_path(
     assert f"at most {limit} items" in first[2]
 
 
+def test_a_list_of_that_size_elsewhere_is_no_count_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the counted lists are counted: 65 rules under a trigger written as a mapping (not a list of
+    actions) are left to validation, which refuses the mapping, on every path."""
+    mapping = "      on_enter:\n        x:\n          config:"
+    configure = _configure().replace("      on_enter:\n        - config:", mapping)
+    (first, second) = _every_refusal(_with(_steps_yaml(3), 1, configure), monkeypatch)
+    assert first == second
+    assert first[:2] == ("s1", "steps[1].events.on_enter") and "expected a list" in first[2]
+
+
 def test_a_count_problem_is_the_refusal_before_the_rest_of_the_text_is_read() -> None:
     """The reader stops once the step holding the first count problem is read: a later count problem, an
     alias or text that is not YAML at all is never reached (a whole 1 MiB template would cost a second)."""

@@ -4,19 +4,21 @@ Run: python bench/template_cost.py [-n STEPS] [--tasks T]
 
 Two templates of N steps (default: MAX_TEMPLATE_STEPS): `plain` (no WIP keys) and `chain` (every step has
 a WIP limit and pulls from the step before it, the shape whose feeder check used to be cubic). For each:
-the time of `load_workflow_text` alone; `register_workflow` through a runtime while a ticker task records
-the longest gap between its 1 ms ticks (parsing runs in a worker thread, so the gap stays small); then,
-with T tasks created at the last step (nothing pulls from it), the time of a restart (`open_runtime` until
-it yields: load, recovery scan, start-up promotion) and the store transactions that restart ran.
+the time of `load_workflow_text` alone (the best of `--repeat`, wall clock and CPU); `register_workflow`
+through a runtime while a ticker task records the longest gap between its 1 ms ticks (parsing runs in a
+worker thread, so the gap stays small); then, with T tasks created at the last step (nothing pulls from
+it), the time of a restart (`open_runtime` until it yields: load, recovery scan, start-up promotion) and
+the store transactions that restart ran.
 Invariants (exit 1): registration succeeds and the restart runs fewer than N transactions (start-up
 promotion skips steps nobody can be promoted into), and every hostile template below is refused.
 
 Then the refusal time of hostile templates at the limits, `load_workflow_text` alone, the best of
 `--repeat` runs (wall clock, and the process's CPU time, steadier on a shared machine): `cycle` (the
 N-step chain whose first step pulls from its last), `steps+1` (N + 1 steps, each with an unknown key),
-`actions+1` (one more action than a trigger allows, on every step that fits in the byte cap) and
-`alias` (an 823-byte alias bomb). `--python` forces PyYAML's pure-Python loader (what every template
-used before libyaml parsed them).
+`actions+1` (one more action than a trigger allows, on every step that fits in the byte cap), `last+1`
+(the byte cap filled with steps of as many actions as a trigger allows, the last one over: the whole text is
+read before the refusal) and `alias` (an 823-byte alias bomb). `--python` forces PyYAML's pure-Python
+loader (what every template used before libyaml parsed them).
 """
 
 from __future__ import annotations
@@ -53,24 +55,42 @@ def template(n: int, chain: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _actions_up_to_the_byte_cap(n: int, over_at_the_end: bool) -> str:
+    """Steps of MAX_TEMPLATE_ACTIONS + 1 actions on one trigger, as many as fit in MAX_TEMPLATE_BYTES; or,
+    `over_at_the_end`, steps of MAX_TEMPLATE_ACTIONS actions with the last that fits one over."""
+
+    def step(i: int, actions: int) -> list[str]:
+        events = ["    events:", "      on_turn_complete:", *["        - type: move_to_next"] * actions]
+        return [f"  - id: s{i}", f"    name: Step {i}", f"    position: {i}", *events]
+
+    lines = ["id: cost", "name: Cost", "steps:"]
+    per_step = MAX_TEMPLATE_ACTIONS if over_at_the_end else MAX_TEMPLATE_ACTIONS + 1
+    for i in range(n):
+        room = MAX_TEMPLATE_BYTES - sum(len(line) + 1 for line in lines + step(i, per_step))
+        if over_at_the_end and room < sum(len(line) + 1 for line in step(i + 1, MAX_TEMPLATE_ACTIONS + 1)):
+            lines += step(i, MAX_TEMPLATE_ACTIONS + 1)
+            break
+        if room < 0:
+            break
+        lines += step(i, per_step)
+    lines.insert(6, "    is_start_step: true")
+    return "\n".join(lines) + "\n"
+
+
 def hostile(n: int) -> dict[str, str]:
     """Templates at the limits that must be refused, by name."""
     cycle = template(n, chain=True).replace(
         "    is_start_step: true\n", f"    is_start_step: true\n    pull_from_step_id: s{n - 1}\n", 1
     )
     over = template(n + 1, chain=False).replace("    position:", "    colour: x\n    position:")
-    actions = "    events:\n      on_turn_complete:\n" + "        - type: move_to_next\n" * (
-        MAX_TEMPLATE_ACTIONS + 1
-    )
-    lines = ["id: cost", "name: Cost", "steps:"]
-    for i in range(n):
-        step = [f"  - id: s{i}", f"    name: Step {i}", f"    position: {i}", actions.rstrip("\n")]
-        if sum(len(line) + 1 for line in lines + step) > MAX_TEMPLATE_BYTES:
-            break
-        lines += step
-    lines.insert(6, "    is_start_step: true")
     bomb = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 9) + "]\n" for i in range(9))
-    return {"cycle": cycle, "steps+1": over, "actions+1": "\n".join(lines) + "\n", "alias": bomb}
+    return {
+        "cycle": cycle,
+        "steps+1": over,
+        "actions+1": _actions_up_to_the_byte_cap(n, over_at_the_end=False),
+        "last+1": _actions_up_to_the_byte_cap(n, over_at_the_end=True),
+        "alias": bomb,
+    }
 
 
 def refusal_time(text: str, repeat: int) -> tuple[float, float, str]:
@@ -115,11 +135,14 @@ async def send(rt: Runtime, message: dict[str, Any]) -> Any:
     return reply.result
 
 
-async def measure(kind: str, n: int, tasks: int, directory: Path) -> bool:
+async def measure(kind: str, n: int, tasks: int, directory: Path, repeat: int) -> bool:
     text = template(n, chain=kind == "chain")
-    started = time.perf_counter()
-    load_workflow_text(text, f"{kind}.yml")
-    parse = time.perf_counter() - started
+    parse, parse_cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        load_workflow_text(text, f"{kind}.yml")
+        parse = min(parse, time.perf_counter() - started)
+        parse_cpu = min(parse_cpu, time.process_time() - started_cpu)
     db = directory / f"{kind}.db"
     async with open_runtime(db) as rt:
         started = time.perf_counter()
@@ -148,7 +171,8 @@ async def measure(kind: str, n: int, tasks: int, directory: Path) -> bool:
     finally:
         StoreActor._submit = original  # type: ignore[method-assign]
     print(
-        f"{kind:>5} n={n:,} bytes={len(text):,}: parse+validate {parse * 1000:.0f} ms, register "
+        f"{kind:>5} n={n:,} bytes={len(text):,}: parse+validate {parse * 1000:.1f} ms "
+        f"(CPU {parse_cpu * 1000:.1f} ms), register "
         f"{register * 1000:.0f} ms (longest Trio stall {gap * 1000:.1f} ms), restart with {tasks} tasks "
         f"{restart * 1000:.0f} ms in {commits} transactions"
     )
@@ -160,14 +184,15 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=MAX_TEMPLATE_STEPS)
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--repeat", type=int, default=5, help="refusals timed per hostile template")
+    parser.add_argument("--repeat", type=int, default=5, help="times each parse and refusal is timed")
     parser.add_argument("--python", action="store_true", help="PyYAML's pure-Python loader only")
     args = parser.parse_args()
     if args.python:
         workflow_module._CLoader = None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     directory = Path(tempfile.mkdtemp(prefix="onceflow-template-cost-", dir=args.dir))
-    ok = all([trio.run(measure, kind, args.n, args.tasks, directory) for kind in ("plain", "chain")])
+    kinds = ("plain", "chain")
+    ok = all([trio.run(measure, kind, args.n, args.tasks, directory, args.repeat) for kind in kinds])
     for name, text in hostile(args.n).items():
         best, cpu, field = refusal_time(text, args.repeat)
         print(

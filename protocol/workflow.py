@@ -10,9 +10,9 @@ E3, kandev-engine-notes.md, "WIP limits") can be declared.
 Every problem is reported as a `WorkflowError` naming the source, the step id (when inside a step) and the
 dotted field path; the error is the first problem found and its `others` hold the rest of what the same pass
 found (`onceflow validate` prints them all), except that a template over a count limit (steps, actions
-per trigger) is refused with its count problems alone, found before any step is validated. An unknown key
-or action type names the closest known one. Scalars are not coerced (`position: "1"` and `mode: 5` are
-errors).
+per trigger) is refused with the first count problem alone, found as the text is read: before the rest of it
+is read, and before any step is validated. An unknown key or action type names the closest known one.
+Scalars are not coerced (`position: "1"` and `mode: 5` are errors).
 """
 
 import difflib
@@ -928,12 +928,162 @@ if _CParser is not None:
     _CLoader = _CStrictLoader
 
 
+_SCALAR_TAGS = frozenset(
+    f"tag:yaml.org,2002:{kind}" for kind in ("null", "bool", "int", "float", "binary", "timestamp", "str")
+)
+_MAPPING_TAGS = frozenset({None, "!", "tag:yaml.org,2002:map"})
+_SEQUENCE_TAGS = frozenset({None, "!", "tag:yaml.org,2002:seq"})
+_TRIGGER_KEYS = frozenset(trigger.value for trigger in Trigger)
+_NO_KEY = object()
+
+
+class _NotPlain(Exception):
+    """`_read_events` met what only the node-based loaders read or word: an anchor or alias, a tag other than
+    a scalar's or a plain map's or seq's, a merge (`<<`) or value (`=`) key, a collection as a key, a
+    repeated key, a second document, nesting deeper than MAX_YAML_DEPTH, a scalar the constructor refuses."""
+
+
+class _OverCount(Exception):
+    """A count limit broken, found while the text is read: `loc` and `message` as `_first_count_problem`
+    gives them; `data` holds the steps read so far (the one at `loc` complete, so its id is known)."""
+
+    def __init__(self, loc: _Loc, message: str, data: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+        self.data = data
+
+
+def _read_events(encoded: bytes) -> Any:
+    """The YAML value of `encoded`, built straight from libyaml's events, as `_StrictLoader` reads it; the
+    count limits are measured as each list ends, and the first one broken stops the reading.
+
+    One pass, no node graph: each scalar is resolved and constructed by `_StrictConstructor` as the
+    node-based loaders do (once per distinct tag, text and implicitness: a repeated one reuses the value,
+    floats apart); mappings and sequences become dicts and lists in document order. Raises
+    _OverCount for the first count problem `_first_count_problem` would find in the same text (raised once
+    the step it lies in has been read); _NotPlain for anything it leaves to the node-based loaders (see
+    there), which then read the whole text again; yaml.YAMLError where libyaml's parser refuses the text.
+    """
+    next_event = _CParser(encoded).get_event
+    scalar, mapping_start, sequence_start = yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent
+    mapping_end, sequence_end = yaml.MappingEndEvent, yaml.SequenceEndEvent
+    constructor = _StrictConstructor()
+    resolve: Callable[..., str] = Resolver().resolve  # (node class, value, implicit) -> tag
+    read: dict[tuple[str | None, str, tuple[bool, bool]], Any] = {}  # a scalar as written -> its value
+    open_: list[Any] = []  # the open mappings and sequences, outermost first
+    slots: list[Any] = []  # where each open one goes in its parent: key, index, or None for the root
+    keys: list[Any] = []  # each open mapping's key awaiting its value, or _NO_KEY
+    root: Any = None
+    documents = 0
+    over: tuple[_Loc, str] | None = None
+    while True:
+        event: Any = next_event()  # the stubs type it `Event | None`; branches test its type
+        kind = type(event)
+        if kind is scalar:
+            if len(open_) >= MAX_YAML_DEPTH or event.anchor is not None:
+                raise _NotPlain
+            written = (event.tag, event.value, event.implicit)
+            value = read.get(written, _NO_KEY)
+            if value is _NO_KEY:
+                value = _construct_scalar(event, constructor, resolve)
+                if type(value) is not float:  # each NaN stays its own object, as the node loaders make it
+                    read[written] = value
+        elif kind is mapping_start or kind is sequence_start:
+            mapping = kind is mapping_start
+            tags = _MAPPING_TAGS if mapping else _SEQUENCE_TAGS
+            if len(open_) >= MAX_YAML_DEPTH or event.tag not in tags or event.anchor is not None:
+                raise _NotPlain
+            if not open_:
+                slots.append(None)
+            elif type(open_[-1]) is list:
+                slots.append(len(open_[-1]))
+            elif keys[-1] is _NO_KEY:
+                raise _NotPlain  # a mapping or sequence as a key
+            else:
+                slots.append(keys[-1])
+            open_.append({} if mapping else [])
+            keys.append(_NO_KEY)
+            continue
+        elif kind is mapping_end or kind is sequence_end:
+            value = open_.pop()
+            keys.pop()
+            if over is None and (
+                len(value) > MAX_TEMPLATE_ACTIONS
+                or (len(open_) == 5 and kind is mapping_end and value.get("type") == "configure_session")
+            ):
+                over = _over_count(value, open_, slots)
+            slots.pop()
+        elif kind is yaml.DocumentStartEvent:
+            documents += 1
+            if documents > 1:
+                raise _NotPlain
+            continue
+        elif kind is yaml.StreamEndEvent:
+            return root
+        elif kind is yaml.AliasEvent:
+            raise _NotPlain
+        else:  # the stream's start, a document's end
+            continue
+        if not open_:
+            root = value
+        elif type(parent := open_[-1]) is list:
+            parent.append(value)
+        elif keys[-1] is _NO_KEY:
+            if value in parent:
+                raise _NotPlain  # a repeated key: the constructor words it
+            keys[-1] = value
+        else:
+            parent[keys[-1]] = value
+            keys[-1] = _NO_KEY
+        if over is not None and len(open_) <= 2:  # the step holding the problem is read: its id is known
+            raise _OverCount(*over, {"steps": open_[1] if len(open_) == 2 else value})
+
+
+def _construct_scalar(event: Any, constructor: _StrictConstructor, resolve: Callable[..., str]) -> Any:
+    """The value of a ScalarEvent, resolved and constructed as the node loaders do; _NotPlain when its tag
+    is not a scalar's or the constructor refuses it (the node loaders word that)."""
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag not in _SCALAR_TAGS:
+        raise _NotPlain
+    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+    try:
+        return _StrictConstructor.yaml_constructors[tag](constructor, node)
+    except yaml.YAMLError:
+        raise _NotPlain from None
+
+
+def _over_count(closed: Any, open_: list[Any], slots: list[Any]) -> tuple[_Loc, str] | None:
+    """The count problem of the mapping or sequence `closed` has just ended, if it is a counted one: the
+    steps list, a trigger's actions, or a configure_session action's rules. `open_` holds its parents;
+    `slots[i]` is where `open_[i]` (or, last, `closed`) goes in its parent."""
+    depth = len(open_)
+    if depth == 0 or type(open_[0]) is not dict or slots[1] != "steps":
+        return None
+    if depth == 1:
+        return _count_problem(closed, _STEPS_BOUND, ("steps",)) if type(closed) is list else None
+    if depth < 4 or type(open_[1]) is not list or type(open_[2]) is not dict or type(open_[3]) is not dict:
+        return None
+    if slots[3] != "events" or slots[4] not in _TRIGGER_KEYS:
+        return None
+    where: _Loc = ("steps", slots[2], "events", slots[4])
+    if depth == 4 and type(closed) is list:
+        return _count_problem(closed, _ACTIONS_BOUND, where)
+    if depth == 5 and type(open_[4]) is list and type(closed) is dict:
+        return _rules_problem(closed, (*where, slots[5]))
+    return None
+
+
 def _parse_yaml(text: str, encoded: bytes) -> Any:
     """The YAML value of `text` (`encoded` is its UTF-8, lone surrogates kept so libyaml refuses them), as
-    `_StrictLoader` reads it. Raises yaml.YAMLError.
+    `_StrictLoader` reads it. Raises yaml.YAMLError; _OverCount for a count limit broken (see
+    `_read_events`), before the rest of the text is read.
 
-    Parsed by libyaml when PyYAML has it (~7x faster on a 1,000-step template): composed in C, checked
-    for aliases and depth, constructed by `_StrictConstructor`. A refusal by the constructor's rules
+    Read by libyaml when PyYAML has it: first straight from its events (`_read_events`, ~1.7x faster than
+    a node graph), then, for what that leaves to the node-based loaders, composed in C, checked for
+    aliases and depth, and constructed by `_StrictConstructor`. A refusal by the constructor's rules
     comes from the same Python code on both paths. Anything else libyaml refuses, or that breaks the
     composer's rules, is read again by `_StrictLoader`, so the refusal has its words and marks: libyaml's
     scanner and parser word their errors otherwise, and `_StrictLoader` refuses deep flow nesting as it
@@ -941,10 +1091,15 @@ def _parse_yaml(text: str, encoded: bytes) -> Any:
     """
     if _CLoader is not None:
         try:
-            return yaml.load(encoded, Loader=_CLoader)  # type: ignore[arg-type]
-        except yaml.constructor.ConstructorError:
-            raise
-        except (yaml.YAMLError, _Unbounded):
+            return _read_events(encoded)
+        except _NotPlain:
+            try:
+                return yaml.load(encoded, Loader=_CLoader)  # type: ignore[arg-type]
+            except yaml.constructor.ConstructorError:
+                raise
+            except (yaml.YAMLError, _Unbounded):
+                pass
+        except yaml.YAMLError:
             pass
     return yaml.load(text, Loader=_StrictLoader)
 
@@ -966,12 +1121,12 @@ def workflow_from_dict(
 
     `allowed_actions` is the per-trigger allow-list (IMPORT_ALLOWED_ACTIONS for the import path).
     The count limits (steps, actions per trigger, rules per configure_session) are checked first, before
-    any step is validated: a template over one is refused with every count it breaks and nothing else.
-    Source: kandev-engine-notes.md, Template format.
+    any step is validated: a template over one is refused with the first count problem alone (see
+    `_first_count_problem`). Source: kandev-engine-notes.md, Template format.
     """
-    counted = _count_problems(data)
-    if counted:
-        raise _workflow_error(data, source, counted)
+    counted = _first_count_problem(data)
+    if counted is not None:
+        raise _workflow_error(data, source, [counted])
     try:
         return Workflow.model_validate(dict(data), context={_ALLOWED_CONTEXT_KEY: allowed_actions})
     except ValidationError as exc:
@@ -997,45 +1152,56 @@ _ACTIONS_BOUND: TypeAdapter[tuple[Any, ...]] = TypeAdapter(
 )
 
 
-def _count_problems(data: Mapping[str, Any]) -> list[tuple[_Loc, str]]:
-    """The count limits the raw template breaks, checked before any step is validated: steps at most
+def _count_problem(
+    items: list[Any] | tuple[Any, ...], bound: TypeAdapter[tuple[Any, ...]], loc: _Loc
+) -> tuple[_Loc, str] | None:
+    """The problem of a list over `bound`, at `loc`, in the words full validation gives it (the same
+    pydantic bound reports it), or None within it."""
+    try:
+        bound.validate_python(items)
+    except ValidationError as exc:
+        at, message = _problem(exc.errors()[0], Workflow)
+        return (*loc, *at), message
+    return None
+
+
+def _rules_problem(action: Mapping[str, Any], loc: _Loc) -> tuple[_Loc, str] | None:
+    """The count problem of the configure_session `action` at `loc` (rules over MAX_TEMPLATE_ACTIONS)."""
+    config = action.get("config")
+    rules = config.get("rules") if isinstance(config, Mapping) else None
+    if isinstance(rules, list | tuple) and action.get("type") == "configure_session":
+        return _count_problem(rules, _ACTIONS_BOUND, (*loc, "config", "rules"))
+    return None
+
+
+def _first_count_problem(data: Mapping[str, Any]) -> tuple[_Loc, str] | None:
+    """The first count limit the raw template breaks, checked before any step is validated: steps at most
     MAX_TEMPLATE_STEPS, actions per trigger and rules per configure_session at most MAX_TEMPLATE_ACTIONS.
 
-    Each problem has the location and words full validation gives it (the same pydantic bound reports
-    it), in document order. Only lists are counted; anything of another shape is left to validation.
+    First in reading order, a list measured where it ends: within a step, triggers in the order written,
+    an action's rules before its trigger's list; the steps list after every step. It is the problem
+    `_read_events` stops at when it reads the same text. Only lists are counted; anything of another shape
+    is left to validation.
     """
-    problems: list[tuple[_Loc, str]] = []
-
-    def count(items: list[Any] | tuple[Any, ...], bound: TypeAdapter[tuple[Any, ...]], loc: _Loc) -> None:
-        try:
-            bound.validate_python(items)
-        except ValidationError as exc:
-            found = (_problem(error, Workflow) for error in exc.errors())
-            problems.extend(((*loc, *at), message) for at, message in found)
-
     steps = data.get("steps")
     if not isinstance(steps, list | tuple):
-        return problems
-    count(steps, _STEPS_BOUND, ("steps",))
+        return None
     for index, step in enumerate(steps):
         events = step.get("events") if isinstance(step, Mapping) else None
         if not isinstance(events, Mapping):
             continue
-        for trigger in Trigger:
-            actions = events.get(trigger.value)
-            if not isinstance(actions, list | tuple):
+        for trigger, actions in events.items():
+            if trigger not in _TRIGGER_KEYS or not isinstance(actions, list | tuple):
                 continue
-            count(actions, _ACTIONS_BOUND, ("steps", index, "events", trigger.value))
+            where: _Loc = ("steps", index, "events", trigger)
             for position, action in enumerate(actions):
-                config = action.get("config") if isinstance(action, Mapping) else None
-                rules = config.get("rules") if isinstance(config, Mapping) else None
-                if isinstance(rules, list | tuple) and action.get("type") == "configure_session":
-                    count(
-                        rules,
-                        _ACTIONS_BOUND,
-                        ("steps", index, "events", trigger.value, position, "config", "rules"),
-                    )
-    return problems
+                found = _rules_problem(action, (*where, position)) if isinstance(action, Mapping) else None
+                if found is not None:
+                    return found
+            found = _count_problem(actions, _ACTIONS_BOUND, where)
+            if found is not None:
+                return found
+    return _count_problem(steps, _STEPS_BOUND, ("steps",))
 
 
 def load_workflow_text(
@@ -1048,8 +1214,10 @@ def load_workflow_text(
 
     Bounded: at most MAX_TEMPLATE_BYTES of UTF-8, no aliases, nesting at most MAX_YAML_DEPTH,
     payloads at most MAX_PAYLOAD_BYTES, at most MAX_TEMPLATE_STEPS steps; the cost is linear in the text
-    (libyaml parses it when PyYAML has it, see `_parse_yaml`), and the count limits are checked before any
-    step is validated. CPU-bound: an async caller runs it in a worker thread.
+    (libyaml parses it when PyYAML has it, see `_parse_yaml`). The count limits are checked first: with
+    libyaml, each counted list as it ends while the text is read, so the first one broken is the refusal
+    before the rest of the text is read; otherwise before any step is validated. CPU-bound: an async
+    caller runs it in a worker thread.
     Raises WorkflowError (field '') when the text is too large, not valid YAML or not a mapping, and as
     workflow_from_dict does otherwise. Source: kandev-engine-notes.md, Template format.
     """
@@ -1062,6 +1230,8 @@ def load_workflow_text(
         data = _parse_yaml(text, encoded)
     except yaml.YAMLError as exc:
         raise WorkflowError(source, None, "", f"not valid YAML: {_yaml_problem(exc)}") from exc
+    except _OverCount as over:
+        raise _workflow_error(over.data, source, [(over.loc, over.message)]) from None
     if not isinstance(data, Mapping):
         raise WorkflowError(source, None, "", f"the document must be a mapping, not {type(data).__name__}")
     return workflow_from_dict(data, source, allowed_actions=allowed_actions)

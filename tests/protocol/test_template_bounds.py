@@ -29,7 +29,16 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_STEPS,
     MAX_YAML_DEPTH,
 )
-from onceflow.protocol.workflow import Step, Workflow, WorkflowError, _feeder_cycles, load_workflow_text
+from onceflow.protocol.workflow import (
+    IMPORT_ALLOWED_ACTIONS,
+    ConfigureSessionConfig,
+    Step,
+    Trigger,
+    Workflow,
+    WorkflowError,
+    _feeder_cycles,
+    load_workflow_text,
+)
 from onceflow.store.writer import StoreActor
 
 WORKFLOWS = FIXTURES / "workflows"
@@ -396,7 +405,8 @@ MALFORMED_DOCUMENTS = [
 
 def _every_reading(text: str) -> dict[str, str]:
     """`repr` of what each path reads from `text` (or of its refusal): the pure-Python loader, what
-    `load_workflow_text` parses, and libyaml's loader alone when it reads the text."""
+    `load_workflow_text` parses, libyaml's loader alone and the reader of libyaml's events alone, each
+    when it reads the text."""
     encoded = text.encode("utf-8", "surrogatepass")
     loaders: list[tuple[str, Callable[[], Any]]] = [
         ("python", lambda: yaml.load(text, Loader=workflow_module._StrictLoader)),
@@ -411,6 +421,8 @@ def _every_reading(text: str) -> dict[str, str]:
     assert workflow_module._CLoader is not None, "PyYAML without libyaml: nothing to compare"
     with contextlib.suppress(yaml.YAMLError, workflow_module._Unbounded):  # else `_StrictLoader` reads it
         readings["libyaml"] = repr(yaml.load(encoded, Loader=workflow_module._CLoader))  # type: ignore[arg-type]
+    with contextlib.suppress(yaml.YAMLError, workflow_module._NotPlain):  # else the node graph reads it
+        readings["events"] = repr(workflow_module._read_events(encoded))
     return readings
 
 
@@ -466,24 +478,115 @@ def test_too_many_steps_is_the_one_problem_reported_even_when_every_step_is_also
     assert (("steps",), refused(valid).message) == expected
 
 
-def test_every_count_problem_is_reported_in_document_order_before_validation() -> None:
-    actions = "    events:\n      on_turn_complete:\n" + "        - type: nope\n" * (MAX_TEMPLATE_ACTIONS + 1)
-    rules = "".join(
-        f"                - {{agent_name: a{n}, operation: keep}}\n" for n in range(MAX_TEMPLATE_ACTIONS + 1)
+def _over(trigger: str = "on_turn_complete", n: int = MAX_TEMPLATE_ACTIONS + 1, kind: str = "nope") -> str:
+    return f"    events:\n      {trigger}:\n" + f"        - type: {kind}\n" * n
+
+
+def _configure(n: int = MAX_TEMPLATE_ACTIONS + 1, trigger: str = "on_enter") -> str:
+    rules = "".join(f"                - {{agent_name: a{i}, operation: keep}}\n" for i in range(n))
+    return (
+        f"    events:\n      {trigger}:\n        - config:\n            rules:\n{rules}"
+        "          type: configure_session\n"
     )
-    configure = (
-        "    events:\n      on_enter:\n        - type: configure_session\n          config:\n"
-        "            rules:\n" + rules
+
+
+def _with(text: str, step: int, lines: str) -> str:
+    return text.replace(f"    position: {step}\n", f"    position: {step}\n" + lines, 1)
+
+
+def _every_refusal(text: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, str, str, int]]:
+    """The refusal read through libyaml's events, and through the pure-Python loader then the mapping."""
+    readings = [refused(text)]
+    with monkeypatch.context() as patched:
+        patched.setattr(workflow_module, "_CLoader", None)
+        readings.append(refused(text))
+    return [(e.step_id, e.field, e.message, len(e.others)) for e in readings]
+
+
+OVER_COUNTS = {
+    "actions": (_with(_steps_yaml(3), 1, _over()), "s1", "steps[1].events.on_turn_complete"),
+    "rules": (_with(_steps_yaml(3), 2, _configure()), "s2", "steps[2].events.on_enter[0].config.rules"),
+    "first written trigger": (
+        _with(_steps_yaml(3), 1, _over("on_turn_complete") + _over("on_enter")[len("    events:\n") :]),
+        "s1",
+        "steps[1].events.on_turn_complete",
+    ),
+    "rules before their list": (
+        _with(_steps_yaml(3), 2, _configure() + "        - type: clear_decisions\n" * MAX_TEMPLATE_ACTIONS),
+        "s2",
+        "steps[2].events.on_enter[0].config.rules",
+    ),
+    "a step before the step count": (
+        _with(_steps_yaml(MAX_TEMPLATE_STEPS + 1), 7, _over()),
+        "s7",
+        "steps[7].events.on_turn_complete",
+    ),
+    "steps": (_steps_yaml(MAX_TEMPLATE_STEPS + 1), None, "steps"),
+    "the id after the events": (
+        _steps_yaml(3).replace(
+            "  - id: s1\n    name: S1\n    position: 1\n",
+            "  - " + _over()[4:] + "    id: s1\n    name: S1\n    position: 1\n",
+        ),
+        "s1",
+        "steps[1].events.on_turn_complete",
+    ),
+    "an anchor elsewhere": (
+        _with(_steps_yaml(3), 1, _over()).replace("name: S0", "name: &n S0"),
+        "s1",
+        "steps[1].events.on_turn_complete",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OVER_COUNTS)
+def test_the_first_count_problem_is_the_refusal_alone_on_every_path(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read from libyaml's events (the count measured as each list ends) or from a mapping (the pure-Python
+    loader, or an anchor sending libyaml back to its node graph): the same first count problem in reading
+    order, in the words full validation uses for it, and nothing else."""
+    text, step_id, field = OVER_COUNTS[name]
+    (first, second) = _every_refusal(text, monkeypatch)
+    assert first == second
+    assert first[:2] == (step_id, field) and first[3] == 0
+    limit = MAX_TEMPLATE_STEPS if field == "steps" else MAX_TEMPLATE_ACTIONS
+    assert f"at most {limit} items" in first[2]
+
+
+def test_a_list_of_that_size_elsewhere_is_no_count_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the counted lists are counted: 65 rules under a trigger written as a mapping (not a list of
+    actions) are left to validation, which refuses the mapping, on every path."""
+    mapping = "      on_enter:\n        x:\n          config:"
+    configure = _configure().replace("      on_enter:\n        - config:", mapping)
+    (first, second) = _every_refusal(_with(_steps_yaml(3), 1, configure), monkeypatch)
+    assert first == second
+    assert first[:2] == ("s1", "steps[1].events.on_enter") and "expected a list" in first[2]
+
+
+def test_a_count_problem_is_the_refusal_before_the_rest_of_the_text_is_read() -> None:
+    """The reader stops once the step holding the first count problem is read: a later count problem, an
+    alias or text that is not YAML at all is never reached (a whole 1 MiB template would cost a second)."""
+    text = _with(_with(_steps_yaml(3), 1, _over()), 2, _configure())
+    for tail in ("oops: [\n", "x: &a [1]\ny: *a\n", "name: again\n"):
+        error = refused(text + tail)
+        assert (error.step_id, error.field, error.others) == ("s1", "steps[1].events.on_turn_complete", ())
+
+
+def test_counts_at_the_limits_load_as_the_python_loader_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exactly MAX_TEMPLATE_ACTIONS actions on a trigger and rules in a configure_session is not over."""
+    text = _with(_steps_yaml(3), 1, _over("on_turn_complete", MAX_TEMPLATE_ACTIONS, "move_to_next"))
+    rules = _configure(MAX_TEMPLATE_ACTIONS).replace("    events:\n", "", 1)
+    text = text.replace("      on_turn_complete:\n", rules + "      on_turn_complete:\n", 1)
+    workflow = load_workflow_text(text, allowed_actions=IMPORT_ALLOWED_ACTIONS)
+    step = workflow.step("s1")
+    assert len(step.events.actions(Trigger.on_turn_complete)) == MAX_TEMPLATE_ACTIONS
+    (configure,) = step.events.actions(Trigger.on_enter)
+    assert (
+        isinstance(configure.config, ConfigureSessionConfig)
+        and len(configure.config.rules) == MAX_TEMPLATE_ACTIONS
     )
-    text = _steps_yaml(3).replace("    position: 1\n", "    position: 1\n" + actions, 1)
-    text = text.replace("    position: 2\n", "    position: 2\n" + configure, 1)
-    error = refused(text)
-    fields = [(problem.step_id, problem.field) for problem in (error, *error.others)]
-    assert fields == [
-        ("s1", "steps[1].events.on_turn_complete"),
-        ("s2", "steps[2].events.on_enter[0].config.rules"),
-    ]
-    assert all(f"at most {MAX_TEMPLATE_ACTIONS} items" in p.message for p in (error, *error.others))
+    monkeypatch.setattr(workflow_module, "_CLoader", None)
+    assert load_workflow_text(text, allowed_actions=IMPORT_ALLOWED_ACTIONS) == workflow
 
 
 def test_within_the_counts_every_problem_is_still_found_in_one_pass() -> None:

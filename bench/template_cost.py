@@ -77,6 +77,16 @@ def _actions_up_to_the_byte_cap(n: int, over_at_the_end: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unknown_key_at_the_end(n: int) -> str:
+    """`last+1` with its last trigger back at the limit and an unknown key in its last step: every count
+    legal, the whole text read and validated before the refusal."""
+    text = _actions_up_to_the_byte_cap(n, over_at_the_end=True)
+    head, last = text.rsplit("\n  - id: ", 1)
+    lines = last.splitlines()
+    lines = [*lines[:2], "    colour: x", *lines[2 : 4 + MAX_TEMPLATE_ACTIONS]]
+    return head + "\n  - id: " + "\n".join(lines) + "\n"
+
+
 def hostile(n: int) -> dict[str, str]:
     """Templates at the limits that must be refused, by name."""
     cycle = template(n, chain=True).replace(
@@ -89,6 +99,7 @@ def hostile(n: int) -> dict[str, str]:
         "steps+1": over,
         "actions+1": _actions_up_to_the_byte_cap(n, over_at_the_end=False),
         "last+1": _actions_up_to_the_byte_cap(n, over_at_the_end=True),
+        "last-key": _unknown_key_at_the_end(n),
         "alias": bomb,
     }
 

@@ -39,8 +39,10 @@ MAX_JSON_DEPTH = 64
 MAX_LIST_ITEMS = 1_000
 """Items in one list of a command (`children_completed.children`)."""
 
-MAX_TEMPLATE_BYTES = 1024 * 1024
-"""A workflow template's YAML text, in UTF-8 bytes (Kandev's largest is ~6 KB)."""
+MAX_TEMPLATE_BYTES = 128 * 1024
+"""A workflow template's YAML text, in UTF-8 bytes (Kandev's largest is ~6 KB; a 1,000-step chain ~100 KB)."""
+# Small enough that a template refused only at its end (a count broken by its last trigger) is still read
+# and refused in well under 100 ms.
 
 MAX_TEMPLATE_STEPS = 1_000
 """Steps in one workflow template."""

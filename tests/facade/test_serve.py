@@ -43,7 +43,7 @@ from wire_client import WireClient
 
 from onceflow import serve as serve_module
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.protocol.limits import MAX_MESSAGE_BYTES
+from onceflow.protocol.limits import MAX_MESSAGE_BYTES, MAX_TEMPLATE_BYTES
 from onceflow.serve import (
     HEAD_BYTES,
     Request,
@@ -473,14 +473,16 @@ def test_serve_refusals_name_the_command_type_whenever_it_was_read() -> None:
         assert client.reply()["reply"]["command"] == "unknown"
 
 
-def test_serve_reads_any_line_the_protocol_accepts_a_3_mib_template_registration() -> None:
-    """serve's default line limit is the protocol's message limit: a template near its 1 MiB cap, with
-    non-ASCII text that JSON escapes six bytes a character, is one ~3 MiB line, and it registers."""
+def test_serve_reads_any_line_the_protocol_accepts_a_maximal_template_registration() -> None:
+    """serve's default line limit is the protocol's message limit: a template near its byte cap, of
+    non-ASCII text that JSON escapes six bytes a character of two, is one line of ~3 times the cap, and it
+    registers."""
     assert ServeOptions().max_line == MAX_MESSAGE_BYTES
     text = WORKFLOW.read_text(encoding="utf-8").replace("id: fixture", "id: wide", 1)
-    text += "# " + "é" * 500_000 + "\n"
+    text += "# " + "é" * ((MAX_TEMPLATE_BYTES - len(text.encode()) - 3) // 2) + "\n"
+    assert MAX_TEMPLATE_BYTES - 2 <= len(text.encode()) <= MAX_TEMPLATE_BYTES
     line = json.dumps({"id": "wide", "type": "register_workflow", "yaml": text}).encode() + b"\n"
-    assert 3 << 20 > len(line) > 2 << 20
+    assert MAX_MESSAGE_BYTES > len(line) > 2.9 * MAX_TEMPLATE_BYTES
     with serving() as served:
         client = served.client()
         client.write(line)

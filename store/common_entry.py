@@ -13,8 +13,9 @@ savepoint and the caller takes the per-action path, which decides it exactly as 
 an error that ends the transaction, is re-raised (`faults.fails_request`).
 The writer returns plain data (`Admitted`); after the commit the caller publishes the
 events the executors would have. Entries of one step that share a writer batch are admitted together
-(`admit_group`: the same six statements for all of them, two reads instead of RETURNING); any anomaly
-rolls the group back and each is decided alone, as above. Source: on-enter-action-dispatch.md AC-B5,
+(`admit_group`: the same six statements for all of them; on SQLite two reads instead of RETURNING, on
+PostgreSQL, where other runtimes insert runs meanwhile, RETURNING); any anomaly rolls the group back and
+each is decided alone, as above. Source: on-enter-action-dispatch.md AC-B5,
 AC-B6, AC-B7, AC-C1, AC-A3, AC-A5.
 """
 

@@ -36,12 +36,10 @@ import psycopg
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "facade"))
+from test_pg_runs import _queue
 from wire_client import WireClient
 
 from onceflow.actors.runtime.startup import open_runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pg_runs import _queue
 
 RUNS, RUNTIMES, CLAIMERS = 200, 2, 20
 LEASE = 2.0  # seconds

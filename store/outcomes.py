@@ -210,7 +210,7 @@ def enqueue_ack(conn: Connection, ack: OutcomeAcknowledgement) -> tuple[bool, Ou
 
     An ack for an acknowledged outcome is not queued: by the same `acknowledged_by` (or any, when the
     record predates the field) it is a no-op (AC-CO-16). An ack identical to one already waiting adds a
-    copy.
+    copy, also when another runtime inserted it concurrently (the insert is an upsert on the inbox's key).
 
     Raises:
         NotFoundError: no such outcome (field outcome_id).
@@ -241,9 +241,10 @@ def enqueue_ack(conn: Connection, ack: OutcomeAcknowledgement) -> tuple[bool, Ou
                 f"outcome {outcome_id} already has {waiting} acknowledgements waiting",
                 field="outcome_id",
             )
-        conn.execute(
+        conn.execute(  # an identical ack another runtime inserted meanwhile (PostgreSQL): one more copy
             "INSERT INTO outcome_acks (outcome_id, store_ref, work_id, coordinator_fence, acknowledged_by)"
-            " VALUES (?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (outcome_id, store_ref, work_id, coordinator_fence,"
+            " acknowledged_by) DO UPDATE SET copies = outcome_acks.copies + 1",
             key,
         )
     return True, record

@@ -125,13 +125,16 @@ def renew(conn: Connection, run_id: int, token: str, now: float, lease: float) -
 
     Raises:
         NotFoundError: no run `run_id` (field run_id).
-        ConflictError: `token` is not the run's current claim (field claim_token).
+        ConflictError: `token` is not the run's current claim (field claim_token), also when another
+            runtime's transaction ended the claim between the read and the write (PostgreSQL).
     """
     held = _held(conn, run_id, token)
-    conn.execute(
+    renewed = conn.execute(
         "UPDATE runs SET lease_expires_at = ? WHERE id = ? AND status = 'claimed' AND claim_token = ?",
         (now + lease, run_id, token),
-    )
+    ).rowcount
+    if renewed != 1:
+        raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
     return Renewed(held, now + lease)
 
 
@@ -228,6 +231,8 @@ def finish(
         f" WHERE id = ? AND status = 'claimed' AND claim_token = ? RETURNING {COLUMNS}",
         (when, error, run_id, token),
     ).fetchone()
+    if queued is None:  # another runtime's transaction ended the claim after the read (PostgreSQL)
+        raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
     return _ended(run_from_row(queued), "retry_scheduled", "retry_scheduled")
 
 

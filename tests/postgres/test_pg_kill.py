@@ -5,16 +5,20 @@ the Office Default rejection-then-approval script for a stream of tasks, every c
 runtime. Every decision is sent at once to two different runtimes (the same decision id twice), and both
 round-2 approvals together, so two runtimes serve one task's commands concurrently: only the per-task lock
 makes the second copy a replay (without it both copies insert the decision and one fails on the receipt's
-key, or the quorum is judged on a snapshot missing the other approval). A command whose reply never came
+key, or the quorum is judged on a snapshot missing the other approval). Each task's own seats are sent at
+once to every runtime too: a seat is a check-then-insert with no unique key behind it, so without the lock
+two runtimes both find none and both insert it, a lost update no reply shows (the seat count catches it:
+about one task in four doubled a seat when the lock was disabled). A command whose reply never came
 (its runtime was killed) is sent again to another runtime unless the task shows it took effect (decisions
 carry ids, so they are simply sent again). Meanwhile one runtime at a time is SIGKILLed and restarted, at
 least `KILLS` times. Afterwards, compared with the same script run once on SQLite without any kill, per
 task: the same final step; exactly the same runs (no enqueue ran twice or was lost, no second clear dropped
 a decision); the same decisions, each with one receipt (none applied twice); the same step entries, their
-sequence numbers per step 1..n without a gap or duplicate; and the same admissions counter (one per step
-entered, whether or not the step allocates an entry record). No idempotency key is both a run's and a
-coalesced one, no entry is left open with a claim of a dead epoch (a live runtime finished every one), and
-every reply a driver got was as expected (a failure in a sending thread fails the test).
+sequence numbers per step 1..n without a gap or duplicate; the same admissions counter (one per step
+entered, whether or not the step allocates an entry record), equal to the history's transitions that
+entered a step; the same history items, numbered 1..n; and the same seats. No idempotency key is both a
+run's and a coalesced one, no entry is left open with a claim of a dead epoch (a live runtime finished every
+one), and every reply a driver got was as expected (a failure in a sending thread fails the test).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ OFFICE = TESTS / "fixtures" / "kandev" / "office-default.yml"
 KILLS = 30
 RUNTIMES = 3
 DRIVERS = 3
+SEATS_PER_TASK = 2  # each sent at once to every runtime: a check-then-insert two runtimes race on
 
 SEATS = [
     {"type": "add_participant", "workflow_id": "office-default", "step_id": "review", "role": "reviewer",
@@ -64,11 +69,18 @@ def _decision(task: str, step: str, who: str, role: str, verdict: str, round_: i
     }  # fmt: skip
 
 
+def _own_seat(task: str, position: int) -> dict[str, Any]:
+    """A per-task seat no guard counts and no run is queued for (an agentless watcher at backlog)."""
+    return {"type": "add_participant", "task_id": task, "step_id": "backlog", "role": "watcher",
+            "decision_required": False, "position": position}  # fmt: skip
+
+
 def script(task: str) -> list[list[dict[str, Any]]]:
     """The task's commands in order; the commands of one inner list are sent at once to several runtimes."""
     return [
         [{"type": "create_task", "task_id": task, "workflow_id": "office-default", "step_id": "backlog",
           "session_id": f"s-{task}", "primary_agent_id": "worker"}],
+        [_own_seat(task, position) for position in range(SEATS_PER_TASK)] * RUNTIMES,
         [{"type": "move_task", "task_id": task, "step_id": "work"}],
         [{"type": "turn_complete", "task_id": task}],
         [_decision(task, "review", "reviewer-1", "reviewer", "rejected", 1)] * 2,
@@ -86,16 +98,48 @@ FACTS = {
     " JOIN decisions AS d ON d.id = r.decision_id WHERE r.task_id = ?",
     "entries": "SELECT step_id, entry_seq, entry_path, terminal FROM step_entries WHERE task_id = ?",
     "admissions": "SELECT admissions FROM tasks WHERE id = ?",
+    "seats": "SELECT step_id, role, agent_profile_id, position FROM participants WHERE task_id = ?",
+    "history": "SELECT seq, kind, detail FROM task_history WHERE task_id = ?",
 }
 
 
 def facts(conn: Any, task: str) -> dict[str, list[tuple[Any, ...]]]:
     """The task's FACTS, each sorted (a psycopg or sqlite3 connection; `?` becomes `%s` for psycopg)."""
     mark = "?" if isinstance(conn, sqlite3.Connection) else "%s"
-    return {
+    found = {
         name: sorted(tuple(row) for row in conn.execute(sql.replace("?", mark), (task,)).fetchall())
         for name, sql in FACTS.items()
     }
+    found["history"], found["numbered"] = history(found["history"])
+    return found
+
+
+def history(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The task's history items as comparable facts (seq, times, row and operation ids left out: they
+    differ between runs), and [(whether its seqs are 1..n, the transitions that entered a step)]."""
+    items: list[tuple[Any, ...]] = []
+    entered = 0
+    for _, kind, detail in rows:
+        fields = json.loads(detail)
+        if kind == "transition":
+            items.append(
+                (kind, fields["from_step"], fields["to_step"], fields["entry_seq"], fields["queued"])
+            )
+            entered += not fields["queued"]
+        elif kind == "decision":
+            items.append((kind, fields["step_id"], fields["decider_id"], fields["decision"]))
+        else:
+            items.append((kind,))
+    seqs = [int(seq) for seq, _, _ in rows]  # rows are sorted
+    return sorted(items), [(seqs == list(range(1, len(seqs) + 1)), entered)]
+
+
+def counted(found: dict[str, list[tuple[Any, ...]]]) -> bool:
+    """The task's history is numbered 1..n without a gap or duplicate, and its admissions counter equals
+    the transitions that entered a step (each admission is a read-modify-write of the task row, written
+    with its history item: a lost one leaves the counter and the history apart)."""
+    ((numbered, entered),) = found["numbered"]
+    return numbered and found["admissions"] == [(entered,)]
 
 
 def gapless(entries: list[tuple[Any, ...]]) -> bool:
@@ -124,6 +168,8 @@ async def baseline(
     with contextlib.closing(sqlite3.connect(tmp / "baseline.db")) as conn:
         expected = facts(conn, "T0")
     assert gapless(expected["entries"])
+    assert counted(expected)
+    assert len(expected["seats"]) == SEATS_PER_TASK
     assert len(expected["decisions"]) == len(expected["receipts"]) > 0
     return steps, sorted((r["step_id"], r["agent_profile_id"], r["reason"]) for r in runs), expected
 
@@ -230,8 +276,8 @@ def deliver(
             else:
                 assert reply["ok"], (command, reply["error"])
             return
-        if command["type"] == "record_decision":
-            continue  # its decision id makes a resend a no-op
+        if command["type"] in ("record_decision", "add_participant"):
+            continue  # a resend is a no-op: its decision id, or the identical seat
         if command["type"] == "create_task" or step_of(cluster, command["task_id"], rng) != expected_step:
             continue  # did not take effect (a create resent after it did is refused as a conflict)
         return
@@ -303,7 +349,6 @@ async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_
             cluster.kill_one(rng)
         for driver in drivers:
             driver.join(timeout=300)
-        assert not errors, errors
         deadline = time.monotonic() + 30  # a claim the last kill left: the survivors' sweeps finish it
         while _open_claims(pg_url) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -324,8 +369,13 @@ async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_
         found = {task: facts(conn, task) for task in tasks}
     assert {task: finals.get(task) for task in tasks} == {task: steps[-1] for task in tasks}
     assert {task: sorted(runs[task]) for task in tasks} == {task: expected_runs for task in tasks}
+    seats = {task: len(found[task]["seats"]) for task in tasks}
+    doubled = {task: count for task, count in seats.items() if count > SEATS_PER_TASK}
+    assert not doubled, f"per-task seats added twice, by two runtimes at once (task: its seats): {doubled}"
+    assert not errors, errors
     assert {task: found[task] for task in tasks} == {task: expected_facts for task in tasks}
     assert all(gapless(found[task]["entries"]) for task in tasks)  # implied; says what a difference means
+    assert all(counted(found[task]) for task in tasks)  # implied too
     assert both == (0,)
     assert _open_claims(pg_url) == 0  # every claim a killed runtime left was finished by a live one
 

@@ -205,3 +205,36 @@ def terminate_others(url: str) -> None:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+async def test_ac_co_9_the_same_ack_taken_in_at_once_by_two_runtimes_is_one_inbox_entry(pg_url: str) -> None:
+    """Two runtimes take in identical acks at the same moment, round after round (a coordinator sending one
+    ack to several runtimes): every reply is ok and queued, none `internal` (both runtimes finding no
+    identical ack waiting and both inserting it), and each round's ack waits once, with every copy
+    counted (a coordinator-less runtime delivers nothing, so the inbox keeps them)."""
+    env = envelope()
+    rounds, copies = 12, 8
+    replies: list[Any] = []
+    async with open_runtime(pg_url) as one, open_runtime(pg_url) as two:
+        await ready(one, env)
+
+        async def send(rt: Runtime, fence: str) -> None:
+            replies.append(await rt.send(ack(env, fence)))
+
+        for n in range(rounds):
+            async with trio.open_nursery() as nursery:
+                for rt in [one, two] * (copies // 2):
+                    nursery.start_soon(send, rt, f"coord-{n}")
+    assert [(reply.ok, reply.error) for reply in replies] == [(True, None)] * rounds * copies
+    assert all(reply.result["queued"] for reply in replies)
+
+    def inbox() -> list[tuple[str, int]]:
+        with contextlib.closing(postgres.connect(pg_url)) as conn:
+            rows = conn.execute(
+                "SELECT coordinator_fence, copies FROM outcome_acks WHERE outcome_id = ? ORDER BY seq",
+                (env["outcome_id"],),
+            ).fetchall()
+        return [(fence, int(count)) for fence, count in rows]
+
+    expected = sorted((f"coord-{n}", copies) for n in range(rounds))
+    assert sorted(await trio.to_thread.run_sync(inbox)) == expected

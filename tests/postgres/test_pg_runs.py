@@ -4,15 +4,23 @@ time (the runtimes share it)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+import pytest
 import trio
 from helpers import ok
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.protocol.errors import ConflictError
+from onceflow.protocol.runs import RunPolicy
+from onceflow.store import postgres, run_claims
 
 WORKFLOW = """\
 id: m
@@ -99,3 +107,66 @@ async def test_a_waiting_claim_on_postgresql_sees_another_runtimes_enqueue(pg_ur
             await ok(producer, {"type": "task_comment", "task_id": "T1", "comment_id": "c-1"})
         [reply] = got
         assert reply.result["task_id"] == "T1"
+
+
+def _renew(conn: Any, run_id: int, token: str) -> object:
+    return run_claims.renew(conn, run_id, token, time.time(), 30.0)
+
+
+def _retry(conn: Any, run_id: int, token: str) -> object:
+    return run_claims.finish(
+        conn, run_id, token, "failed", error="boom", retryable=True, retry_at=None, now=time.time(),
+        policy=RunPolicy(), draw=0.5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("call", [_renew, _retry], ids=["renew", "failed_retryable"])
+async def test_a_holders_call_waiting_while_another_runtime_takes_the_run_over_is_refused(
+    pg_url: str, call: Callable[[Any, int, str], object]
+) -> None:
+    """A renewal or a retryable failure reads the run as held under its token, then waits for the row while
+    another runtime's transaction takes the claim over (a new token) and commits: under READ COMMITTED its
+    compare-and-set then matches no row, and the call is a stale `claim_token` conflict that changed nothing
+    (not a renewal reported done, not an internal error)."""
+    async with open_runtime(pg_url) as rt:
+        await _queue(rt, 1)
+        held = (await ok(rt, {"type": "claim_run", "agent_profile_id": "w"})).result
+
+    def race() -> tuple[BaseException | None, tuple[Any, ...]]:
+        with (
+            contextlib.closing(postgres.connect(pg_url)) as other,
+            contextlib.closing(postgres.connect(pg_url)) as holder,
+        ):
+            pid = holder.scalar("SELECT pg_backend_pid()")
+            other.execute("BEGIN")
+            other.execute("UPDATE runs SET claim_token = 'taken-over', attempt = attempt + 1 WHERE id = ?",
+                          (held["id"],))  # fmt: skip
+            outcome: list[BaseException | None] = []
+
+            def hold() -> None:
+                holder.execute("BEGIN")
+                try:
+                    call(holder, held["id"], held["claim_token"])
+                    outcome.append(None)
+                except Exception as exc:
+                    outcome.append(exc)
+                holder.execute("COMMIT")
+
+            thread = threading.Thread(target=hold)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not other.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND wait_event_type = 'Lock'", (pid,)
+            ):
+                assert time.monotonic() < deadline, "the holder's call never waited for the row"
+                time.sleep(0.01)
+            other.execute("COMMIT")
+            thread.join(10)
+            row = other.execute(
+                "SELECT status, claim_token, attempt, lease_expires_at FROM runs WHERE id = ?", (held["id"],)
+            ).fetchone()
+            return outcome[0], tuple(row)
+
+    error, row = await trio.to_thread.run_sync(race)
+    assert isinstance(error, ConflictError) and error.field == "claim_token", repr(error)
+    assert row[:3] == ("claimed", "taken-over", held["attempt"] + 1)

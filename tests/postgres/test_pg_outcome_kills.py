@@ -247,6 +247,10 @@ def test_ac_co_9_10_14_17_outcomes_of_three_runtimes_sigkilled_mid_delivery_are_
             time.sleep(READY_EVERY)
             if len(kills) < KILLS and time.monotonic() >= next_kill:
                 busy = cluster.delivering()  # one delivering if any: SIGKILLed mid-delivery
+                settle = time.monotonic() + 3  # a delivery begins soon while outcomes await their acks
+                while not busy and time.monotonic() < settle:
+                    time.sleep(0.005)
+                    busy = cluster.delivering()
                 index = rng.choice(busy) if busy else rng.randrange(RUNTIMES)
                 mid_delivery += bool(busy)
                 kills.append(cluster.slots[index])

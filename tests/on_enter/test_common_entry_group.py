@@ -213,6 +213,30 @@ def test_issue14_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_pat
     assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
 
 
+async def moved_at_once(db: Path | str) -> list[Any]:
+    """Review's on_enter a clear and a fan-out to rev-a and rev-b; 32 tasks created, then moved to review
+    at once through `Runtime.send`; their replies, in task order."""
+    async with open_runtime(db, clock=FakeClock()) as rt:
+        text = workflow_yaml(["clear", "fan_out"], 0)
+        await ok(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
+        for agent in ("rev-a", "rev-b"):
+            message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
+            await ok(rt, message | {"role": "reviewer", "agent_profile_id": agent})
+        ids = [f"M{i}" for i in range(32)]
+        for task_id in ids:
+            await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
+        replies: dict[str, Any] = {}
+
+        async def move(task_id: str) -> None:
+            message = {"type": "move_task", "task_id": task_id, "step_id": "review"}
+            replies[task_id] = await ok(rt, message)
+
+        async with trio.open_nursery() as nursery:
+            for task_id in ids:
+                nursery.start_soon(move, task_id)
+        return [replies[task_id] for task_id in ids]
+
+
 def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp_path: Path) -> None:
     """End to end through `Runtime.send`: 32 tasks moved at once are admitted by group runs (the writer's
     batches), and every entry has its markers, its clear and one run per seat; the replies carry them."""
@@ -224,30 +248,9 @@ def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp
         calls.append(len(admissions) if admitted is not None else 0)
         return admitted
 
-    async def main() -> list[Any]:
-        async with open_runtime(tmp_path / "moves.db", clock=FakeClock()) as rt:
-            text = workflow_yaml(["clear", "fan_out"], 0)
-            await ok(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
-            for agent in ("rev-a", "rev-b"):
-                message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
-                await ok(rt, message | {"role": "reviewer", "agent_profile_id": agent})
-            ids = [f"M{i}" for i in range(32)]
-            for task_id in ids:
-                await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
-            replies: dict[str, Any] = {}
-
-            async def move(task_id: str) -> None:
-                message = {"type": "move_task", "task_id": task_id, "step_id": "review"}
-                replies[task_id] = await ok(rt, message)
-
-            async with trio.open_nursery() as nursery:
-                for task_id in ids:
-                    nursery.start_soon(move, task_id)
-            return [replies[task_id] for task_id in ids]
-
     admission.admit_group = counted  # type: ignore[assignment]
     try:
-        replies = trio.run(main)
+        replies = trio.run(moved_at_once, tmp_path / "moves.db")
     finally:
         admission.admit_group = original
     assert sum(calls) >= 16 and 0 not in calls  # most entries went through groups, none declined

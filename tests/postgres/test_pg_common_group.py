@@ -17,7 +17,6 @@ from typing import Any
 
 import psycopg
 import trio
-from helpers import FakeClock, ok
 from hypothesis import HealthCheck, event, given, settings
 from pg_support import PostgresServer
 from structlog.testing import capture_logs
@@ -26,10 +25,8 @@ from test_pg_common_paths import fresh, run_ranks, snapshot
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
 import test_common_entry_group as group
-from test_common_entry import workflow_yaml
 
 import onceflow.store.admission as admission
-from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store import tasks
 from onceflow.store.common_entry import Admission, Admitted
 
@@ -126,31 +123,10 @@ def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
         read.append(len(task_ids) if result is not None else 0)
         return result
 
-    async def main() -> list[Any]:
-        async with open_runtime(url, clock=FakeClock()) as rt:
-            text = workflow_yaml(["clear", "fan_out"], 0)
-            await ok(rt, {"type": "register_workflow", "yaml": text, "source": "t.yml", "import_path": True})
-            for agent in ("rev-a", "rev-b"):
-                message = {"type": "add_participant", "workflow_id": "common", "step_id": "review"}
-                await ok(rt, message | {"role": "reviewer", "agent_profile_id": agent})
-            ids = [f"M{i}" for i in range(32)]
-            for task_id in ids:
-                await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "common"})
-            replies: dict[str, Any] = {}
-
-            async def move(task_id: str) -> None:
-                message = {"type": "move_task", "task_id": task_id, "step_id": "review"}
-                replies[task_id] = await ok(rt, message)
-
-            async with trio.open_nursery() as nursery:
-                for task_id in ids:
-                    nursery.start_soon(move, task_id)
-            return [replies[task_id] for task_id in ids]
-
     admission.admit_group = counted_admit  # type: ignore[assignment]
     tasks.get_tasks = counted_read  # type: ignore[assignment]
     try:
-        replies = trio.run(main)
+        replies = trio.run(group.moved_at_once, url)
     finally:
         admission.admit_group = original_admit
         tasks.get_tasks = original_read

@@ -175,21 +175,29 @@ async def baseline(
 
 
 class Cluster:
-    """RUNTIMES `onceflow serve` processes on one database; `kill_one` SIGKILLs one and restarts it."""
+    """`runtimes` `onceflow serve` processes on one database, started with `args` (the Office workflow by
+    default), each on its socket in `folder`; `kill_one` SIGKILLs one at random and restarts it
+    (`kill_and_restart`); `up[i]` is set while runtime i serves."""
 
-    def __init__(self, url: str, folder: Path) -> None:
-        self.url, self.folder = url, folder
-        self.processes: list[subprocess.Popen[bytes] | None] = [None] * RUNTIMES
-        self.up = [threading.Event() for _ in range(RUNTIMES)]
+    def __init__(
+        self,
+        url: str,
+        folder: Path,
+        runtimes: int = RUNTIMES,
+        args: tuple[str, ...] = ("--workflow", str(OFFICE)),
+    ) -> None:
+        self.url, self.folder, self.args = url, folder, args
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * runtimes
+        self.up = [threading.Event() for _ in range(runtimes)]
         self.kills = 0
-        for index in range(RUNTIMES):
+        for index in range(runtimes):
             self.start(index)
 
     def socket(self, index: int) -> str:
         return str(self.folder / f"r{index}.sock")
 
     def start(self, index: int) -> None:
-        command = [sys.executable, "-m", "onceflow.cli", "serve", "--db", self.url, "--workflow", str(OFFICE),
+        command = [sys.executable, "-m", "onceflow.cli", "serve", "--db", self.url, *self.args,
                    "--socket", self.socket(index)]  # fmt: skip
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert process.stderr is not None
@@ -208,7 +216,10 @@ class Cluster:
         self.up[index].set()
 
     def kill_one(self, rng: random.Random) -> None:
-        index = rng.randrange(RUNTIMES)
+        self.kill_and_restart(rng.randrange(len(self.processes)))
+
+    def kill_and_restart(self, index: int) -> None:
+        """SIGKILL runtime `index` and start it again on the same socket."""
         process = self.processes[index]
         assert process is not None
         self.up[index].clear()

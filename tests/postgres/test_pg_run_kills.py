@@ -21,9 +21,6 @@ import collections
 import itertools
 import json
 import random
-import select
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,6 +33,7 @@ import psycopg
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "facade"))
+from test_pg_kill import Cluster
 from test_pg_runs import _queue
 from wire_client import WireClient
 
@@ -60,62 +58,11 @@ def seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-class Servers:
-    """RUNTIMES `onceflow serve` processes on one database; `kill_and_restart` SIGKILLs one and starts it
-    again on the same socket; `up[i]` is set while runtime i serves."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.folder = Path(tempfile.mkdtemp(prefix="of-runkill-", dir="/tmp"))
-        self.processes: list[subprocess.Popen[bytes] | None] = [None] * RUNTIMES
-        self.up = [threading.Event() for _ in range(RUNTIMES)]
-        for index in range(RUNTIMES):
-            self.start(index)
-
-    def socket(self, index: int) -> str:
-        return str(self.folder / f"r{index}.sock")
-
-    def start(self, index: int) -> None:
-        command = [sys.executable, "-m", "onceflow.cli", "serve", "--db", self.url,
-                   "--socket", self.socket(index)]  # fmt: skip
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        assert process.stderr is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if select.select([process.stderr], [], [], 0.1)[0]:
-                line = process.stderr.readline().decode()
-                assert line, f"runtime {index} exited before serving (status {process.wait()})"
-                if line.startswith("serving on "):
-                    break
-        else:
-            raise AssertionError(f"runtime {index} did not start")
-        threading.Thread(target=lambda: [None for _ in process.stderr or ()], daemon=True).start()
-        self.processes[index] = process
-        self.up[index].set()
-
-    def kill_and_restart(self, index: int) -> None:
-        process = self.processes[index]
-        assert process is not None
-        self.up[index].clear()
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        self.start(index)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-
-
 class Storm:
     """What the claimers saw: `claims[run]` (token, attempt, lease end in Unix seconds), `finishes[run]`
     (token, reply) of every finish that got a reply, `finished` the runs with an accepted finish."""
 
-    def __init__(self, servers: Servers) -> None:
+    def __init__(self, servers: Cluster) -> None:
         self.servers = servers
         self.lock = threading.Lock()
         self.claims: dict[int, list[tuple[str, int, float]]] = collections.defaultdict(list)
@@ -228,7 +175,7 @@ async def test_two_runtimes_one_sigkilled_mid_claim_storm_never_hand_a_run_to_tw
 def blow(url: str) -> tuple[Storm, int]:
     """Run the storm on two fresh runtimes, SIGKILLing and restarting one at each KILL_AFTER mark; the storm
     and the kills done."""
-    servers = Servers(url)
+    servers = Cluster(url, Path(tempfile.mkdtemp(prefix="of-runkill-", dir="/tmp")), RUNTIMES, ())
     storm = Storm(servers)
     rng = random.Random(26)
     threads = [

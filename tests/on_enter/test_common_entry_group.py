@@ -177,8 +177,9 @@ def test_issue14_a_group_of_common_entries_decides_each_as_one_after_another(
     assert (ran[0] is not None) == all(result is not None for result in separately)
 
 
-def test_issue14_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> None:
-    """Not vacuous: entries with nothing in the way are decided by the group, and its result is each one's."""
+def admitted_by_one_group_run(db: Path | str) -> None:
+    """Entries with nothing in the way, batched on `db`: the group decides them, and its result is each
+    one's (seqs, clears and run ids in entry order)."""
     scenario = {
         "review": ["clear", "fan_out", "fan_out_approver"],
         "seats": ["rev-a", "rev-b", "approver:app-1"],
@@ -186,7 +187,7 @@ def test_issue14_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> N
         "cached": dict.fromkeys(TASKS, True),
         "order": ("T2", "T0", "T1", "T3"),
     }
-    together, ran = trio.run(batched, tmp_path / "together.db", scenario)
+    together, ran = trio.run(batched, db, scenario)
     assert ran[0] == together
     assert [entry.key.task_id for entry in together] == ["T2", "T0", "T1", "T3"]
     assert [entry.key.entry_seq for entry in together] == [2, 1, 1, 1]
@@ -195,9 +196,9 @@ def test_issue14_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> N
     assert run_ids == sorted(run_ids) and len(run_ids) == 12  # in entry order, three seats each
 
 
-def test_issue14_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_path: Path) -> None:
-    """T1's first key is taken in advance: the group is rolled back and each entry decided alone; T1 by the
-    per-action path (suppressed), the others by the common path."""
+def sent_back_one_at_a_time(db: Path | str) -> None:
+    """T1's first key taken in advance, batched on `db`: the group is rolled back and each entry decided
+    alone; T1 by the per-action path (suppressed), the others by the common path."""
     scenario = {
         "review": ["clear", "fan_out"],
         "seats": ["rev-a"],
@@ -206,11 +207,21 @@ def test_issue14_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_pat
         "order": TASKS,
     }
     with capture_logs() as logs:
-        together, ran = trio.run(batched, tmp_path / "together.db", scenario)
+        together, ran = trio.run(batched, db, scenario)
     assert ran == [None]
     assert [result is not None for result in together] == [True, False, True, True]
     declined = [log for log in logs if log["event"] == "common_entry_declined"]
     assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
+
+
+def test_issue14_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> None:
+    """Not vacuous: entries with nothing in the way are decided by the group, and its result is each one's."""
+    admitted_by_one_group_run(tmp_path / "together.db")
+
+
+def test_issue14_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_path: Path) -> None:
+    """T1's first key is taken in advance: the group is rolled back and each entry decided alone."""
+    sent_back_one_at_a_time(tmp_path / "together.db")
 
 
 async def moved_at_once(db: Path | str) -> list[Any]:

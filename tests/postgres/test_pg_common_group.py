@@ -19,7 +19,6 @@ import psycopg
 import trio
 from hypothesis import HealthCheck, event, given, settings
 from pg_support import PostgresServer
-from structlog.testing import capture_logs
 from test_pg_common_paths import fresh, run_ranks, snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
@@ -67,20 +66,7 @@ def test_pg_a_group_of_common_entries_decides_each_as_one_after_another_AC_B5_AC
 def test_pg_a_clean_batch_is_admitted_by_one_group_run_AC_B6(postgres_server: PostgresServer) -> None:
     """Not vacuous: on PostgreSQL too the group decides entries with nothing in the way, seqs, clears and
     run ids in entry order."""
-    scenario = {
-        "review": ["clear", "fan_out", "fan_out_approver"],
-        "seats": ["rev-a", "rev-b", "approver:app-1"],
-        "before": dict.fromkeys(TASKS, "fresh") | {"T1": "decided", "T2": "entered"},
-        "cached": dict.fromkeys(TASKS, True),
-        "order": ("T2", "T0", "T1", "T3"),
-    }
-    together, ran = trio.run(group.batched, fresh(postgres_server), scenario)
-    assert ran[0] == together
-    assert [entry.key.task_id for entry in together] == ["T2", "T0", "T1", "T3"]
-    assert [entry.key.entry_seq for entry in together] == [2, 1, 1, 1]
-    assert [entry.done[0] for entry in together] == [(0, 0), (0, 0), (0, 1), (0, 0)]  # T1's decision
-    run_ids = [run_id for entry in together for _, did in entry.done[1:] for _, run_id, _ in did]  # type: ignore[union-attr]
-    assert run_ids == sorted(run_ids) and len(run_ids) == 12  # in entry order, three seats each
+    group.admitted_by_one_group_run(fresh(postgres_server))
 
 
 def test_pg_one_anomaly_sends_the_whole_group_back_to_one_at_a_time_AC_H6(
@@ -88,19 +74,7 @@ def test_pg_one_anomaly_sends_the_whole_group_back_to_one_at_a_time_AC_H6(
 ) -> None:
     """T1's first key is taken in advance: the group is rolled back (its error read inside the group's
     savepoint) and each entry decided alone; T1 by the per-action path, the others by the common path."""
-    scenario = {
-        "review": ["clear", "fan_out"],
-        "seats": ["rev-a"],
-        "before": dict.fromkeys(TASKS, "fresh") | {"T1": "take_key"},
-        "cached": dict.fromkeys(TASKS, False),
-        "order": TASKS,
-    }
-    with capture_logs() as logs:
-        together, ran = trio.run(group.batched, fresh(postgres_server), scenario)
-    assert ran == [None]
-    assert [result is not None for result in together] == [True, False, True, True]
-    declined = [log for log in logs if log["event"] == "common_entry_declined"]
-    assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
+    group.sent_back_one_at_a_time(fresh(postgres_server))
 
 
 def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(

@@ -126,8 +126,10 @@ class Runtime:
         whether sending the same command again later can help; the transaction that met it committed
         nothing.
 
-        A cancelled `send` does not cancel its command: a task's command runs to completion shielded (the
-        cancellation is delivered after it), and its commits stand. A caller that gave up does not know the
+        A cancelled `send` does not cancel its command: a task's command runs to completion shielded, its
+        commits stand, and the cancellation is delivered when it is done (`trio.Cancelled` is raised instead
+        of the reply). A `send` made in an already-cancelled scope raises `trio.Cancelled` before anything
+        runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does not know the
         outcome; every command is safe to send again (operation ids, idempotency keys, decision receipts and
         compare-and-set moves make a repeat a no-op or an idempotent replay), and `get_task` tells where the
         task stands.
@@ -136,6 +138,7 @@ class Runtime:
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
         span current where `send` was called; a refusal sets its status ERROR, a cancellation ends it too.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller starts nothing
         name = "unknown"
         out = Outbox(self._hub)
         span: tracing.CommandSpan | None = None  # with a recording tracer: the command's span (current)
@@ -177,6 +180,9 @@ class Runtime:
             raise
         if span is not None:
             span.finish(reply)
+        # A cancellation that arrived while the command ran shielded (a lent command, `_ask`) is delivered
+        # here: without a checkpoint a caller looping on `send` in a cancelled scope would never stop.
+        await trio.lowlevel.checkpoint_if_cancelled()
         return reply
 
     async def _ask(self, task_id: str, message: TaskMessage) -> tuple[TaskResult, Outbox]:

@@ -129,10 +129,10 @@ class Runtime:
         A cancelled `send` does not cancel its command: a task's command runs to completion shielded, its
         commits stand, and the cancellation is delivered when it is done (`trio.Cancelled` is raised instead
         of the reply). A `send` made in an already-cancelled scope raises `trio.Cancelled` before anything
-        runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does not know the
-        outcome; every command is safe to send again (operation ids, idempotency keys, decision receipts and
-        compare-and-set moves make a repeat a no-op or an idempotent replay), and `get_task` tells where the
-        task stands.
+        runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does
+        not know the outcome; every command is safe to send again (operation ids, idempotency keys,
+        decision receipts and compare-and-set moves make a repeat a no-op or an idempotent replay), and
+        `get_task` tells where the task stands.
 
         Traced (a recording tracer, onceflow/tracing.py), a command that parsed is the span
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the

@@ -92,7 +92,7 @@ def _contents() -> str:
 
 
 def _socket() -> str:
-    """The framing of `onceflow serve` (onceflow/serve.py's wire format), with the bounds read from the
+    """The framing of `onceflow serve` (onceflow/serve/'s wire format), with the bounds read from the
     code: the id length, the line limit and the server's defaults."""
     serve = ServeOptions()
     frames = [

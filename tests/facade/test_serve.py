@@ -2,7 +2,7 @@
 
 The server runs as a subprocess (`python -m onceflow.cli serve`); clients are tests/facade/wire_client.py,
 which imports nothing of onceflow (it also runs as its own `python -I` process). The wire format is in
-onceflow/serve.py's docstring.
+onceflow/serve/__init__.py's docstring.
 """
 
 from __future__ import annotations
@@ -41,19 +41,12 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from wire_client import WireClient
 
-from onceflow import serve as serve_module
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES, MAX_TEMPLATE_BYTES
-from onceflow.serve import (
-    HEAD_BYTES,
-    Request,
-    ServeOptions,
-    Server,
-    _LineReader,
-    _Overlong,
-    head_fields,
-    split_request,
-)
+from onceflow.serve import ServeOptions, Server
+from onceflow.serve.connection import Connection
+from onceflow.serve.server import accept_clients
+from onceflow.serve.wire import HEAD_BYTES, LineReader, Overlong, Request, head_fields, split_request
 
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"
 CLIENT = Path(__file__).with_name("wire_client.py")
@@ -380,12 +373,12 @@ def test_issue13_line_reader_splits_any_chunking_and_skips_overlong_lines(
             pass
 
     async def read_all() -> list[bytes | object]:
-        reader, out = _LineReader(Chunks(), max_line=20), []
+        reader, out = LineReader(Chunks(), max_line=20), []
         while (line := await reader.receive_line()) is not None:
             out.append(line)
         return out
 
-    assert trio.run(read_all) == [_Overlong(line[:HEAD_BYTES]) if len(line) > 20 else line for line in lines]
+    assert trio.run(read_all) == [Overlong(line[:HEAD_BYTES]) if len(line) > 20 else line for line in lines]
 
 
 def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
@@ -771,7 +764,7 @@ async def test_serve_accept_pauses_grow_to_a_bound_with_one_warning_per_episode(
         accepting = trio.CancelScope()
         with capture_logs() as logs:
             async with trio.open_nursery() as connections:
-                connections.start_soon(serve_module._accept, server, listener, accepting, connections)
+                connections.start_soon(accept_clients, server, listener, accepting, connections)
                 for _, theirs in ours:
                     peer = Peer(theirs)
                     peer.send({"id": "p", "type": "get_task", "task_id": "none"})
@@ -827,13 +820,13 @@ async def test_serve_pipeline_holds_at_most_max_line_received_bytes(
     """Received lines wait their turn up to `max_line` bytes in all (one line always fits), whatever the
     line count allows: a client pipelining big lines is read no faster than they are applied."""
     held: list[int] = []
-    admit = serve_module._Connection.admit
+    admit = Connection.admit
 
-    async def recorded(conn: serve_module._Connection, size: int) -> None:
+    async def recorded(conn: Connection, size: int) -> None:
         await admit(conn, size)
         held.append(conn.pending_bytes)  # what the server holds of this client's lines, each admission
 
-    monkeypatch.setattr(serve_module._Connection, "admit", recorded)
+    monkeypatch.setattr(Connection, "admit", recorded)
     options = ServeOptions(max_line=10_000, max_pipeline=64, idle_timeout=0)
     async with served_in_process(tmp_path / "b.db", options) as (_, connect):
         peer = connect()

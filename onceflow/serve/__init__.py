@@ -1,0 +1,76 @@
+"""`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout. Trio thread: one
+Trio run owning the runtime and every connection (wire.py: framing; connection.py: one client; server.py:
+accepting, serving and shutting down; options.py: the bounds; cli.py: the command line).
+
+Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is ignored):
+
+- Request: any command object, optionally with an `"id"` (a string of at most 256 characters, or an
+  integer in the int64 range) that the reply echoes; the `id` is removed before the command is decoded.
+  `{"type": "subscribe"}` asks for the event stream on this connection.
+- Reply to a request: `{"id": <id or null>, "reply": <Reply>}`, the same `Reply` model `Runtime.send`
+  returns in process; its `command` is the `type` the line named whenever it named one, known or not. A
+  line that is not JSON, names an unknown command or has a bad field gets an `invalid_message` reply and
+  the connection stays open; `id` is null only when the line had none. A line that is not JSON (or is
+  too long, below) is still scanned from its start for its top-level members: the `id` and `type` among
+  those complete in its first 4 KiB are echoed and named as for a readable line.
+- A bad `id` (a float, an integer outside int64, a boolean, an array or object, a string over 256
+  characters) gets `invalid_message` with field `id`, and the command does not run. Its reply's `id` is
+  what was sent, as a string a client can match: a string id itself, any other value its compact JSON
+  text as Python writes it (`1.5` -> `"1.5"`, `2**64` -> `"18446744073709551616"`, `[1]` -> `"[1]"`,
+  `true` -> `"true"`).
+- A line longer than `max_line` bytes gets `invalid_message` (its `id` and `command` as found at its
+  start, above) and is skipped up to its newline. By default `max_line` is the protocol's own message limit,
+  `protocol.limits.MAX_MESSAGE_BYTES` (8 MiB): any line the runtime accepts is read.
+- Event (after `subscribe`): `{"event": <Event>}`, every event the runtime emits from then on.
+- Connection error, the last line before the server closes the connection: `{"error": <ErrorInfo>}`;
+  `slow_consumer` when the client stopped reading and its outgoing queue filled, `idle_timeout` when it
+  sent nothing and had nothing in flight for `idle_timeout` seconds, `busy` (retryable) when the server
+  already serves `max_connections` clients: that connection gets this one line and is closed.
+
+A connection's commands are applied one at a time in the order received (as a host awaiting each
+`Runtime.send` in turn would), and replied to in that order; for parallelism open more connections. Up
+to `max_pipeline` received lines, and `max_line` bytes of them, wait their turn; past that the server
+stops reading that connection (the socket's own flow control), and no other client is slowed. Each
+connection's commands run in a task of the server's, never cancelled by the client going away: a client
+that disconnects mid-command loses nothing that committed — what it had sent still runs and commits;
+the replies are dropped.
+
+Bounds, per connection unless said: outgoing, at most `queue_size` lines and `queue_bytes` bytes
+(each frame counted at its full encoded size, from when it is queued until the socket took all of it)
+wait for the client; a frame that would pass either limit, a single frame larger than `queue_bytes`
+included, makes the client a slow consumer: it is sent the `slow_consumer` error line after what is
+queued (if it reads within `grace` seconds) and disconnected. Nothing the runtime does ever waits on a
+client. Incoming, the line being read (`max_line` bytes) and the pipeline above. At most
+`max_connections` connections at once; the listen backlog is `backlog`. A socket connection is idle
+when no byte arrives from it, no command of it is pending or running, nothing is queued for it and it
+has no subscription (a subscriber waits for events; a subscriber that stops reading is a slow consumer
+once events flow); after `idle_timeout` seconds idle (0: never) it gets the `idle_timeout` error line
+and is closed. Any line, even a blank one, counts as activity. The one `--stdio` client is never idle.
+When accept fails for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the server
+stops accepting for a moment (10 ms, doubling up to 1 s, until an accept succeeds), logging one WARNING
+`accept_paused` per episode and an INFO `accept_resumed` at its end; connected clients are served
+meanwhile and new ones wait in the backlog.
+
+SIGTERM or SIGINT: stop accepting and reading, let every received command finish and its reply be
+written (clients get `grace` seconds to read them), close the store, remove the socket file, exit 0. A
+second signal cancels what is left (the store still finishes or rolls back each transaction whole).
+At start, after the workflows are registered, one line `serving on PATH` (or `serving on stdio`) goes to
+stderr. The socket file is created with mode 0600 (owner only); a stale socket file is replaced, a live
+one (another server answers) is an error.
+"""
+
+from onceflow.serve.cli import add_parser, run
+from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
+from onceflow.serve.server import Server, serve
+from onceflow.serve.wire import MAX_ID_LENGTH
+
+__all__ = [
+    "MAX_ID_LENGTH",
+    "IdleTimeoutError",
+    "ServeOptions",
+    "Server",
+    "SlowConsumerError",
+    "add_parser",
+    "run",
+    "serve",
+]

@@ -1,0 +1,115 @@
+"""`onceflow serve`'s command line: its options and `run`. Trio thread (it starts the Trio run)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from onceflow.actors.runtime.startup import SWITCH_INTERVAL
+from onceflow.protocol.durations import seconds
+from onceflow.protocol.limits import MAX_MESSAGE_BYTES
+from onceflow.serve.options import ServeOptions
+from onceflow.serve.server import serve
+from onceflow.store.urls import database_arg
+
+
+def add_parser(sub: Any) -> None:
+    """Add the `serve` subcommand to the CLI's subparsers."""
+    parser = sub.add_parser("serve", help="serve the protocol as JSON lines over a Unix socket or stdio")
+    parser.add_argument("--db", type=database_arg, required=True, help="SQLite file or postgresql:// URL")
+    parser.add_argument(
+        "--workflow", type=Path, nargs="+", action="extend", default=[], help="templates to register at start"
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", type=Path, help="Unix domain socket path to listen on")
+    where.add_argument("--stdio", action="store_true", help="one client on stdin/stdout")
+    defaults = ServeOptions()
+    count = _count_arg
+    parser.add_argument(
+        "--queue-size", type=count, default=defaults.queue_size, help="lines a client may lag"
+    )
+    parser.add_argument(
+        "--queue-bytes", type=count, default=defaults.queue_bytes, help="bytes a client may lag"
+    )
+    parser.add_argument(
+        "--max-line",
+        type=_line_arg,
+        default=defaults.max_line,
+        help=f"bytes in one request line (at most the message limit, {MAX_MESSAGE_BYTES})",
+    )
+    parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
+    parser.add_argument(
+        "--max-connections", type=count, default=defaults.max_connections, help="clients served at once"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=functools.partial(_seconds_arg, "--idle-timeout"),
+        default=defaults.idle_timeout,
+        help="seconds a client may stay idle before it is closed (0: never)",
+    )
+    parser.add_argument(
+        "--backlog", type=count, default=defaults.backlog, help="connections queued before accept"
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=functools.partial(_seconds_arg, "--switch-interval"),
+        default=SWITCH_INTERVAL,
+        help="GIL switch interval in seconds while serving (0: Python's own)",
+    )
+
+
+def _count_arg(text: str) -> int:
+    """A count or size option: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _line_arg(text: str) -> int:
+    """`--max-line`: a count of at most the protocol's message limit (a longer line would be read only for
+    the runtime to refuse it for its size)."""
+    value = _count_arg(text)
+    if value > MAX_MESSAGE_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"must be at most the message limit {MAX_MESSAGE_BYTES}, not {value}"
+        )
+    return value
+
+
+def _seconds_arg(flag: str, text: str) -> float:
+    """`--switch-interval`, `--idle-timeout`: seconds, finite and >= 0 (0 has the flag's own meaning)."""
+    try:
+        return seconds(flag, float(text), allow_zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
+    options = ServeOptions(
+        queue_size=args.queue_size,
+        queue_bytes=args.queue_bytes,
+        max_line=args.max_line,
+        grace=args.grace,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        backlog=args.backlog,
+    )
+    return trio.run(
+        functools.partial(
+            serve,
+            args.db,
+            args.workflow,
+            socket_path=args.socket,
+            options=options,
+            switch_interval=args.switch_interval or None,
+        )
+    )

@@ -1,0 +1,104 @@
+"""One client of `onceflow serve`: its stream, its bounded queues, what it has in flight, and the scopes
+that stop it. Trio thread."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from onceflow.logs import get_logger
+from onceflow.protocol.errors import OnceflowError
+from onceflow.protocol.events import ErrorInfo
+from onceflow.serve.options import ServeOptions, SlowConsumerError
+from onceflow.serve.wire import error_info
+
+log = get_logger("onceflow.serve")
+
+
+@attrs.define(eq=False)
+class Connection:
+    """One client: its stream, its bounded queues, what it has in flight, and the scopes that stop it."""
+
+    number: int  # the n-th connection since start, for the logs
+    stream: trio.abc.Stream
+    nursery: trio.Nursery
+    out: trio.MemorySendChannel[bytes]
+    queued: trio.MemoryReceiveChannel[bytes]
+    options: ServeOptions
+    reading: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    writing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    watching: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    subscription: trio.CancelScope | None = None
+    failure: ErrorInfo | None = None
+    out_bytes: int = 0  # queued for the client, not yet taken by the socket
+    peak_out_bytes: int = 0
+    pending: int = 0  # received lines not yet answered (waiting, or running)
+    pending_bytes: int = 0  # of which waiting in the pipeline or running
+    freed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    last_active: float = attrs.field(factory=trio.current_time)
+
+    def push(self, frame: bytes) -> None:
+        """Queue a line for the client without ever waiting; past `queue_size` lines or `queue_bytes`
+        bytes the client is a slow consumer and is disconnected."""
+        if self.failure is not None:
+            return
+        size, limit = len(frame), self.options.queue_bytes
+        if self.out_bytes + size > limit:
+            held = f"{self.out_bytes} bytes wait for it" if self.out_bytes else f"a line of {size} bytes"
+            self.fail(
+                SlowConsumerError(f"the client is not reading fast enough: {held}, the limit is {limit}")
+            )
+            return
+        try:
+            self.out.send_nowait(frame)
+        except trio.WouldBlock:
+            self.fail(SlowConsumerError("the client stopped reading and its outgoing queue is full"))
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the client is gone or the connection is closing: the line has nowhere to go
+        self.out_bytes += size
+        self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
+
+    def fail(self, exc: OnceflowError) -> None:
+        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
+        self.failure = error_info(exc)
+        log.warning(
+            "client_disconnected",
+            connection=self.number,
+            code=exc.code,
+            reason=exc.message,
+            queued_bytes=self.out_bytes,
+            peak_queued_bytes=self.peak_out_bytes,
+            queue_bytes=self.options.queue_bytes,
+        )
+        self.reading.cancel()
+        self.end_subscription()
+        self.close_within(self.options.grace)
+
+    def end_subscription(self) -> None:
+        if self.subscription is not None:
+            self.subscription.cancel()
+
+    def close_within(self, seconds: float) -> None:
+        self.writing.deadline = min(self.writing.deadline, trio.current_time() + seconds)
+
+    def touch(self) -> None:
+        """Something happened on the connection: its idle time starts again."""
+        self.last_active = trio.current_time()
+
+    def busy(self) -> bool:
+        """Whether the connection has something in flight: a command, a queued line or a subscription."""
+        return bool(self.pending or self.out_bytes or self.subscription is not None)
+
+    async def admit(self, size: int) -> None:
+        """Wait until `size` more received bytes fit in the pipeline's `max_line` (one line always fits)."""
+        while self.pending_bytes and self.pending_bytes + size > self.options.max_line:
+            await self.freed.park()
+        self.pending += 1
+        self.pending_bytes += size
+
+    def answered(self, size: int) -> None:
+        self.pending -= 1
+        self.pending_bytes -= size
+        self.freed.unpark_all()
+        self.touch()

@@ -1,0 +1,387 @@
+"""`onceflow serve`'s server: accepting clients, reading their request lines, applying them in order,
+writing replies and events, and shutting down on a signal (the wire contract is onceflow/serve/__init__.py's
+docstring). Trio thread: one Trio run owning the runtime and every connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from opentelemetry.trace import TracerProvider
+
+from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.logs import get_logger
+from onceflow.protocol.errors import BusyError, ProtocolError
+from onceflow.protocol.events import Event, Reply
+from onceflow.serve.connection import Connection
+from onceflow.serve.options import IdleTimeoutError, ServeOptions
+from onceflow.serve.wire import (
+    LineReader,
+    Overlong,
+    Refused,
+    error_frame,
+    error_info,
+    event_frame,
+    refusal,
+    reply_frame,
+    split_request,
+    unreadable,
+)
+
+log = get_logger("onceflow.serve")
+
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""accept(2) failures that mean "no file descriptor or memory right now": accepting pauses, then retries."""
+REFUSE_SECONDS = 1.0
+"""How long a connection over `max_connections` gets to take its one `busy` line before it is closed."""
+
+
+class Server:
+    """Serves one runtime to many connections; see the module docstring for the wire contract."""
+
+    def __init__(self, runtime: Runtime, commands: trio.Nursery, options: ServeOptions) -> None:
+        self._runtime = runtime
+        self._commands = commands  # lives until every received command is done; a client never cancels it
+        self._options = options
+        self._connections: set[Connection] = set()
+        self._opened = 0
+        self._refused = 0  # connections refused since the server was last below max_connections
+        self.stopping = False
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return len(self._connections)
+
+    def stop(self) -> None:
+        """Stop reading every connection; each finishes the commands it received, then closes."""
+        self.stopping = True
+        for conn in self._connections:
+            conn.reading.cancel()
+            conn.close_within(self._options.grace)
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection until it ends (EOF, error, slow consumer, idle, or shutdown), then close
+        it; over `max_connections`, send it the one `busy` line and close it."""
+        if len(self._connections) >= self._options.max_connections:
+            await self._refuse(stream)
+            return
+        if self._refused:
+            log.info("connections_below_cap", refused=self._refused, connections=len(self._connections))
+            self._refused = 0
+        out, queued = trio.open_memory_channel[bytes](self._options.queue_size)
+        requests, received = trio.open_memory_channel[bytes | Overlong](self._options.max_pipeline)
+        worked = trio.Event()
+        self._opened += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                conn = Connection(self._opened, stream, nursery, out, queued, self._options)
+                self._connections.add(conn)
+                try:
+                    if self.stopping:
+                        conn.reading.cancel()
+                    nursery.start_soon(self._write, conn)
+                    if self._options.idle_timeout:
+                        nursery.start_soon(self._watch_idle, conn)
+                    self._commands.start_soon(self._work, conn, received, worked)
+                    with conn.reading:
+                        await self._read(conn, requests)
+                    requests.close()
+                    await worked.wait()  # every received command answered (or its reply dropped)
+                    conn.watching.cancel()
+                    conn.end_subscription()
+                    out.close()  # the writer flushes the queue (and any error line), then stops
+                finally:
+                    self._connections.discard(conn)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        limit = self._options.max_connections
+        if not self._refused:
+            log.warning("connections_at_cap", max_connections=limit)
+        self._refused += 1
+        busy = BusyError(f"the server already serves its limit of {limit} connections; retry later")
+        with (
+            trio.move_on_after(REFUSE_SECONDS),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        ):
+            await stream.send_all(error_frame(error_info(busy)))
+        await trio.aclose_forcefully(stream)
+
+    async def _read(self, conn: Connection, requests: trio.MemorySendChannel[bytes | Overlong]) -> None:
+        lines = LineReader(conn.stream, self._options.max_line, conn.touch)
+        while True:
+            try:
+                line = await lines.receive_line()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if line is None:
+                return
+            if isinstance(line, Overlong) or line.strip():
+                size = 0 if isinstance(line, Overlong) else len(line)
+                await conn.admit(size)  # waits while max_line bytes are pending: backpressure
+                try:
+                    await requests.send(line)  # waits while max_pipeline lines are pending
+                except BaseException:  # cancelled (shutdown, slow consumer): the line is never applied
+                    conn.answered(size)
+                    raise
+
+    async def _work(
+        self, conn: Connection, received: trio.MemoryReceiveChannel[bytes | Overlong], worked: trio.Event
+    ) -> None:
+        """Apply the connection's requests in order; runs in the server's command nursery."""
+        try:
+            async for line in received:
+                conn.push(await self._answer(conn, line))
+                conn.answered(0 if isinstance(line, Overlong) else len(line))
+        finally:
+            worked.set()
+
+    async def _answer(self, conn: Connection, line: bytes | Overlong) -> bytes:
+        if isinstance(line, Overlong):
+            refused = unreadable(line.head, ProtocolError(f"line longer than {self._options.max_line} bytes"))
+            return reply_frame(refused.id, refused.reply)
+        request = split_request(line)
+        if isinstance(request, Refused):
+            return reply_frame(request.id, request.reply)
+        if isinstance(request.data, dict) and request.data.get("type") == "subscribe":
+            return reply_frame(request.id, self._subscribe(conn, request.data))
+        reply = await self._runtime.send(request.line)  # never raises; the codec's own bounds apply
+        return reply_frame(request.id, reply)
+
+    def _subscribe(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        extra = sorted(set(request) - {"type"})
+        if extra:
+            return refusal("subscribe", ProtocolError(f"{extra[0]}: unknown field", field=extra[0]))
+        if conn.subscription is None:
+            conn.subscription = trio.CancelScope()
+            conn.nursery.start_soon(self._pump, conn, conn.subscription, self._runtime.subscribe())
+        return Reply(command="subscribe", ok=True, result={"subscribed": True})
+
+    async def _pump(
+        self, conn: Connection, scope: trio.CancelScope, events: trio.MemoryReceiveChannel[Event]
+    ) -> None:
+        with scope, events:
+            async for event in events:
+                conn.push(event_frame(event))
+
+    async def _write(self, conn: Connection) -> None:
+        with conn.writing:
+            try:
+                async for frame in conn.queued:
+                    await conn.stream.send_all(frame)
+                    conn.out_bytes -= len(frame)
+                    conn.touch()
+                if conn.failure is not None:
+                    await conn.stream.send_all(error_frame(conn.failure))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away; its commands still run, their replies are dropped
+        conn.queued.close()
+        if conn.writing.cancelled_caught:
+            log.warning("client_not_reading_closed", connection=conn.number, grace_seconds=conn.options.grace)
+
+    async def _watch_idle(self, conn: Connection) -> None:
+        """Close the connection once it has been idle (`Connection.busy` false, nothing received) for
+        `idle_timeout` seconds. Never closes early: a busy connection is looked at again a timeout later,
+        and the timeout counts from its last activity."""
+        timeout = self._options.idle_timeout
+        with conn.watching:
+            while True:
+                now = trio.current_time()
+                deadline = now + timeout if conn.busy() else conn.last_active + timeout
+                if deadline <= now:
+                    conn.fail(IdleTimeoutError(f"nothing was sent or in flight for {timeout:g} seconds"))
+                    return
+                await trio.sleep_until(deadline)
+
+
+async def _bind(path: Path, backlog: int = ServeOptions().backlog) -> trio.SocketListener:
+    """Listen on `path` (mode 0600, `backlog` pending connections), replacing a stale socket file. Raises
+    OSError if another server answers there, if `path` is some other file, or if it cannot be bound (e.g.
+    longer than ~107 bytes)."""
+    if path.is_socket():
+        try:
+            probe = await trio.open_unix_socket(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: left by a server that was killed
+        else:
+            await probe.aclose()
+            raise OSError(f"{path}: another server is listening there")
+    elif path.exists() or path.is_symlink():
+        raise FileExistsError(f"{path}: exists and is not a socket")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # the socket file is born 0600: only its owner may connect
+    try:
+        await sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(previous)
+    sock.listen(backlog)
+    return trio.SocketListener(sock)
+
+
+async def _register(runtime: Runtime, workflows: Sequence[Path]) -> bool:
+    for path in workflows:
+        reply = await runtime.send(
+            {"type": "register_workflow", "yaml": path.read_text(), "source": str(path)}
+        )
+        if not reply.ok:
+            assert reply.error is not None
+            print(f"error: {path}: {reply.error.message}", file=sys.stderr)
+            return False
+    return True
+
+
+async def serve(
+    db: Path,
+    workflows: Sequence[Path],
+    *,
+    socket_path: Path | None = None,
+    options: ServeOptions = ServeOptions(),
+    switch_interval: float | None = SWITCH_INTERVAL,
+    tracer_provider: TracerProvider | None = None,
+) -> int:
+    """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
+    connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
+    clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
+    serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
+    the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
+    `traceparent` is its command span's parent (onceflow/tracing.py).
+
+    Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
+    workflow file cannot be read).
+    """
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
+        listener = None if socket_path is None else await _bind(socket_path, options.backlog)
+        try:
+            # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
+            async with open_runtime(
+                db, switch_interval=switch_interval, tracer_provider=tracer_provider
+            ) as runtime:
+                if not await _register(runtime, workflows):
+                    return 1
+                async with trio.open_nursery() as everything:
+                    stopped = trio.Event()
+                    everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
+                    await _serve(runtime, listener, socket_path, options, stopped)
+                    everything.cancel_scope.cancel()  # the signal watcher
+        finally:
+            if socket_path is not None:
+                socket_path.unlink(missing_ok=True)
+    return 0
+
+
+async def _watch_signals(signals: Any, stopped: trio.Event, everything: trio.CancelScope) -> None:
+    async for signum in signals:
+        if stopped.is_set():
+            log.warning("second_signal_cancelling", signal=signum)
+            everything.cancel()
+            return
+        log.info("signal_draining", signal=signum)
+        stopped.set()
+
+
+async def _serve(
+    runtime: Runtime,
+    listener: trio.SocketListener | None,
+    socket_path: Path | None,
+    options: ServeOptions,
+    stopped: trio.Event,
+) -> None:
+    """Serve until `stopped`, then drain: returns once every received command is done and answered. Over
+    stdio the one client, whose end ends the server, is never timed out."""
+    if listener is None:
+        options = attrs.evolve(options, idle_timeout=0.0)
+    async with trio.open_nursery() as commands:
+        server = Server(runtime, commands, options)
+        async with trio.open_nursery() as connections:
+            accepting = trio.CancelScope()
+            if listener is None:
+                connections.start_soon(_serve_stdio, server, stopped)
+            else:
+                connections.start_soon(accept_clients, server, listener, accepting, connections)
+            print(f"serving on {socket_path or 'stdio'}", file=sys.stderr, flush=True)
+            await stopped.wait()
+            server.stop()
+            accepting.cancel()
+
+
+@attrs.define
+class AcceptPause:
+    """How accepting waits out a shortage of file descriptors or memory: `first` seconds, doubling up to
+    `cap`, until an accept succeeds. One WARNING `accept_paused` starts an episode and one INFO
+    `accept_resumed` ends it, however many retries it took."""
+
+    first: float = 0.01
+    cap: float = 1.0
+    delay: float = 0.0
+    retries: int = 0
+    since: float | None = None
+
+    async def wait(self, exc: OSError, connections: int) -> None:
+        """Sleep before the next accept after `exc` (an ACCEPT_CAPACITY_ERRNOS failure)."""
+        if self.since is None:
+            self.since, self.delay, self.retries = trio.current_time(), self.first, 0
+            log.warning(
+                "accept_paused",
+                errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                reason=exc.strerror,
+                connections=connections,
+                retry_seconds=self.delay,
+                max_retry_seconds=self.cap,
+            )
+        self.retries += 1
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.cap)
+
+    def accepted(self) -> None:
+        """An accept succeeded: end the episode, if one was under way."""
+        if self.since is not None:
+            paused = trio.current_time() - self.since
+            log.info("accept_resumed", paused_seconds=round(paused, 3), retries=self.retries)
+            self.since = None
+
+
+async def accept_clients(
+    server: Server,
+    listener: trio.abc.Listener[trio.SocketStream],
+    accepting: trio.CancelScope,
+    connections: trio.Nursery,
+    pause: AcceptPause | None = None,
+) -> None:
+    """Accept clients until `accepting` is cancelled; their handlers live in `connections`, so they
+    finish draining after accepting stops. A shortage of file descriptors or memory pauses accepting
+    (`AcceptPause`); any other accept error ends the server."""
+    pause = AcceptPause() if pause is None else pause
+    with accepting:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                await pause.wait(exc, server.connections)
+                continue
+            pause.accepted()
+            connections.start_soon(server.handle, stream)
+    await listener.aclose()
+
+
+async def _serve_stdio(server: Server, stopped: trio.Event) -> None:
+    stdout, stdin = trio.lowlevel.FdStream(os.dup(1)), trio.lowlevel.FdStream(os.dup(0))
+    stream = trio.StapledStream(send_stream=stdout, receive_stream=stdin)
+    await server.handle(stream)
+    stopped.set()

@@ -241,6 +241,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE step_entries ALTER COLUMN created_epoch
         SET DEFAULT NULLIF(current_setting('onceflow.epoch', true), '');
     """,
+    # 16: the event stream's era counter (store/schema.py's migration 16); runtimes sharing the database each
+    # take their own eras from it (UPDATE ... RETURNING serializes them on the row).
+    """
+    CREATE TABLE event_eras (
+        id  BIGINT PRIMARY KEY CHECK (id = 1),
+        era BIGINT NOT NULL
+    );
+    INSERT INTO event_eras (id, era) VALUES (1, 0);
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

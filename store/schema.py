@@ -400,6 +400,15 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     """
     ALTER TABLE step_entries ADD COLUMN created_epoch TEXT;
     """,
+    # 16: the event stream's era counter (store/event_eras.py): one row, bumped at every runtime start and
+    # every 2**23 events, so an event_seq is never reused by a later start (actors/kernel/event_window.py).
+    """
+    CREATE TABLE event_eras (
+        id  INTEGER PRIMARY KEY CHECK (id = 1),
+        era INTEGER NOT NULL
+    );
+    INSERT INTO event_eras (id, era) VALUES (1, 0);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

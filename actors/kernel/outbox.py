@@ -1,6 +1,7 @@
-"""Where events go: the reply of the command that caused them, and every subscriber's stream. Trio thread.
+"""Where events go: the reply of the command that caused them, the window of recent events, and every
+subscriber's stream. Trio thread.
 
-Each command gets its own Outbox; `emit` appends to it and fans the event out to subscribers at once.
+Each command gets its own Outbox; `emit` appends to it and publishes the event at once.
 Diagnostics are also written to the structured log with their fields as discrete keys.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Literal, Protocol, cast, get_args
 import trio
 
 from onceflow import metrics
+from onceflow.actors.kernel.event_window import EventWindow
 from onceflow.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
@@ -33,10 +35,15 @@ class Watcher(Protocol):
 
 
 class EventHub:
-    """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
+    """Publishes every event: to the watchers, into the window (actors/kernel/event_window.py: its seq,
+    and readers resuming from one), and to each subscriber's stream (an unbounded channel; a closed one is
+    dropped)."""
 
-    def __init__(self, *watchers: Watcher) -> None:
+    def __init__(self, *watchers: Watcher, window: EventWindow | None = None) -> None:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self.window = EventWindow() if window is None else window
+        self._append = self.window.append
+        self._retaining = False  # `serving`: the window is an audience
         # the watchers by event type (waiting claims, the retention trigger): an event of a type nobody
         # watches costs one dict lookup
         hooks: dict[str, list[Callable[[Event], None]]] = {}
@@ -53,6 +60,7 @@ class EventHub:
     def publish(self, event: Event) -> None:
         for hook in self._hooks.get(event.type, ()):
             hook(event)
+        self._append(event)
         if not self._subscribers:
             return
         for send in list(self._subscribers):
@@ -61,13 +69,20 @@ class EventHub:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(send)
 
+    def serving(self) -> None:
+        """The runtime serves from now on: a reader may resume over any event published, so every event
+        has an audience (`has_subscribers`). Before (the start-up recovery scan) only subscribers count."""
+        self._retaining = True
+
     def has_subscribers(self) -> bool:
-        return bool(self._subscribers)
+        """Whether an event published now could be received: the runtime serves, or a stream is open."""
+        return self._retaining or bool(self._subscribers)
 
     def close(self) -> None:
         for send in self._subscribers:
             send.close()
         self._subscribers.clear()
+        self.window.close()
 
 
 class Outbox:

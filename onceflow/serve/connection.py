@@ -28,13 +28,14 @@ class Connection:
     reading: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     writing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     watching: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    subscription: trio.CancelScope | None = None
+    subscription: trio.CancelScope | None = None  # the event pump's, once subscribed
     failure: ErrorInfo | None = None
     out_bytes: int = 0  # queued for the client, not yet taken by the socket
     peak_out_bytes: int = 0
     pending: int = 0  # received lines not yet answered (waiting, or running)
     pending_bytes: int = 0  # of which waiting in the pipeline or running
     freed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)  # `push_paced` waits
     last_active: float = attrs.field(factory=trio.current_time)
 
     def push(self, frame: bytes) -> None:
@@ -58,6 +59,25 @@ class Connection:
             return  # the client is gone or the connection is closing: the line has nowhere to go
         self.out_bytes += size
         self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
+
+    async def push_paced(self, frame: bytes) -> None:
+        """Queue a line once the outgoing queue holds less than half its `queue_size` lines and half its
+        `queue_bytes` bytes (or nothing at all), waiting for the client to read meanwhile: a replay goes at
+        the client's pace, and the other half stays free for replies and live lines. A frame larger than
+        `queue_bytes` still makes a slow consumer. Cancelled with the subscription, nothing is queued."""
+        lines, space = max(1, self.options.queue_size // 2), self.options.queue_bytes // 2
+        while self.failure is None and (
+            self.out.statistics().current_buffer_used >= lines
+            or (self.out_bytes and self.out_bytes + len(frame) > space)
+        ):
+            await self.drained.park()
+        self.push(frame)
+
+    def taken(self, size: int) -> None:
+        """The socket took a frame of `size` bytes: room for `push_paced`."""
+        self.out_bytes -= size
+        if self.drained:
+            self.drained.unpark_all()
 
     def fail(self, exc: OnceflowError) -> None:
         """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""

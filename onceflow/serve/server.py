@@ -18,13 +18,15 @@ import attrs
 import trio
 from opentelemetry.trace import TracerProvider
 
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStream
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.errors import BusyError, ProtocolError
-from onceflow.protocol.events import Event, Reply
+from onceflow.protocol.errors import BusyError, ConflictError, ProtocolError
+from onceflow.protocol.event_stream import EventGap
+from onceflow.protocol.events import Reply
 from onceflow.serve.connection import Connection
-from onceflow.serve.options import IdleTimeoutError, ServeOptions
+from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
 from onceflow.serve.wire import (
     LineReader,
     Overlong,
@@ -32,6 +34,7 @@ from onceflow.serve.wire import (
     error_frame,
     error_info,
     event_frame,
+    gap_frame,
     refusal,
     reply_frame,
     split_request,
@@ -44,6 +47,8 @@ ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, e
 """accept(2) failures that mean "no file descriptor or memory right now": accepting pauses, then retries."""
 REFUSE_SECONDS = 1.0
 """How long a connection over `max_connections` gets to take its one `busy` line before it is closed."""
+REPLAY_BATCH = 64
+"""Events a replay takes from the window at a time (each then waits for room in the outgoing queue)."""
 
 
 class Server:
@@ -161,27 +166,49 @@ class Server:
         return reply_frame(request.id, reply)
 
     def _subscribe(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        extra = sorted(set(request) - {"type"})
+        """Start the connection's event stream: from now on, or replaying from just after `after`."""
+        extra = sorted(set(request) - {"type", "after"})
         if extra:
             return refusal("subscribe", ProtocolError(f"{extra[0]}: unknown field", field=extra[0]))
-        if conn.subscription is None:
-            conn.subscription = trio.CancelScope()
-            conn.nursery.start_soon(self._pump, conn, conn.subscription, self._runtime.subscribe())
-        return Reply(command="subscribe", ok=True, result={"subscribed": True})
+        if conn.subscription is not None:
+            return refusal("subscribe", ConflictError("this connection already subscribes"))
+        try:
+            events = self._runtime.events(request["after"]) if "after" in request else self._runtime.events()
+        except ProtocolError as exc:
+            return refusal("subscribe", exc)
+        conn.subscription = trio.CancelScope()
+        conn.nursery.start_soon(self._pump, conn, conn.subscription, events)
+        return Reply(
+            command="subscribe", ok=True, result={"subscribed": True, "next_event_seq": events.next_seq}
+        )
 
-    async def _pump(
-        self, conn: Connection, scope: trio.CancelScope, events: trio.MemoryReceiveChannel[Event]
-    ) -> None:
-        with scope, events:
-            async for event in events:
-                conn.push(event_frame(event))
+    async def _pump(self, conn: Connection, scope: trio.CancelScope, events: EventStream) -> None:
+        """Write the connection's event lines: the gap line and the replay (with what is published while
+        it runs) at the client's pace, then live events as they come, never waiting on the client."""
+        with scope:
+            if events.gap is not None:
+                await conn.push_paced(gap_frame(events.gap))
+            while not events.caught_up:
+                taken = events.take(REPLAY_BATCH)
+                if isinstance(taken, EventGap):
+                    conn.fail(_fell_behind(taken))
+                    return
+                for item in taken:
+                    await conn.push_paced(event_frame(item.seq, item.event))
+            while await events.wait():
+                taken = events.take(sys.maxsize)
+                if isinstance(taken, EventGap):
+                    conn.fail(_fell_behind(taken))
+                    return
+                for item in taken:
+                    conn.push(event_frame(item.seq, item.event))
 
     async def _write(self, conn: Connection) -> None:
         with conn.writing:
             try:
                 async for frame in conn.queued:
                     await conn.stream.send_all(frame)
-                    conn.out_bytes -= len(frame)
+                    conn.taken(len(frame))
                     conn.touch()
                 if conn.failure is not None:
                     await conn.stream.send_all(error_frame(conn.failure))
@@ -204,6 +231,13 @@ class Server:
                     conn.fail(IdleTimeoutError(f"nothing was sent or in flight for {timeout:g} seconds"))
                     return
                 await trio.sleep_until(deadline)
+
+
+def _fell_behind(gap: EventGap) -> SlowConsumerError:
+    return SlowConsumerError(
+        f"the client fell more than the event window behind: events after {gap.after} before {gap.next}"
+        " are no longer held"
+    )
 
 
 async def _bind(path: Path, backlog: int = ServeOptions().backlog) -> trio.SocketListener:
@@ -253,13 +287,15 @@ async def serve(
     options: ServeOptions = ServeOptions(),
     switch_interval: float | None = SWITCH_INTERVAL,
     tracer_provider: TracerProvider | None = None,
+    event_window: int = DEFAULT_EVENT_WINDOW,
 ) -> int:
     """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
     connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
     clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
     serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
     the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
-    `traceparent` is its command span's parent (onceflow/tracing.py).
+    `traceparent` is its command span's parent (onceflow/tracing.py). `event_window`: how many of the latest
+    events the runtime keeps for subscribers resuming with `after` (`open_runtime`'s).
 
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
@@ -269,7 +305,10 @@ async def serve(
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(
-                db, switch_interval=switch_interval, tracer_provider=tracer_provider
+                db,
+                switch_interval=switch_interval,
+                tracer_provider=tracer_provider,
+                event_window=event_window,
             ) as runtime:
                 if not await _register(runtime, workflows):
                     return 1

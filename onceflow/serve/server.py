@@ -23,7 +23,7 @@ from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import BusyError, ConflictError, ProtocolError
-from onceflow.protocol.event_stream import EventGap
+from onceflow.protocol.event_stream import EventGap, check_after
 from onceflow.protocol.events import Reply
 from onceflow.serve.connection import Connection
 from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
@@ -173,8 +173,8 @@ class Server:
         if conn.subscription is not None:
             return refusal("subscribe", ConflictError("this connection already subscribes"))
         try:
-            events = self._runtime.events(request["after"]) if "after" in request else self._runtime.events()
-        except ProtocolError as exc:
+            events = self._runtime.events(check_after(request["after"]) if "after" in request else None)
+        except ProtocolError as exc:  # `after` present but not an int64 >= 0 (null included)
             return refusal("subscribe", exc)
         conn.subscription = trio.CancelScope()
         conn.nursery.start_soon(self._pump, conn, conn.subscription, events)

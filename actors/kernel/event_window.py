@@ -233,6 +233,27 @@ class EventStream:
             await window.changed()
         return True
 
+    def batch(self, limit: int) -> list[SequencedEvent | EventGap]:
+        """What is there now, without waiting: the starting gap if not yet yielded, then up to `limit`
+        events (a gap instead where the reader fell behind)."""
+        items: list[SequencedEvent | EventGap] = []
+        if self._pending is not None:
+            items.append(self._pending)
+            self._pending = None
+        taken = self.take(limit)
+        if isinstance(taken, EventGap):
+            items.append(taken)
+            taken = self.take(limit)
+        assert not isinstance(taken, EventGap)  # just moved to the oldest held
+        items += taken
+        return items
+
+    async def next_batch(self, limit: int) -> list[SequencedEvent | EventGap]:
+        """`batch`, waiting until it has something; empty once the runtime closed and all was read."""
+        if self._pending is None and not await self.wait():
+            return []
+        return self.batch(limit)
+
     def __aiter__(self) -> EventStream:
         return self
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_WINDOW, SEQ_BLOCK
 from onceflow.protocol import errors, limits, results, tracecontext
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
@@ -43,7 +44,8 @@ model, a dict or a JSON line and returns a [`Reply`](#reply); over `onceflow ser
 command object and each reply one line. Every command is a JSON object whose `type` names it; unknown
 fields are refused. A reply carries the command's `result` (its shape is listed with each command) or an
 [`error`](#errorinfo), and the [events](#events) the command caused, in order; `subscribe` streams every
-event as it is emitted. Times are Unix seconds; `None` in a description is JSON `null`.
+event as it is emitted, each with its `event_seq`, and resumes after a seq. Times are Unix seconds; `None`
+in a description is JSON `null`.
 
 `onceflow schema` prints the same as JSON Schema (`command`, `event`, `reply`, and `results` per command
 type). `onceflow schema --template` prints the JSON Schema of the workflow template format (add
@@ -105,7 +107,14 @@ def _socket() -> str:
         (
             "event",
             "server → client",
-            '`{"event": <Event>}`, only after the connection sent `{"type": "subscribe"}`',
+            '`{"event_seq": <int>, "event": <Event>}`, only after the connection sent'
+            ' `{"type": "subscribe"}`',
+        ),
+        (
+            "gap",
+            "server → client",
+            '`{"gap": {"after": <int>, "next": <int>}}`, at most once, first after a `subscribe` with'
+            " `after`",
         ),
         (
             "connection error",
@@ -145,11 +154,33 @@ reply, and the connection stays open.
 order (for parallelism, open more connections; many clients are served at once). A command whose client
 went away still runs to completion; only its reply is dropped.
 
-**`subscribe`.** `{{"type": "subscribe"}}` (no other field) is answered
-`{{"id": ..., "reply": {{"command": "subscribe", "ok": true, "result": {{"subscribed": true}}, ...}}}}`;
-from then on the connection also receives every event the runtime emits, from any client's commands, as
-`{{"event": ...}}` lines interleaved with its replies. Subscribing twice is the same as once. A reply's
-own `events` are still in the reply.
+**`subscribe`.** `{{"type": "subscribe"}}` is answered
+`{{"id": ..., "reply": {{"command": "subscribe", "ok": true, "result": {{"subscribed": true, "next_event_seq":
+M}}, ...}}}}`; from then on the connection also receives every event the runtime emits, from any client's
+commands, as `{{"event_seq": ..., "event": ...}}` lines interleaved with its replies (a reply's own
+`events` are still in the reply). Every event line that follows has an `event_seq` of at least `M`.
+
+**Event seqs.** Each event gets its `event_seq` when published: integers that increase strictly, also across
+restarts of the server on the same database, but are not consecutive (they jump at each start and about
+every {SEQ_BLOCK // 2:,} events); all are below 2**53, exact in JavaScript. Compare them; never count
+with them.
+
+**Resuming.** `{{"type": "subscribe", "after": N}}`, `N` the last `event_seq` the client processed (an
+integer from 0 to 2**63-1; anything else, `null` included, is refused with `invalid_message`,
+`field: "after"`), replays the events after `N` the server still holds (its last
+{DEFAULT_EVENT_WINDOW:,} events, `--event-window`, a count of at most {MAX_EVENT_WINDOW:,}), then goes on
+live: each event after `N` comes once, in seq order, with no duplicate and nothing skipped between replay
+and live. If some events after `N`
+are gone (older than the window; from before a restart, which a resume across one always meets; or `N`
+is no seq this server reached), the first line after the reply is `{{"gap": {{"after": N, "next": M}}}}`:
+events between `N` and `M` may be missing, so read the durable state (`get_task`, `task_history`,
+`list_runs`, ...), then carry on; every event from `M` on follows, and the reply's `next_event_seq` is `M`.
+The replay, and what is published while it runs, goes at the client's pace (queued while the outgoing
+queue is under half its bounds, the other half free for replies), so it never makes a slow consumer; once
+caught up, events are queued as they are published and the runtime never waits for the client. A client
+that then falls behind is disconnected as `slow_consumer` (below) and resumes by subscribing on a new
+connection with `after` set to the last seq it processed: it misses nothing still in the window. A second
+`subscribe` on the same connection is refused with `conflict`.
 
 **Sizes.** A request line is at most {serve.max_line:,} bytes ({_mib(serve.max_line)}; `--max-line`, by
 default the protocol's own message limit, `MAX_MESSAGE_BYTES` below): a longer line is answered with

@@ -65,22 +65,30 @@ class EventWindow:
         # (first ordinal, base) per block in use, oldest first: ordinal o >= first has seq
         # base + o - first + 1
         self._segments: list[tuple[int, int]] = [(1, self._start)]
-        self._check_at = block // 2  # the ordinal at which the block needs looking after (`_block_used`)
+        self._block_at = block // 2  # the ordinal at which the block needs looking after (`_block_used`)
+        self._check_at = self._block_at  # the next ordinal `_appended` must see (block, or waiting reader)
         self.renewal = trio.Event()  # set when the next era is wanted; replaced by `adopt`
         self._news: trio.Event | None = None  # set at the next append, when a reader waits for one
         self.closed = False
 
     def append(self, event: Event) -> None:
-        """Keep `event` as the newest (the oldest beyond `size` is dropped) and wake waiting readers."""
-        n = self.count + 1
-        self.count = n
+        """Keep `event` as the newest (the oldest beyond `size` is dropped) and wake waiting readers.
+        `EventHub.publish` inlines this body: keep the two equal."""
+        n = self.count = self.count + 1
         self._ring[n % self.size] = event
         if n >= self._check_at:
-            self._block_used(n)
+            self._appended(n)
+
+    def _appended(self, n: int) -> None:
+        """The rare part of an append: wake the waiting readers, look after the block. (One comparison on
+        the hot path covers both: `changed` lowers `_check_at` while a reader waits.)"""
         news = self._news
         if news is not None:
             self._news = None
             news.set()
+        if n >= self._block_at:
+            self._block_used(n)
+        self._check_at = self._block_at
 
     def _block_used(self, n: int) -> None:
         """Half the block is used: ask for the next era. All of it (no era came for 2**23 events): log it,
@@ -88,10 +96,10 @@ class EventWindow:
         if not self.renewal.is_set():
             first, _ = self._segments[-1]
             self.renewal.set()
-            self._check_at = first + self._block  # the ordinal whose seq would leave the block
+            self._block_at = first + self._block  # the ordinal whose seq would leave the block
         else:
             log.error("event_seq_block_exhausted", seq=self.seq_of(n), block=self._block)
-            self._check_at = sys.maxsize  # once
+            self._block_at = sys.maxsize  # once
 
     def adopt(self, era: int) -> bool:
         """Number the next events in `era`'s block (a fresh era, larger than any this runtime used); False
@@ -101,7 +109,8 @@ class EventWindow:
             return False
         base = max(era * self._block, self.seq_of(self.count))  # never back: a block overflowed past it
         self._segments.append((self.count + 1, base))
-        self._check_at = self.count + self._block // 2
+        self._block_at = self.count + self._block // 2
+        self._check_at = min(self._check_at, self._block_at)
         self.renewal = trio.Event()
         needed = self.count - self.size  # the newest dropped ordinal: its seq tells a reader of a gap
         while len(self._segments) > 1 and self._segments[1][0] <= needed:
@@ -118,6 +127,7 @@ class EventWindow:
         """Wait for the next append (or close)."""
         if self._news is None:
             self._news = trio.Event()
+            self._check_at = self.count + 1  # the next append wakes it
         await self._news.wait()
 
     def read(self, after: int, end: int) -> list[SequencedEvent]:

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, cast, get_args
 import trio
 
 from onceflow import metrics
-from onceflow.actors.kernel.event_window import EventWindow
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, SEQ_BLOCK, EventWindow
 from onceflow.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
@@ -34,15 +34,21 @@ class Watcher(Protocol):
     def on_publish(self, event: Event) -> None: ...
 
 
-class EventHub:
-    """Publishes every event: to the watchers, into the window (actors/kernel/event_window.py: its seq,
-    and readers resuming from one), and to each subscriber's stream (an unbounded channel; a closed one is
-    dropped)."""
+class EventHub(EventWindow):
+    """Publishes every event: to the watchers, into the window of recent events it is (the event's seq,
+    readers resuming from one: actors/kernel/event_window.py), and to each subscriber's stream (an
+    unbounded channel; a closed one is dropped). `size`, `era`, `earlier`, `block`: `EventWindow`'s."""
 
-    def __init__(self, *watchers: Watcher, window: EventWindow | None = None) -> None:
+    def __init__(
+        self,
+        *watchers: Watcher,
+        size: int = DEFAULT_EVENT_WINDOW,
+        era: int = 0,
+        earlier: bool = False,
+        block: int = SEQ_BLOCK,
+    ) -> None:
+        super().__init__(size, era=era, earlier=earlier, block=block)
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
-        self.window = EventWindow() if window is None else window
-        self._append = self.window.append
         self._retaining = False  # `serving`: the window is an audience
         # the watchers by event type (waiting claims, the retention trigger): an event of a type nobody
         # watches costs one dict lookup
@@ -60,7 +66,12 @@ class EventHub:
     def publish(self, event: Event) -> None:
         for hook in self._hooks.get(event.type, ()):
             hook(event)
-        self._append(event)
+        # `EventWindow.append`, inlined: the call would cost more than the append itself (per event, on
+        # the hot path)
+        n = self.count = self.count + 1
+        self._ring[n % self.size] = event
+        if n >= self._check_at:
+            self._appended(n)
         if not self._subscribers:
             return
         for send in list(self._subscribers):
@@ -82,7 +93,7 @@ class EventHub:
         for send in self._subscribers:
             send.close()
         self._subscribers.clear()
-        self.window.close()
+        super().close()
 
 
 class Outbox:

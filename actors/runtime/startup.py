@@ -20,7 +20,7 @@ from opentelemetry.trace import TracerProvider
 
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel import task_rows
-from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventWindow, event_window_size
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, event_window_size
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.outbox import EventHub
@@ -166,8 +166,7 @@ async def open_runtime(
                 tracing=tracing,
             )
             era = await first_era(store)
-            window = EventWindow(event_window, era=era, earlier=era > 1)
-            hub = EventHub(services.run_signals, trigger, window=window)
+            hub = EventHub(services.run_signals, trigger, size=event_window, era=era, earlier=era > 1)
             outcome_supervisor = OutcomeSupervisor(
                 store,
                 hub,
@@ -208,7 +207,7 @@ async def open_runtime(
                         background.append(
                             await task_nursery.start(gauge_open_runs_forever, runtime.services, runtime)
                         )
-                        background.append(await task_nursery.start(renew_eras_forever, store, window))
+                        background.append(await task_nursery.start(renew_eras_forever, store, hub))
                         hub.serving()
                         yield runtime
                     finally:

@@ -99,7 +99,7 @@ class Runtime:
         Raises:
             ProtocolError: `after` is not an integer in 0..2**63-1 (field `after`).
         """
-        return EventStream(self._hub.window, after)
+        return EventStream(self._hub, after)
 
     def runs(
         self,

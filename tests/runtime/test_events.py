@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from helpers import FakeClock, create_task, move, setup_office
 
-from onceflow.actors.kernel.event_window import EventStream, EventWindow
+from onceflow.actors.kernel.event_window import EventStream
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.event_eras import renew_eras_forever
 from onceflow.actors.runtime.startup import open_runtime
@@ -172,11 +172,11 @@ async def test_a_new_era_is_taken_durably_once_half_a_block_is_used_and_seqs_jum
     one)."""
     async with open_store(db_path) as store, trio.open_nursery() as nursery:
         era = await store.transact(next_era)
-        window = EventWindow(100, era=era, block=8)
+        window = EventHub(size=100, era=era, block=8)  # `publish` inlines the window's append
         scope = await nursery.start(renew_eras_forever, store, window)
         seqs = []
         for n in range(20):
-            window.append(trusted.diagnostic(level="info", code="n", fields={"n": n}))
+            window.publish(trusted.diagnostic(level="info", code="n", fields={"n": n}))
             seqs.append(window.seq_of(window.count))
             while window.renewal.is_set():  # asked: wait for the era to be allocated and handed over
                 await trio.sleep(0.001)

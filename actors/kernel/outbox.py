@@ -132,9 +132,10 @@ class Outbox:
         return trusted.reply(command, list(self.events), result=result, error=error)
 
     def has_audience(self) -> bool:
-        """Whether an event emitted now could be received: a reply will carry it, or the hub has a subscriber.
-        The recovery scan runs before `open_runtime` yields, so at startup it has neither and may log and
-        count instead of building events nobody receives."""
+        """Whether an event emitted now could be received: a reply will carry it, or the hub has an audience
+        (the runtime serves, so a reader may resume over it; or a subscriber listens). The start-up recovery
+        scan runs before `open_runtime` yields, so it has neither and may log and count instead of building
+        events nobody receives (a resume from before the start is told of a gap anyway)."""
         return self._reply or self._hub.has_subscribers()
 
     def log(self, level: str, code: str, **fields: Any) -> None:

@@ -400,6 +400,26 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     """
     ALTER TABLE step_entries ADD COLUMN created_epoch TEXT;
     """,
+    # 16: host calls answered over `onceflow serve`'s host role (store/host_calls.py): one row per call once
+    # it ended, for `list_host_calls` and a task's history; by task, by status and by age (retention).
+    """
+    CREATE TABLE host_calls (
+        id          INTEGER PRIMARY KEY,
+        call_id     TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        task_id     TEXT,
+        status      TEXT NOT NULL,
+        attempts    INTEGER NOT NULL,
+        host_id     TEXT,
+        created_at  REAL NOT NULL,
+        answered_at REAL NOT NULL,
+        latency     REAL NOT NULL,
+        error       TEXT
+    );
+    CREATE INDEX host_calls_by_task ON host_calls(task_id, id) WHERE task_id IS NOT NULL;
+    CREATE INDEX host_calls_by_status ON host_calls(status, id);
+    CREATE INDEX host_calls_by_age ON host_calls(answered_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -60,6 +60,18 @@ def add_parser(sub: Any) -> None:
         default=SWITCH_INTERVAL,
         help="GIL switch interval in seconds while serving (0: Python's own)",
     )
+    parser.add_argument(
+        "--host-timeout",
+        type=functools.partial(_positive_seconds_arg, "--host-timeout"),
+        default=defaults.host_timeout,
+        help="seconds a host connection has to answer a call (register_host)",
+    )
+    parser.add_argument(
+        "--host-wait",
+        type=functools.partial(_positive_seconds_arg, "--host-wait"),
+        default=defaults.host_wait,
+        help="seconds a call waits for a host with its capability before it is host_unavailable",
+    )
 
 
 def _count_arg(text: str) -> int:
@@ -92,6 +104,14 @@ def _seconds_arg(flag: str, text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_seconds_arg(flag: str, text: str) -> float:
+    """`--host-timeout`, `--host-wait`: seconds, finite and > 0."""
+    try:
+        return seconds(flag, float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
     options = ServeOptions(
@@ -102,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
         backlog=args.backlog,
+        host_timeout=args.host_timeout,
+        host_wait=args.host_wait,
     )
     return trio.run(
         functools.partial(

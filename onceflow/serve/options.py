@@ -29,6 +29,11 @@ def _nonnegative_seconds(_: object, attribute: attrs.Attribute[float], value: fl
         raise ValueError(f"{attribute.name} must be a finite number of seconds >= 0, not {value!r}")
 
 
+def _positive_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be a finite number of seconds > 0, not {value!r}")
+
+
 @attrs.frozen
 class ServeOptions:
     """Per-connection and server bounds (the module docstring says what each does).
@@ -39,7 +44,9 @@ class ServeOptions:
     `max_pipeline` received lines waiting to be applied; `grace` seconds a disconnecting client (slow,
     idle, or at shutdown) gets to read what is queued; `max_connections` clients at once; `idle_timeout`
     seconds without activity before a client is closed (0: never); `backlog` connections the kernel
-    queues before they are accepted.
+    queues before they are accepted; `host_timeout` seconds a host connection has to answer a call it was
+    offered, and `host_wait` seconds a call waits for a host with its capability to be connected (the host
+    role: actors/runtime/host_broker.py).
     """
 
     queue_size: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
@@ -52,3 +59,5 @@ class ServeOptions:
     max_connections: int = attrs.field(default=256, validator=attrs.validators.ge(1))
     idle_timeout: float = attrs.field(default=300.0, validator=_nonnegative_seconds)
     backlog: int = attrs.field(default=512, validator=attrs.validators.ge(1))
+    host_timeout: float = attrs.field(default=30.0, validator=_positive_seconds)
+    host_wait: float = attrs.field(default=10.0, validator=_positive_seconds)

@@ -18,11 +18,13 @@ import attrs
 import trio
 from opentelemetry.trace import TracerProvider
 
+from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.errors import BusyError, ProtocolError
+from onceflow.protocol.errors import BusyError, ProtocolError, ShuttingDownError
 from onceflow.protocol.events import Event, Reply
+from onceflow.serve import hosting
 from onceflow.serve.connection import Connection
 from onceflow.serve.options import IdleTimeoutError, ServeOptions
 from onceflow.serve.wire import (
@@ -49,11 +51,19 @@ REFUSE_SECONDS = 1.0
 class Server:
     """Serves one runtime to many connections; see the module docstring for the wire contract."""
 
-    def __init__(self, runtime: Runtime, commands: trio.Nursery, options: ServeOptions) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        commands: trio.Nursery,
+        options: ServeOptions,
+        hosts: HostBroker | None = None,
+    ) -> None:
         self._runtime = runtime
         self._commands = commands  # lives until every received command is done; a client never cancels it
         self._options = options
+        self._hosts = hosts  # the host role (onceflow/serve/hosting.py); None: register_host is refused
         self._connections: set[Connection] = set()
+        self._left = trio.lowlevel.ParkingLot()  # unparked whenever a connection ends
         self._opened = 0
         self._refused = 0  # connections refused since the server was last below max_connections
         self.stopping = False
@@ -64,11 +74,30 @@ class Server:
         return len(self._connections)
 
     def stop(self) -> None:
-        """Stop reading every connection; each finishes the commands it received, then closes."""
+        """Stop reading every connection but the hosts'; each finishes the commands it received, then closes.
+        Host connections are still read for their answers to calls (anything else they send is refused
+        `shutting_down`) until `release_hosts`; a call no host holds ends `host_unavailable` at once."""
         self.stopping = True
+        if self._hosts is not None:
+            self._hosts.stop()
         for conn in self._connections:
-            conn.reading.cancel()
-            conn.close_within(self._options.grace)
+            if conn.host is None:
+                conn.reading.cancel()
+                conn.close_within(self._options.grace)
+
+    async def clients_drained(self) -> None:
+        """Wait until every connection that is not a host has ended (after `stop`: its commands answered)."""
+        while any(conn.host is None for conn in self._connections):
+            await self._left.park()
+
+    def release_hosts(self) -> None:
+        """Stop reading the host connections too: the calls they hold end `host_unavailable` at once."""
+        for conn in self._connections:
+            if conn.host is not None:
+                if self._hosts is not None:
+                    self._hosts.unregister(conn.host)
+                conn.reading.cancel()
+                conn.close_within(self._options.grace)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it ends (EOF, error, slow consumer, idle, or shutdown), then close
@@ -102,7 +131,10 @@ class Server:
                     conn.end_subscription()
                     out.close()  # the writer flushes the queue (and any error line), then stops
                 finally:
+                    if conn.host is not None and self._hosts is not None:
+                        self._hosts.unregister(conn.host)  # the calls it held go to another host
                     self._connections.discard(conn)
+                    self._left.unpark_all()
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -128,6 +160,15 @@ class Server:
                 return
             if line is None:
                 return
+            if conn.host is not None and not isinstance(line, Overlong):
+                if self._hosts is not None and hosting.MARK in line:
+                    frame = hosting.answer(self._hosts, conn, line)
+                    if frame is not None:  # answered now, ahead of the pipeline: it may wait on this call
+                        conn.push(frame)
+                        continue
+                if self.stopping and line.strip():
+                    conn.push(hosting.stopping(line))
+                    continue
             if isinstance(line, Overlong) or line.strip():
                 size = 0 if isinstance(line, Overlong) else len(line)
                 await conn.admit(size)  # waits while max_line bytes are pending: backpressure
@@ -155,10 +196,25 @@ class Server:
         request = split_request(line)
         if isinstance(request, Refused):
             return reply_frame(request.id, request.reply)
-        if isinstance(request.data, dict) and request.data.get("type") == "subscribe":
+        kind = request.data.get("type") if isinstance(request.data, dict) else None
+        if kind == "subscribe":
             return reply_frame(request.id, self._subscribe(conn, request.data))
+        if kind == "register_host":
+            return reply_frame(request.id, self._register_host(conn, request.data))
+        if kind == "host_reply" and conn.host is None:  # a host's own are answered as they are read
+            not_a_host = ProtocolError(
+                "host_reply from a connection that is not a host: send register_host first", field="type"
+            )
+            return reply_frame(request.id, refusal("host_reply", not_a_host))
         reply = await self._runtime.send(request.line)  # never raises; the codec's own bounds apply
         return reply_frame(request.id, reply)
+
+    def _register_host(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        if self._hosts is None:
+            return refusal("register_host", ProtocolError("this server has no host role", field="type"))
+        if self.stopping:
+            return refusal("register_host", ShuttingDownError("the server is shutting down"))
+        return hosting.register(self._hosts, conn, request)
 
     def _subscribe(self, conn: Connection, request: dict[str, Any]) -> Reply:
         extra = sorted(set(request) - {"type"})
@@ -264,20 +320,27 @@ async def serve(
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
     """
+    hosts = HostBroker(host_timeout=options.host_timeout, host_wait=options.host_wait)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
         listener = None if socket_path is None else await _bind(socket_path, options.backlog)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(
-                db, switch_interval=switch_interval, tracer_provider=tracer_provider
+                db, host=hosts, switch_interval=switch_interval, tracer_provider=tracer_provider
             ) as runtime:
+                hosts.on_coordinator = runtime.attach_coordinator
                 if not await _register(runtime, workflows):
                     return 1
-                async with trio.open_nursery() as everything:
-                    stopped = trio.Event()
-                    everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
-                    await _serve(runtime, listener, socket_path, options, stopped)
-                    everything.cancel_scope.cancel()  # the signal watcher
+                async with trio.open_nursery() as recording:  # ended calls' records, written to the last
+                    await recording.start(hosts.record_forever, runtime.services.store, runtime.hub)
+                    try:
+                        async with trio.open_nursery() as everything:
+                            stopped = trio.Event()
+                            everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
+                            await _serve(runtime, hosts, listener, socket_path, options, stopped)
+                            everything.cancel_scope.cancel()  # the signal watcher
+                    finally:
+                        hosts.close()
         finally:
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
@@ -296,17 +359,19 @@ async def _watch_signals(signals: Any, stopped: trio.Event, everything: trio.Can
 
 async def _serve(
     runtime: Runtime,
+    hosts: HostBroker,
     listener: trio.SocketListener | None,
     socket_path: Path | None,
     options: ServeOptions,
     stopped: trio.Event,
 ) -> None:
-    """Serve until `stopped`, then drain: returns once every received command is done and answered. Over
-    stdio the one client, whose end ends the server, is never timed out."""
+    """Serve until `stopped`, then drain: returns once every received command is done and answered (host
+    connections answer calls until the other clients are done). Over stdio the one client, whose end ends
+    the server, is never timed out."""
     if listener is None:
         options = attrs.evolve(options, idle_timeout=0.0)
     async with trio.open_nursery() as commands:
-        server = Server(runtime, commands, options)
+        server = Server(runtime, commands, options, hosts)
         async with trio.open_nursery() as connections:
             accepting = trio.CancelScope()
             if listener is None:
@@ -317,6 +382,8 @@ async def _serve(
             await stopped.wait()
             server.stop()
             accepting.cancel()
+            await server.clients_drained()
+            server.release_hosts()
 
 
 @attrs.define

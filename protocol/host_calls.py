@@ -31,7 +31,6 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from typing_extensions import TypedDict
 
 from onceflow.protocol.limits import ID_PATTERN, MAX_TEXT_CHARS
 
@@ -160,59 +159,3 @@ class HostCall(_Model):
     deadline: str
     """RFC 3339 UTC: when the server stops waiting for this host's answer (`--host-timeout` seconds after
     the offer); a later answer is refused."""
-
-
-class HostRegistered(TypedDict):
-    """`register_host`'s result."""
-
-    host_id: str
-    """This connection's host id (`host-N`), named by the calls' records and by a refused move."""
-    capabilities: list[Capability]
-    """What it was registered for."""
-
-
-class HostReplyTaken(TypedDict):
-    """`host_reply`'s result: the answer was taken."""
-
-    call_id: str
-    """The call answered."""
-    status: CallStatus
-    """`answered` or `refused`."""
-
-
-class HostCallError(TypedDict):
-    """Why a call did not succeed."""
-
-    code: str
-    """`host_unavailable`, `host_timeout`, `cancelled`, or the host's own code (a refusal)."""
-    message: str
-    """What happened."""
-    retryable: bool
-    """Whether the same call may succeed later."""
-
-
-class HostCallInfo(TypedDict):
-    """One host call, as `list_host_calls` and `task_history` show it."""
-
-    id: int | None
-    """Its record's number (None while pending: it is recorded when it ends)."""
-    call_id: str
-    """The call's id."""
-    kind: CallKind
-    """What it asked."""
-    task_id: str | None
-    """The task it was for (None for coordinator calls)."""
-    status: CallStatus
-    """Where it stands."""
-    attempts: int
-    """How many times it was offered to a host (a host that went away before answering: offered again)."""
-    host_id: str | None
-    """The host that answered, or last held it."""
-    created_at: str
-    """When it was made, RFC 3339 UTC."""
-    answered_at: str | None
-    """When it ended (answered, refused, unavailable, timed out), RFC 3339 UTC; None while pending."""
-    latency_seconds: float | None
-    """Seconds from the call to its end (the runtime's monotonic clock); None while pending."""
-    error: HostCallError | None
-    """Why it did not succeed; None when answered."""

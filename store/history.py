@@ -30,8 +30,7 @@ from typing import Any, Literal, cast
 import attrs
 
 from onceflow.protocol.errors import NotFoundError, ProtocolError
-from onceflow.protocol.host_calls import HostCallInfo
-from onceflow.protocol.results import HistoryItem, HistoryPage
+from onceflow.protocol.results import HistoryItem, HistoryPage, HostCallInfo
 from onceflow.store import host_calls
 from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres

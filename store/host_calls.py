@@ -18,7 +18,8 @@ from typing import Any, cast
 
 import attrs
 
-from onceflow.protocol.host_calls import CallKind, CallStatus, HostCallError, HostCallInfo
+from onceflow.protocol.host_calls import CallKind, CallStatus
+from onceflow.protocol.results import HostCallError, HostCallInfo
 from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
 

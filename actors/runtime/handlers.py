@@ -19,12 +19,12 @@ from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError, WorkflowInvalidError
-from onceflow.protocol.host_calls import HostCallInfo
 from onceflow.protocol.results import (
     AckQueued,
     ClaimedRun,
     FinishOutcome,
     HistoryPage,
+    HostCallInfo,
     HostCallPage,
     OutcomeInfo,
     OutcomeReceived,

@@ -62,16 +62,14 @@ from onceflow.protocol.host_calls import (
     CallKind,
     CallStatus,
     Capability,
-    HostCallError,
-    HostCallInfo,
     HostReply,
-    HostReplyTaken,
     code_review_call_id,
     coordinator_call_id,
     preflight_call_id,
     session_action_call_id,
 )
 from onceflow.protocol.outcome import OutcomeDelivery
+from onceflow.protocol.results import HostCallError, HostCallInfo, HostReplyTaken
 from onceflow.protocol.times import rfc3339
 from onceflow.store import host_calls
 from onceflow.store.host_calls import EndedCall

@@ -17,7 +17,8 @@ from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.protocol.codec import command_type, validation_error
 from onceflow.protocol.errors import ConflictError, OnceflowError, ProtocolError, ShuttingDownError
 from onceflow.protocol.events import Reply
-from onceflow.protocol.host_calls import HostRegistered, HostReply, RegisterHost
+from onceflow.protocol.host_calls import HostReply, RegisterHost
+from onceflow.protocol.results import HostRegistered
 from onceflow.serve.connection import Connection
 from onceflow.serve.wire import Refused, refusal, reply_frame, split_request
 

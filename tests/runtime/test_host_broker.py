@@ -23,6 +23,7 @@ from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.events import Event, Reply
 from onceflow.protocol.host_calls import HostReply, session_action_call_id
 from onceflow.protocol.outcome import derive_outcome_id
+from onceflow.protocol.results import result_of
 
 MINIMAL = (FIXTURES / "workflows" / "minimal.yml").read_text()
 REVIEWED = """\
@@ -125,6 +126,7 @@ def answer(broker: HostBroker, host: RegisteredHost, call: dict[str, Any], **rep
 async def calls_recorded(rt: Runtime, **filters: Any) -> list[dict[str, Any]]:
     await trio.testing.wait_all_tasks_blocked()
     reply = await ok(rt, {"type": "list_host_calls", **filters})
+    result_of(reply)  # every row has the documented shape (HostCallPage)
     calls: list[dict[str, Any]] = reply.result["calls"]
     return calls
 
@@ -240,6 +242,7 @@ async def test_with_no_host_connected_a_call_ends_host_unavailable_after_the_hos
         assert len(recorded) == 2 and recorded[0]["error"]["retryable"] is True
         assert recorded[0]["latency_seconds"] == pytest.approx(WAIT)
         history = await ok(rt, {"type": "task_history", "task_id": "T1"})
+        result_of(history)
         calls = [i["detail"] for i in history.result["items"] if i["kind"] == "host_call"]
         assert [c["status"] for c in calls] == ["host_unavailable", "host_unavailable"]
 

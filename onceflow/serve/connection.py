@@ -59,10 +59,12 @@ class Connection:
         self.out_bytes += size
         self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
 
-    def fail(self, exc: OnceflowError) -> None:
-        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
+    def fail(self, exc: OnceflowError, *, within: float | None = None, warn: bool = True) -> None:
+        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line, within
+        `within` seconds (None: `grace`). Logged as a WARNING `client_disconnected`, or at INFO when not
+        `warn` (an eviction: its episode has a WARNING of its own)."""
         self.failure = error_info(exc)
-        log.warning(
+        (log.warning if warn else log.info)(
             "client_disconnected",
             connection=self.number,
             code=exc.code,
@@ -73,7 +75,7 @@ class Connection:
         )
         self.reading.cancel()
         self.end_subscription()
-        self.close_within(self.options.grace)
+        self.close_within(self.options.grace if within is None else within)
 
     def end_subscription(self) -> None:
         if self.subscription is not None:
@@ -89,6 +91,11 @@ class Connection:
     def busy(self) -> bool:
         """Whether the connection has something in flight: a command, a queued line or a subscription."""
         return bool(self.pending or self.out_bytes or self.subscription is not None)
+
+    def evictable(self) -> bool:
+        """Whether the server may close this connection to make room for a new client at `max_connections`
+        (admission.py): it is still served and idle (`busy` false). The one test of who may be evicted."""
+        return self.failure is None and not self.busy()
 
     async def admit(self, size: int) -> None:
         """Wait until `size` more received bytes fit in the pipeline's `max_line` (one line always fits)."""

@@ -72,8 +72,9 @@ def connection_cap(requested: int | None) -> int:
     if allowed < 1:
         raise OSError(
             errno.EMFILE,
-            f"the open-files limit (RLIMIT_NOFILE) of {soft} leaves no descriptor for a client: {in_use} are "
-            f"open and {HEADROOM} are kept in reserve; raise it (ulimit -n)",
+            f"the open-files limit of {soft} leaves no descriptor for a client: {in_use} are open and "
+            f"{HEADROOM} are kept in reserve; raise it (ulimit -n)",
+            "RLIMIT_NOFILE",
         )
     cap = min(wanted, allowed)
     if requested is not None and cap < requested:

@@ -105,7 +105,9 @@ def _start(
     )
 
 
-def _wait_ready(process: subprocess.Popen[bytes], timeout: float = 30.0, seen: list[str] | None = None) -> str:
+def _wait_ready(
+    process: subprocess.Popen[bytes], timeout: float = 30.0, seen: list[str] | None = None
+) -> str:
     """Wait for the server's one `serving on ...` line on stderr; the lines before it go to `seen`."""
     assert process.stderr is not None
     deadline = time.monotonic() + timeout
@@ -623,7 +625,10 @@ def test_serve_at_the_cap_a_new_client_evicts_the_longest_idle_never_a_busy_one(
             assert "3 connections" in closing["error"]["message"]
             assert evicted.line() is None  # then closed
         over, refused = _within_a_second(served.client)
-        assert refused is not None and (refused["error"]["code"], refused["error"]["retryable"]) == ("busy", True)
+        assert refused is not None and (refused["error"]["code"], refused["error"]["retryable"]) == (
+            "busy",
+            True,
+        )
         assert "3 connections" in refused["error"]["message"]
         assert over.line() is None
         frame = newcomers[0].request({"id": "c", **_create("T1")})  # the subscribers still served, all told
@@ -658,7 +663,10 @@ def test_serve_out_of_file_descriptors_tells_each_waiting_client_busy_and_serves
             late, refused = _within_a_second(served.client)
             assert refused is not None and set(refused) == {"error"}
             assert (refused["error"]["code"], refused["error"]["retryable"]) == ("busy", True)
-            assert "no file descriptor" in refused["error"]["message"] and "EMFILE" in refused["error"]["message"]
+            assert (
+                "no file descriptor" in refused["error"]["message"]
+                and "EMFILE" in refused["error"]["message"]
+            )
             assert late.line() is None
         for n, client in enumerate(first):  # connected clients are served throughout
             assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n

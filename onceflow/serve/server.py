@@ -313,9 +313,9 @@ async def _serve(
 @attrs.define
 class AcceptPause:
     """How accepting waits out a shortage of memory (ENOBUFS, ENOMEM), or of file descriptors when the spare
-    cannot answer it (`SpareDescriptor`): `first` seconds, doubling up to
-    `cap`, until an accept succeeds. One WARNING `accept_paused` starts an episode and one INFO
-    `accept_resumed` ends it, however many retries it took."""
+    cannot answer it (`SpareDescriptor`): `first` seconds, doubling up to `cap`, until an accept succeeds.
+    One WARNING `accept_paused` starts an episode and one INFO `accept_resumed` ends it, however many
+    retries it took."""
 
     first: float = 0.01
     cap: float = 1.0

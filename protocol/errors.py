@@ -137,7 +137,8 @@ class ActionError(OnceflowError):
 
 class BusyError(OnceflowError):
     """The target cannot take the message now (an outcome's acknowledgement inbox is full, or `onceflow
-    serve` already serves its `--max-connections` clients); retry later."""
+    serve` serves its `--max-connections` clients, none of them idle, or has no file descriptor left for
+    another); retry later."""
 
     code = "busy"
     retryable = True

@@ -12,6 +12,7 @@ import trio
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS
 from onceflow.serve.options import ServeOptions
 from onceflow.serve.server import serve
 from onceflow.store.urls import database_arg
@@ -43,7 +44,11 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
     parser.add_argument(
-        "--max-connections", type=count, default=defaults.max_connections, help="clients served at once"
+        "--max-connections",
+        type=count,
+        default=defaults.max_connections,
+        help=f"clients served at once (default {DEFAULT_MAX_CONNECTIONS}, or fewer if the open-files limit "
+        "allows fewer; a larger value is lowered to what it allows)",
     )
     parser.add_argument(
         "--idle-timeout",

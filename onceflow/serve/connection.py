@@ -69,10 +69,12 @@ class Connection:
         """`HostLink.offer` (actors/runtime/host_broker.py): queue a call line for this host connection."""
         return self.push(frame)
 
-    def fail(self, exc: OnceflowError) -> None:
-        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
+    def fail(self, exc: OnceflowError, *, within: float | None = None, warn: bool = True) -> None:
+        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line, within
+        `within` seconds (None: `grace`). Logged as a WARNING `client_disconnected`, or at INFO when not
+        `warn` (an eviction: its episode has a WARNING of its own)."""
         self.failure = error_info(exc)
-        log.warning(
+        (log.warning if warn else log.info)(
             "client_disconnected",
             connection=self.number,
             code=exc.code,
@@ -83,7 +85,7 @@ class Connection:
         )
         self.reading.cancel()
         self.end_subscription()
-        self.close_within(self.options.grace)
+        self.close_within(self.options.grace if within is None else within)
         if self.on_fail is not None:
             self.on_fail()
 
@@ -102,6 +104,11 @@ class Connection:
         """Whether the connection has something in flight: a command, a queued line, a subscription, or a
         host registration (a host waits for calls)."""
         return bool(self.pending or self.out_bytes or self.subscription is not None or self.host is not None)
+
+    def evictable(self) -> bool:
+        """Whether the server may close this connection to make room for a new client at `max_connections`
+        (admission.py): it is still served and idle (`busy` false). The one test of who may be evicted."""
+        return self.failure is None and not self.busy()
 
     async def admit(self, size: int) -> None:
         """Wait until `size` more received bytes fit in the pipeline's `max_line` (one line always fits)."""

@@ -5,7 +5,6 @@ docstring). Trio thread: one Trio run owning the runtime and every connection.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -22,17 +21,18 @@ from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.errors import BusyError, ProtocolError, ShuttingDownError
+from onceflow.protocol.errors import ProtocolError, ShuttingDownError
 from onceflow.protocol.events import Event, Reply
 from onceflow.serve import hosting
+from onceflow.serve.admission import Admission
 from onceflow.serve.connection import Connection
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_cap
 from onceflow.serve.options import IdleTimeoutError, ServeOptions
 from onceflow.serve.wire import (
     LineReader,
     Overlong,
     Refused,
     error_frame,
-    error_info,
     event_frame,
     refusal,
     reply_frame,
@@ -43,13 +43,13 @@ from onceflow.serve.wire import (
 log = get_logger("onceflow.serve")
 
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-"""accept(2) failures that mean "no file descriptor or memory right now": accepting pauses, then retries."""
-REFUSE_SECONDS = 1.0
-"""How long a connection over `max_connections` gets to take its one `busy` line before it is closed."""
+"""accept(2) failures that mean "no file descriptor or memory right now": a waiting client is refused with
+the spare descriptor (DESCRIPTOR_ERRNOS), or accepting pauses, then retries."""
 
 
 class Server:
-    """Serves one runtime to many connections; see the module docstring for the wire contract."""
+    """Serves one runtime to many connections; see the module docstring for the wire contract. At most
+    `options.max_connections` at once (None: DEFAULT_MAX_CONNECTIONS; `serve` sizes it first)."""
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class Server:
         self._connections: set[Connection] = set()
         self._left = trio.lowlevel.ParkingLot()  # unparked whenever a connection ends
         self._opened = 0
-        self._refused = 0  # connections refused since the server was last below max_connections
+        self._admission = Admission(options.max_connections or DEFAULT_MAX_CONNECTIONS, self._connections)
         self.stopping = False
 
     @property
@@ -101,13 +101,11 @@ class Server:
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it ends (EOF, error, slow consumer, idle, or shutdown), then close
-        it; over `max_connections`, send it the one `busy` line and close it."""
-        if len(self._connections) >= self._options.max_connections:
-            await self._refuse(stream)
+        it; at `max_connections`, evict the longest-idle connection for it or send it the one `busy` line and
+        close it (admission.py)."""
+        if not await self._admission.enter(stream, stopping=self.stopping):
             return
-        if self._refused:
-            log.info("connections_below_cap", refused=self._refused, connections=len(self._connections))
-            self._refused = 0
+        conn: Connection | None = None
         out, queued = trio.open_memory_channel[bytes](self._options.queue_size)
         requests, received = trio.open_memory_channel[bytes | Overlong](self._options.max_pipeline)
         worked = trio.Event()
@@ -136,20 +134,10 @@ class Server:
                     self._connections.discard(conn)
                     self._left.unpark_all()
         finally:
-            await trio.aclose_forcefully(stream)
-
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
-        limit = self._options.max_connections
-        if not self._refused:
-            log.warning("connections_at_cap", max_connections=limit)
-        self._refused += 1
-        busy = BusyError(f"the server already serves its limit of {limit} connections; retry later")
-        with (
-            trio.move_on_after(REFUSE_SECONDS),
-            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
-        ):
-            await stream.send_all(error_frame(error_info(busy)))
-        await trio.aclose_forcefully(stream)
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self._admission.leave(conn)  # its descriptor is closed: the slot is free
 
     async def _read(self, conn: Connection, requests: trio.MemorySendChannel[bytes | Overlong]) -> None:
         lines = LineReader(conn.stream, self._options.max_line, conn.touch)
@@ -329,6 +317,9 @@ async def serve(
                 db, host=hosts, switch_interval=switch_interval, tracer_provider=tracer_provider
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
+                if listener is not None:
+                    cap = connection_cap(options.max_connections)
+                    options = attrs.evolve(options, max_connections=cap)
                 if not await _register(runtime, workflows):
                     return 1
                 async with trio.open_nursery() as recording:  # ended calls' records, written to the last
@@ -388,9 +379,10 @@ async def _serve(
 
 @attrs.define
 class AcceptPause:
-    """How accepting waits out a shortage of file descriptors or memory: `first` seconds, doubling up to
-    `cap`, until an accept succeeds. One WARNING `accept_paused` starts an episode and one INFO
-    `accept_resumed` ends it, however many retries it took."""
+    """How accepting waits out a shortage of memory (ENOBUFS, ENOMEM), or of file descriptors when the spare
+    cannot answer it (`SpareDescriptor`): `first` seconds, doubling up to `cap`, until an accept succeeds.
+    One WARNING `accept_paused` starts an episode and one INFO `accept_resumed` ends it, however many
+    retries it took."""
 
     first: float = 0.01
     cap: float = 1.0
@@ -430,19 +422,30 @@ async def accept_clients(
     pause: AcceptPause | None = None,
 ) -> None:
     """Accept clients until `accepting` is cancelled; their handlers live in `connections`, so they
-    finish draining after accepting stops. A shortage of file descriptors or memory pauses accepting
+    finish draining after accepting stops. For want of a file descriptor the waiting client is told `busy`
+    (`SpareDescriptor`); a shortage of memory, or of descriptors the spare cannot answer, pauses accepting
     (`AcceptPause`); any other accept error ends the server."""
     pause = AcceptPause() if pause is None else pause
-    with accepting:
+    with accepting, SpareDescriptor() as spare:
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
                 if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
-                await pause.wait(exc, server.connections)
-                continue
+                try:
+                    waiting = await spare.accept_waiting(listener, exc, server.connections)
+                except OSError as short:
+                    if short.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    await pause.wait(short, server.connections)
+                    spare.restore()
+                    continue
+                if waiting is None:
+                    continue  # refused with `busy`
+                stream = waiting
             pause.accepted()
+            spare.accepted()
             connections.start_soon(server.handle, stream)
     await listener.aclose()
 

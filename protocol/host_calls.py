@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onceflow.protocol.limits import ID_PATTERN, MAX_TEXT_CHARS
 
@@ -98,11 +98,12 @@ class RegisterHost(_Model):
     capabilities: Annotated[list[Capability], Field(min_length=1, max_length=4)]
     """What this host performs: any of `session_action`, `code_review`, `preflight`, `coordinator`."""
 
-    @model_validator(mode="after")
-    def _distinct(self) -> RegisterHost:
-        if len(set(self.capabilities)) != len(self.capabilities):
+    @field_validator("capabilities")
+    @classmethod
+    def _distinct(cls, capabilities: list[Capability]) -> list[Capability]:
+        if len(set(capabilities)) != len(capabilities):
             raise ValueError("capabilities must not repeat")
-        return self
+        return capabilities
 
 
 class HostError(_Model):

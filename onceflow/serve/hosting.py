@@ -33,7 +33,7 @@ def register(broker: HostBroker, conn: Connection, data: dict[str, Any]) -> Repl
     try:
         request = RegisterHost.model_validate(data)
     except ValidationError as exc:
-        return refusal("register_host", validation_error(exc))
+        return refusal("register_host", validation_error(exc, tagged=False))
     if conn.host is not None:
         already = ConflictError(f"this connection is already registered as {conn.host.host_id}", field="type")
         return refusal("register_host", already)
@@ -63,7 +63,7 @@ def answer(broker: HostBroker, conn: Connection, line: bytes) -> bytes | None:
             )
         taken = broker.answer(conn.host, reply)
     except ValidationError as exc:
-        return reply_frame(request.id, refusal("host_reply", validation_error(exc)))
+        return reply_frame(request.id, refusal("host_reply", validation_error(exc, tagged=False)))
     except OnceflowError as exc:
         return reply_frame(request.id, refusal("host_reply", exc))
     return reply_frame(request.id, Reply(command="host_reply", ok=True, result=taken))

@@ -147,7 +147,9 @@ class HostCall(_Model):
     `call_id` before `deadline`."""
 
     call_id: CallId
-    """Deterministic (the module docstring's formats): dedupe side effects on it."""
+    """Deterministic, so a host dedupes side effects on it: `session_action/<task>/<admission_seq>/<trigger>/
+    <position>`, `code_review/<task>/<review_run_id>`, `preflight/<task>/<from_step>/<to_step>`, or a
+    coordinator cycle's id and `/attempt-<n>` (the task id percent-encoded)."""
     kind: CallKind
     """What the call asks."""
     request: dict[str, Any]

@@ -17,12 +17,18 @@ its own readers. Names and units (README, "Metrics"):
 | `onceflow.retention.deleted` | counter | `{row}` | `kind` | rows retention deleted (2) |
 | `onceflow.runs.queued` | gauge | `{run}` | `agent_profile_id` | runs waiting to be claimed (3) |
 | `onceflow.runs.claimed` | gauge | `{run}` | `agent_profile_id` | runs claimed, not yet resolved (3) |
+| `onceflow.host_calls` | counter | `{call}` | `kind`, `status` | host-role calls ended over serve (4) |
+| `onceflow.host_call.duration` | histogram | `s` | `kind`, `status` | from a host-role call to its end |
 
 (1) `change`: claimed, finished, retry_scheduled, failed, cancelled, lease_expired.
-(2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes (store/retention.py).
+(2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes, history, host_calls
+(store/retention.py).
 (3) The latest count the runtime read (actors/runtime/run_gauges.py: one grouped query at start with an SDK,
 then one after each collection, so a collection shows the counts as of the one before); an agent profile
 whose runs are all gone reads 0. With several runtimes in one process, each reports its database's counts.
+(4) `kind`: session_action, code_review, preflight, deliver, acknowledge; `status`: answered, refused,
+host_unavailable, host_timeout, cancelled (protocol/host_calls.py), plus `dropped` for an ended call the
+recorder could not keep up with (logged).
 """
 
 from __future__ import annotations
@@ -71,6 +77,17 @@ RUN_CHANGES = _meter.create_counter(
 )
 RETENTION_DELETED = _meter.create_counter(
     "onceflow.retention.deleted", unit="{row}", description="Rows retention deleted, by kind."
+)
+HOST_CALLS = _meter.create_counter(
+    "onceflow.host_calls",
+    unit="{call}",
+    description="Calls to host connections of onceflow serve that ended, by kind and status.",
+)
+HOST_CALL_DURATION = _meter.create_histogram(
+    "onceflow.host_call.duration",
+    unit="s",
+    description="Seconds from a call to a host connection to its end (answer, refusal, timeout, ...).",
+    explicit_bucket_boundaries_advisory=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0, 10.0, 30.0),
 )
 
 _RUN_RESULTS = {"run_queued": "queued", "run_coalesced": "coalesced", "run_suppressed": "suppressed"}

@@ -27,7 +27,8 @@ from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event, Reply
 from onceflow.protocol.tracecontext import TRACE_FIELDS
-from onceflow.serve import MAX_ID_LENGTH, IdleTimeoutError, ServeOptions, SlowConsumerError
+from onceflow.serve import MAX_ID_LENGTH, EvictedError, IdleTimeoutError, ServeOptions, SlowConsumerError
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, HEADROOM
 
 PAGE = "docs/protocol.md"
 REGENERATE = f"onceflow schema --markdown > {PAGE}"
@@ -191,8 +192,18 @@ and the connection stays open. Every other [limit](#limits) applies to the decod
 disconnected once {serve.queue_size:,} lines or {serve.queue_bytes:,} bytes ({_mib(serve.queue_bytes)})
 wait for it (`--queue-size`, `--queue-bytes`; a frame is counted whole: one larger than that is never
 sent); one that sends nothing and has nothing in flight for {serve.idle_timeout:g} seconds
-(`--idle-timeout`, 0: never; a subscriber is never idle) gets `idle_timeout` and is closed; past
-{serve.max_connections} connections (`--max-connections`) a new one gets one `busy` line and is closed.
+(`--idle-timeout`, 0: never; a subscriber is never idle) gets `idle_timeout` and is closed.
+
+**Connections.** At most {DEFAULT_MAX_CONNECTIONS} clients at once (`--max-connections`), or fewer if the
+open-files limit (`ulimit -n`) leaves fewer descriptors once those the server holds at start and a headroom
+of {HEADROOM} are set aside; the server raises its soft limit toward the hard one as far as it needs, and
+lowers an explicit `--max-connections` the limit cannot hold (with a WARNING `max_connections_clamped`).
+A client connecting when the server is at its cap is still answered within a second: the connection idle
+the longest (nothing in flight, nothing queued, not subscribed) is sent
+`{{"error": {{"code": "evicted", ...}}}}` and closed to make room, and the new client is served; with no
+connection idle it gets one `{{"error": {{"code": "busy", ...}}}}` line and is closed. It also gets `busy`
+when the server has no file descriptor left for it (a spare one answers it). `evicted` and `busy` are
+retryable: connect again (after a pause, for `busy`).
 SIGTERM or SIGINT lets every received command finish and its reply be written, then closes the store and
 removes the socket."""
 
@@ -467,7 +478,7 @@ def _error_classes() -> list[type[errors.OnceflowError]]:
         if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
         if cls not in (errors.OnceflowError, errors.StorageError)
     ]
-    return [*found, SlowConsumerError, IdleTimeoutError]
+    return [*found, SlowConsumerError, IdleTimeoutError, EvictedError]
 
 
 def _storage_kinds() -> dict[str, str]:

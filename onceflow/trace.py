@@ -83,6 +83,10 @@ def _describe(event: e.Event) -> str:
             return f"decisions cleared at {event.step_id} ({event.deleted} removed)"
         case e.SessionAction():
             return f"host asked: {event.action} (session {event.session_id})"
+        case e.HostCallUnanswered():
+            return (
+                f"host call {event.call_id}: {event.status} after {event.attempts} offer(s) ({event.message})"
+            )
         case e.Diagnostic():
             fields = " ".join(f"{k}={v}" for k, v in event.fields.items())
             return f"{event.level}: {event.code} {fields}".rstrip()

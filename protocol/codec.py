@@ -113,8 +113,9 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
 
 
-def validation_error(exc: ValidationError) -> ProtocolError:
-    """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped).
+def validation_error(exc: ValidationError, *, tagged: bool = True) -> ProtocolError:
+    """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped when
+    `tagged`: the error comes from decoding through the command union; else the location is the field's).
 
     Values and unknown keys the host sent are shown escaped and cut short (`errors.shown`).
     """
@@ -124,7 +125,7 @@ def validation_error(exc: ValidationError) -> ProtocolError:
         return ProtocolError("missing field 'type' (the command name)", field="type")
     if first["type"] == "union_tag_invalid":
         return ProtocolError(f"unknown command type {shown(first['input'].get('type'))}", field="type")
-    field = ".".join(loc[1:]) or None  # loc[0] is the command's type tag; a model-level error has no field
+    field = ".".join(loc[1:] if tagged else loc) or None  # loc[0]: the union's tag; a model's error: none
     return ProtocolError(f"{field}: {first['msg']}" if field else first["msg"], field=field)
 
 

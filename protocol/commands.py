@@ -15,6 +15,7 @@ from typing import Annotated, Literal, TypeGuard, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from onceflow.protocol.host_calls import CallKind, CallStatus
 from onceflow.protocol.limits import (
     ID_PATTERN,
     INT64_MAX,
@@ -37,7 +38,7 @@ Name = Annotated[str, Field(max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 """Free text: a title or a comment."""
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-HISTORY_CURSOR = r"^-?[0-9][0-9.e+-]*:[0-3]:[0-9]+$"
+HISTORY_CURSOR = r"^-?[0-9][0-9.e+-]*:[0-4]:[0-9]+$"
 """A `task_history` cursor: `<time>:<rank>:<key>`, as a page's `next` gives it."""
 Role = Literal["reviewer", "approver", "watcher", "collaborator", "runner"]
 Priority = Literal["critical", "high", "medium", "low"]
@@ -568,6 +569,27 @@ class ListReviewRuns(_Command):
     """At most this many review runs in the page."""
 
 
+class ListHostCalls(_Command):
+    """A page of the calls made to host connections of `onceflow serve` (its host role), filtered by every
+    field given: the recorded ones (each ended: answered, refused, unavailable, timed out, cancelled) in
+    record order after `after_id` (exclusive; None = from the first), at most `limit`; the last page also
+    lists the calls still pending (`id` None), oldest first. Result `{calls: [...], next_after_id}`, the
+    latter None on the last page. Over a runtime without host connections it lists nothing."""
+
+    type: Literal["list_host_calls"] = "list_host_calls"
+    """The command name."""
+    status: CallStatus | None = None
+    """Only calls in this status (`pending`: only those still waiting)."""
+    task_id: Name | None = None
+    """Only this task's calls."""
+    kind: CallKind | None = None
+    """Only calls of this kind."""
+    after_id: Int64 | None = None
+    """Start after this record id (exclusive); None: from the first."""
+    limit: Limit = 100
+    """At most this many recorded calls in the page."""
+
+
 EventTrigger = (
     TaskComment
     | BlockersResolved
@@ -609,6 +631,7 @@ Command = Annotated[
     | ListStepEntries
     | ListReviewRuns
     | TaskHistory
+    | ListHostCalls
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome,
@@ -650,6 +673,7 @@ RuntimeCommand = (
     | ListRuns
     | ListReviewRuns
     | TaskHistory
+    | ListHostCalls
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome

@@ -89,6 +89,40 @@ class TransitionRefusedError(OnceflowError):
     code = "transition_refused"
 
 
+class HostUnavailableError(OnceflowError):
+    """No host connection with the capability a call needs took it within `--host-wait` seconds (`onceflow
+    serve`'s host role): the call reached no executor. A preflight so refused commits nothing."""
+
+    code = "host_unavailable"
+    retryable = True
+
+
+class HostTimeoutError(OnceflowError):
+    """The host holding a call did not answer it by its deadline (`--host-timeout` seconds after the offer);
+    a later answer is refused. A preflight so refused commits nothing."""
+
+    code = "host_timeout"
+    retryable = True
+
+
+class HostRefusedError(OnceflowError):
+    """A host connection answered a call `ok: false`: `host_id` names it, `host_code` is its own error code,
+    `retryable` what it said of a retry. A refused preflight refuses the step change (`transition_refused`,
+    naming the host and its reason)."""
+
+    code = "host_refused"
+
+    def __init__(self, host_id: str, host_code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(
+            f"host {host_id} answered {host_code}: {message}"
+            if message
+            else f"host {host_id} answered {host_code}"
+        )
+        self.host_id = host_id
+        self.host_code = host_code
+        self.retryable = retryable
+
+
 class ShuttingDownError(OnceflowError):
     """The runtime is closing or closed and accepts no more commands."""
 
@@ -103,7 +137,8 @@ class ActionError(OnceflowError):
 
 class BusyError(OnceflowError):
     """The target cannot take the message now (an outcome's acknowledgement inbox is full, or `onceflow
-    serve` already serves its `--max-connections` clients); retry later."""
+    serve` serves its `--max-connections` clients, none of them idle, or has no file descriptor left for
+    another); retry later."""
 
     code = "busy"
     retryable = True

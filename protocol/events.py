@@ -316,6 +316,30 @@ class SessionAction(_Event):
     left (on_exit) on every step, record or not; 0 while the task sits where it was created."""
 
 
+class HostCallUnanswered(_Event):
+    """A call to a host connection of `onceflow serve` (its host role) reached no answer: no host with the
+    capability took it within `--host-wait` seconds (`host_unavailable`: the call reached no executor), its
+    host did not answer by the deadline (`host_timeout`), or the runtime stopped first (`cancelled`). The
+    dispatch went on as after a failed host call; `list_host_calls` and the task's history keep the call."""
+
+    type: Literal["host_call_unanswered"] = "host_call_unanswered"
+    """The event name."""
+    call_id: str
+    """The call (deterministic: protocol/host_calls.py)."""
+    kind: Literal["session_action", "code_review", "preflight", "deliver", "acknowledge"]
+    """What it asked."""
+    task_id: str | None
+    """The task it was for (None for coordinator calls)."""
+    status: Literal["host_unavailable", "host_timeout", "cancelled"]
+    """Why it has no answer."""
+    attempts: int
+    """How many times it was offered to a host."""
+    host_id: str | None
+    """The host that held it last (None: none took it)."""
+    message: str
+    """What happened, for a human."""
+
+
 class Diagnostic(_Event):
     """A log-worthy condition (a failed host call, a vote not counted, ...), with its identifying fields."""
 
@@ -348,6 +372,7 @@ Event = Annotated[
     | DecisionRecorded
     | DecisionsCleared
     | SessionAction
+    | HostCallUnanswered
     | Diagnostic,
     Field(discriminator="type"),
 ]

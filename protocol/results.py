@@ -23,6 +23,7 @@ from pydantic_core import CoreSchema, core_schema
 from typing_extensions import TypedDict
 
 from onceflow.protocol.events import EntryPath, Reply
+from onceflow.protocol.host_calls import CallKind, CallStatus, Capability
 from onceflow.protocol.outcome import OutcomeEnvelope
 
 OutcomePhase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
@@ -590,15 +591,18 @@ class HistoryItem(TypedDict):
       operation_id}` as recorded (a replay records nothing);
     - `run`: `{run_id, status, agent_profile_id, step_id, ...}`, status `queued` (with `trigger`,
       `entry_seq`, `reason`), `claimed` (its latest claim's `attempt`) or how it ended (`finished`,
-      `failed`, `cancelled`, with `attempt` and `outcome_reason`).
+      `failed`, `cancelled`, with `attempt` and `outcome_reason`);
+    - `host_call`: a call a host connection of `onceflow serve` was made for the task, once it ended: its
+      `HostCallInfo` (call_id, kind, status, attempts, host_id, latency_seconds, error, ...).
     """
 
     at: str
     """When, RFC 3339 UTC (the runtime's clock)."""
-    kind: Literal["created", "transition", "decision", "run"]
+    kind: Literal["created", "transition", "decision", "run", "host_call"]
     """What happened."""
     seq: int | None
-    """The item's number in the task's written history (None for a `run` item: read from the run's row)."""
+    """The item's number in the task's written history (None for a `run` or `host_call` item: read from its
+    own row)."""
     detail: dict[str, Any]
     """What the item says (per `kind`, above)."""
 
@@ -611,6 +615,76 @@ class HistoryPage(TypedDict):
     """The page."""
     next: str | None
     """Pass it as `after` for the next page; None on the last page."""
+
+
+@_result
+class HostRegistered(TypedDict):
+    """`register_host`'s result."""
+
+    host_id: str
+    """This connection's host id (`host-N`), named by the calls' records and by a refused move."""
+    capabilities: list[Capability]
+    """What it was registered for."""
+
+
+@_result
+class HostReplyTaken(TypedDict):
+    """`host_reply`'s result: the answer was taken."""
+
+    call_id: str
+    """The call answered."""
+    status: CallStatus
+    """`answered` or `refused`."""
+
+
+@_result
+class HostCallError(TypedDict):
+    """Why a call did not succeed."""
+
+    code: str
+    """`host_unavailable`, `host_timeout`, `cancelled`, or the host's own code (a refusal)."""
+    message: str
+    """What happened."""
+    retryable: bool
+    """Whether the same call may succeed later."""
+
+
+@_result
+class HostCallInfo(TypedDict):
+    """One host call, as `list_host_calls` and `task_history` show it."""
+
+    id: int | None
+    """Its record's number (None while pending: it is recorded when it ends)."""
+    call_id: str
+    """The call's id."""
+    kind: CallKind
+    """What it asked."""
+    task_id: str | None
+    """The task it was for (None for coordinator calls)."""
+    status: CallStatus
+    """Where it stands."""
+    attempts: int
+    """How many times it was offered to a host (a host that went away before answering: offered again)."""
+    host_id: str | None
+    """The host that answered, or last held it."""
+    created_at: str
+    """When it was made, RFC 3339 UTC."""
+    answered_at: str | None
+    """When it ended (answered, refused, unavailable, timed out), RFC 3339 UTC; None while pending."""
+    latency_seconds: float | None
+    """Seconds from the call to its end (the runtime's monotonic clock); None while pending."""
+    error: HostCallError | None
+    """Why it did not succeed; None when answered."""
+
+
+@_result
+class HostCallPage(TypedDict):
+    """`list_host_calls`: one page of the calls made to host connections (`onceflow serve`'s host role)."""
+
+    calls: list[HostCallInfo]
+    """The page: recorded calls in record order, then (on the last page) those still pending."""
+    next_after_id: int | None
+    """Pass it as `after_id` for the next page; None on the last page."""
 
 
 @_result
@@ -671,6 +745,7 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "list_step_entries": StepEntryPage,
         "list_review_runs": ReviewRunPage,
         "task_history": HistoryPage,
+        "list_host_calls": HostCallPage,
         "outcome_ready": OutcomeReceived,
         "coordinator_ack": AckQueued,
         "get_outcome": OutcomeInfo,

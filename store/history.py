@@ -10,12 +10,14 @@ rows). One row per admission, one statement per writer group of common entries (
 
 Runs are not written twice: their queue row keeps when each was queued, claimed (the latest claim: a run
 retried shows its last attempt) and resolved, and `page` derives their items from it (`run` items, status
-`queued`, `claimed`, or its final status).
+`queued`, `claimed`, or its final status). Nor are host calls answered over `onceflow serve`'s host role:
+their rows (store/host_calls.py) give `host_call` items, at the time each ended.
 
-`page` merges both in one query, ordered by (time, rank, key): a transition before the runs it queued at
-the same instant, those before a claim, a claim before an end; `after` is the last item's cursor. Times are
-the runtime clock's (Unix seconds in the database, RFC 3339 UTC in the items). Retention
-(store/retention.py) deletes history rows past the retention like the runs they sit beside.
+`page` merges them in one query, ordered by (time, rank, key): a transition before the runs it queued at
+the same instant, those before a claim, a claim before an end, an end before a host call; `after` is the
+last item's cursor. Times are the runtime clock's (Unix seconds in the database, RFC 3339 UTC in the
+items). Retention (store/retention.py) deletes history rows past the retention like the runs they sit
+beside.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from typing import Any, Literal, cast
 import attrs
 
 from onceflow.protocol.errors import NotFoundError, ProtocolError
-from onceflow.protocol.results import HistoryItem, HistoryPage
+from onceflow.protocol.results import HistoryItem, HistoryPage, HostCallInfo
+from onceflow.store import host_calls
 from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres
 
-Kind = Literal["created", "transition", "decision", "run"]
+Kind = Literal["created", "transition", "decision", "run", "host_call"]
 
 _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"
@@ -142,6 +145,8 @@ _UNION = (
     " AND status IN ('finished', 'failed', 'cancelled')"
     " UNION ALL SELECT at, 0, seq, kind, NULL, detail, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
     " FROM task_history WHERE task_id = ?1"
+    " UNION ALL SELECT answered_at, 4, id, 'host_call', status, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL FROM host_calls WHERE task_id = ?1"
 )
 _PAGE = f"SELECT * FROM ({_UNION}) AS h ORDER BY at, rank, k LIMIT ?2"
 _PAGE_AFTER = (
@@ -158,7 +163,14 @@ def page(
         rows = conn.execute(_PAGE, (task_id, limit + 1)).fetchall()
     else:
         rows = conn.execute(_PAGE_AFTER, (task_id, limit + 1, after.at, after.rank, after.key)).fetchall()
-    items = [(Cursor(float(row[0]), int(row[1]), int(row[2])), _item(row)) for row in rows[:limit]]
+    calls = _host_calls(conn, [int(row[2]) for row in rows[:limit] if row[1] == _HOST_CALL_RANK])
+    items = [
+        (
+            Cursor(float(row[0]), int(row[1]), int(row[2])),
+            _call_item(calls[int(row[2])]) if row[1] == _HOST_CALL_RANK else _item(row),
+        )
+        for row in rows[:limit]
+    ]
     return items, len(rows) > limit
 
 
@@ -175,6 +187,23 @@ def task_page(conn: Connection, task_id: str, after: str | None, limit: int) -> 
         raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
     items, more = page(conn, task_id, after=cursor, limit=limit)
     return {"items": [item for _, item in items], "next": items[-1][0].encode() if more else None}
+
+
+_HOST_CALL_RANK = 4
+
+
+def _host_calls(conn: Connection, ids: list[int]) -> dict[int, HostCallInfo]:
+    """The host calls a page names, by id (one statement, none when the page names none)."""
+    if not ids:
+        return {}
+    marks = ", ".join("?" * len(ids))
+    rows = conn.execute(f"SELECT {host_calls.COLUMNS} FROM host_calls WHERE id IN ({marks})", ids)
+    return {int(row[0]): host_calls.info(row) for row in rows}
+
+
+def _call_item(call: HostCallInfo) -> HistoryItem:
+    assert call["answered_at"] is not None  # a recorded call has ended
+    return {"at": call["answered_at"], "kind": "host_call", "seq": None, "detail": dict(call)}
 
 
 def rfc3339(seconds: float) -> str:

@@ -241,7 +241,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE step_entries ALTER COLUMN created_epoch
         SET DEFAULT NULLIF(current_setting('onceflow.epoch', true), '');
     """,
-    # 16: the event stream's era counter (store/schema.py's migration 16); runtimes sharing the database each
+    # 16: host calls (store/schema.py's migration 16).
+    """
+    CREATE TABLE host_calls (
+        id          BIGSERIAL PRIMARY KEY,
+        call_id     TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        task_id     TEXT,
+        status      TEXT NOT NULL,
+        attempts    BIGINT NOT NULL,
+        host_id     TEXT,
+        created_at  DOUBLE PRECISION NOT NULL,
+        answered_at DOUBLE PRECISION NOT NULL,
+        latency     DOUBLE PRECISION NOT NULL,
+        error       TEXT
+    );
+    CREATE INDEX host_calls_by_task ON host_calls(task_id, id) WHERE task_id IS NOT NULL;
+    CREATE INDEX host_calls_by_status ON host_calls(status, id);
+    CREATE INDEX host_calls_by_age ON host_calls(answered_at);
+    """,
+    # 17: the event stream's era counter (store/schema.py's migration 17); runtimes sharing the database each
     # take their own eras from it (UPDATE ... RETURNING serializes them on the row).
     """
     CREATE TABLE event_eras (

@@ -17,7 +17,8 @@ What goes, once older than the retention (seconds, never below the 24 h key wind
 - decision receipts (a redelivered decision within the window is still recognised);
 - acknowledged coordinator outcomes (by `acknowledged_at`), their acknowledgements cascading;
 - task history items (store/history.py, by `at`) but each task's latest, which keeps its numbering going
-  (the history's run items go with their runs).
+  (the history's run items go with their runs);
+- ended host calls (store/host_calls.py, by `answered_at`), which a task's history shows too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ import attrs
 
 from onceflow.store.connection import Connection
 
-KINDS = ("runs", "step_entries", "review_runs", "decisions", "decision_receipts", "outcomes", "history")
+KINDS = (
+    "runs",
+    "step_entries",
+    "review_runs",
+    "decisions",
+    "decision_receipts",
+    "outcomes",
+    "history",
+    "host_calls",
+)
 """What `prune_batch` deletes, in its order (the `onceflow.retention.deleted` metric's `kind`)."""
 
 _RUNS = (
@@ -69,7 +79,11 @@ _HISTORY = (
     " WHERE h.at < ? AND h.seq < (SELECT MAX(l.seq) FROM task_history AS l WHERE l.task_id = h.task_id)"
     " ORDER BY h.at LIMIT ?)"
 )
-_STATEMENTS = (_RUNS, _ENTRIES, _REVIEW_RUNS, _DECISIONS, _RECEIPTS, _OUTCOMES, _HISTORY)
+_HOST_CALLS = (
+    "DELETE FROM host_calls WHERE id IN (SELECT id FROM host_calls WHERE answered_at < ?"
+    " ORDER BY answered_at LIMIT ?)"
+)
+_STATEMENTS = (_RUNS, _ENTRIES, _REVIEW_RUNS, _DECISIONS, _RECEIPTS, _OUTCOMES, _HISTORY, _HOST_CALLS)
 
 
 @attrs.frozen

@@ -400,7 +400,27 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     """
     ALTER TABLE step_entries ADD COLUMN created_epoch TEXT;
     """,
-    # 16: the event stream's era counter (store/event_eras.py): one row, bumped at every runtime start and
+    # 16: host calls answered over `onceflow serve`'s host role (store/host_calls.py): one row per call once
+    # it ended, for `list_host_calls` and a task's history; by task, by status and by age (retention).
+    """
+    CREATE TABLE host_calls (
+        id          INTEGER PRIMARY KEY,
+        call_id     TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        task_id     TEXT,
+        status      TEXT NOT NULL,
+        attempts    INTEGER NOT NULL,
+        host_id     TEXT,
+        created_at  REAL NOT NULL,
+        answered_at REAL NOT NULL,
+        latency     REAL NOT NULL,
+        error       TEXT
+    );
+    CREATE INDEX host_calls_by_task ON host_calls(task_id, id) WHERE task_id IS NOT NULL;
+    CREATE INDEX host_calls_by_status ON host_calls(status, id);
+    CREATE INDEX host_calls_by_age ON host_calls(answered_at);
+    """,
+    # 17: the event stream's era counter (store/event_eras.py): one row, bumped at every runtime start and
     # every 2**23 events, so an event_seq is never reused by a later start (actors/kernel/event_window.py).
     """
     CREATE TABLE event_eras (

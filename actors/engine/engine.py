@@ -26,7 +26,14 @@ from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol import trusted
-from onceflow.protocol.errors import StorageError, TransitionFailedError, TransitionRefusedError
+from onceflow.protocol.errors import (
+    HostRefusedError,
+    HostTimeoutError,
+    HostUnavailableError,
+    StorageError,
+    TransitionFailedError,
+    TransitionRefusedError,
+)
 from onceflow.protocol.events import EntryPath, TaskQueued
 from onceflow.protocol.host import preflight_is_noop
 from onceflow.protocol.workflow import TRANSITION_TYPES, ActionDecl, Step, Trigger, Workflow, find_step
@@ -264,7 +271,9 @@ class Engine:
     async def _preflight(self, task: TaskRecord, target: Step, cached: bool, tracer: Tracer | None) -> None:
         """Ask the host whether the task may leave its step for `target` (not called for a host that accepts
         every transition), in the span `onceflow.host preflight_transition` when traced. Raises
-        TransitionRefusedError (field step_id), or StaleRow for a cached row."""
+        TransitionRefusedError (field step_id; retryable when a host connection refused saying so: its
+        message names the host and its reason), StaleRow for a cached row, or, over `onceflow serve`'s host
+        role, HostUnavailableError / HostTimeoutError (retryable) when no host answered."""
         try:
             call = self.services.host.preflight_transition(
                 task_id=task.id, from_step=task.step_id, to_step=target.id
@@ -275,12 +284,17 @@ class Engine:
                 attributes = tracing.ids(task_id=task.id, step_id=task.step_id, to_step_id=target.id)
                 with tracing.span(tracer, "onceflow.host preflight_transition", attributes):
                     await call
+        except (HostUnavailableError, HostTimeoutError):  # no host answered (host role): retry later
+            raise
         except Exception as exc:
             if cached:  # perhaps refused for a stale source step: ask again with the committed row
                 raise StaleRow(task.id) from exc
-            raise TransitionRefusedError(
-                f"the host refused {task.step_id!r} -> {target.id!r}: {exc!r}", field="step_id"
-            ) from exc
+            reason = exc.message if isinstance(exc, HostRefusedError) else repr(exc)
+            refused = TransitionRefusedError(
+                f"the host refused {task.step_id!r} -> {target.id!r}: {reason}", field="step_id"
+            )
+            refused.retryable = isinstance(exc, HostRefusedError) and exc.retryable
+            raise refused from exc
 
     async def _commit(self, request: EntryRequest) -> Entered:
         """Run the admission (grouped with the batch's other common entries of its step when the writer can),

@@ -14,6 +14,7 @@ from onceflow.actors.engine.participants import add_participant
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime import runs as run_commands
+from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
@@ -23,6 +24,8 @@ from onceflow.protocol.results import (
     ClaimedRun,
     FinishOutcome,
     HistoryPage,
+    HostCallInfo,
+    HostCallPage,
     OutcomeInfo,
     OutcomeReceived,
     ParticipantAdded,
@@ -41,7 +44,7 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import history, participants, review_runs, runs, tasks, workflows
+from onceflow.store import history, host_calls, participants, review_runs, runs, tasks, workflows
 from onceflow.store.workflows import StoredWorkflow
 
 log = get_logger("onceflow.supervisor")
@@ -58,6 +61,7 @@ RuntimeResult: TypeAlias = (
     | TaskPage
     | ReviewRunPage
     | HistoryPage
+    | HostCallPage
     | OutcomeReceived
     | AckQueued
     | OutcomeInfo
@@ -135,9 +139,35 @@ async def handle(
                 review_runs=passes, next_after_review_run_id=passes[-1]["id"] if more else None
             )
         case c.TaskHistory():
+            if isinstance(services.host, HostBroker):
+                await services.host.flushed()  # the host calls that ended are in the history
             return await store.transact(history.task_page, command.task_id, command.after, command.limit)
+        case c.ListHostCalls():
+            return await list_host_calls(services, command)
         case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
             return await outcomes.handle(command, out)
+
+
+async def list_host_calls(services: Services, command: c.ListHostCalls) -> HostCallPage:
+    """`list_host_calls`: a page of the recorded calls (store/host_calls.py) and, on the last page, the
+    calls the host role still waits on (`HostBroker.pending`; none when the runtime's host is in process)."""
+    broker = services.host if isinstance(services.host, HostBroker) else None
+    if broker is not None:
+        await broker.flushed()  # a call that ended before this command is listed
+    calls: list[HostCallInfo] = []
+    next_after_id = None
+    if command.status != "pending":
+        calls, next_after_id = await services.store.transact(
+            host_calls.page,
+            status=command.status,
+            task_id=command.task_id,
+            kind=command.kind,
+            after_id=command.after_id,
+            limit=command.limit,
+        )
+    if next_after_id is None and command.status in (None, "pending") and broker is not None:
+        calls += broker.pending(task_id=command.task_id, kind=command.kind)
+    return HostCallPage(calls=calls, next_after_id=next_after_id)
 
 
 async def register_workflow(

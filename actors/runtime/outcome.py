@@ -363,21 +363,47 @@ class OutcomeSupervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume every unfinished outcome no other runtime claims (AC-CO-14), report started, and run actors
         until `close`; on PostgreSQL, resume the unclaimed ones again every SWEEP_INTERVAL seconds (their
-        runtime died)."""
+        runtime died). Without a coordinator it only waits for one (`attach`)."""
         with self._cancel:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._coordinator is not None:
                     await self._resume_unclaimed()
+                    nursery.start_soon(self._sweep_forever)
                 task_status.started()
-                if self._coordinator is None or not self._store.postgres:
-                    await trio.sleep_forever()
-                while True:
-                    await trio.sleep(SWEEP_INTERVAL)
-                    try:
-                        await self._resume_unclaimed()
-                    except Exception as exc:  # a storage fault: the next sweep tries again
-                        log.warning("outcome_sweep_failed", cause=repr(exc))
+                await trio.sleep_forever()
+
+    def attach(self, coordinator: Coordinator) -> None:
+        """Start delivering through `coordinator` (a runtime opened without one, whose coordinator connected
+        later: `onceflow serve`'s host role): every unfinished outcome no other runtime claims is resumed
+        from its stored state, as at a start (AC-CO-14, AC-CO-17), then swept as `run` does. Call it from
+        the Trio thread, after `run` started.
+
+        Raises:
+            RuntimeError: the supervisor already has a coordinator, or is not running.
+        """
+        if self._coordinator is not None or self._nursery is None:
+            raise RuntimeError("attach: a coordinator is already attached, or the supervisor is not running")
+        self._coordinator = coordinator
+
+        async def resume_then_sweep() -> None:
+            try:
+                await self._resume_unclaimed()
+            except Exception as exc:  # a storage fault: the sweep (PostgreSQL) or the next start resumes them
+                log.warning("outcome_resume_failed", cause=repr(exc))
+            await self._sweep_forever()
+
+        self._nursery.start_soon(resume_then_sweep)
+
+    async def _sweep_forever(self) -> None:
+        if not self._store.postgres:  # one runtime owns a SQLite file: nothing is left unclaimed meanwhile
+            return
+        while True:
+            await trio.sleep(SWEEP_INTERVAL)
+            try:
+                await self._resume_unclaimed()
+            except Exception as exc:  # a storage fault: the next sweep tries again
+                log.warning("outcome_sweep_failed", cause=repr(exc))
 
     async def _resume_unclaimed(self) -> None:
         for outcome_id in await self._store.transact(outcome_claims.unclaimed_unfinished):

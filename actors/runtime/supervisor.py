@@ -35,6 +35,7 @@ from onceflow.actors.task.actor import TaskActor, TaskMessage, TaskResult
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, decode_command, parse_json, validation_error
+from onceflow.protocol.coordinator import Coordinator
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import OnceflowError, ShuttingDownError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
@@ -80,6 +81,17 @@ class Runtime:
     def live_actors(self) -> int:
         """How many task actors are alive now (idle ones are evicted after `actor_idle_timeout` seconds)."""
         return len(self._mailboxes)
+
+    @property
+    def hub(self) -> EventHub:
+        """Where this runtime's events are published (its subscribers' streams)."""
+        return self._hub
+
+    def attach_coordinator(self, coordinator: Coordinator) -> None:
+        """Start delivering outcomes through `coordinator`, for a runtime opened without one (`onceflow
+        serve`'s host role: a connection registered the coordinator capability): the unfinished outcomes
+        are resumed as at a start (`OutcomeSupervisor.attach`). Raises RuntimeError if it has one."""
+        self._outcomes.attach(coordinator)
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on, without seqs (unbounded: a reader that stops

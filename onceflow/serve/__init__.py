@@ -1,6 +1,7 @@
 """`onceflow serve`: the protocol as JSON lines over a Unix domain socket or stdin/stdout. Trio thread: one
 Trio run owning the runtime and every connection (wire.py: framing; connection.py: one client; server.py:
-accepting, serving and shutting down; options.py: the bounds; cli.py: the command line).
+accepting, serving and shutting down; admission.py: the connection cap and eviction; descriptors.py: the
+open-files limit and the spare descriptor; options.py: the bounds; cli.py: the command line).
 
 Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is ignored):
 
@@ -25,8 +26,10 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
   M}}` (below).
 - Connection error, the last line before the server closes the connection: `{"error": <ErrorInfo>}`;
   `slow_consumer` when the client stopped reading and its outgoing queue filled, `idle_timeout` when it
-  sent nothing and had nothing in flight for `idle_timeout` seconds, `busy` (retryable) when the server
-  already serves `max_connections` clients: that connection gets this one line and is closed.
+  sent nothing and had nothing in flight for `idle_timeout` seconds, `evicted` (retryable) when it was
+  idle the longest as a new client arrived at `max_connections` (below), `busy` (retryable) to a new
+  client when the server serves `max_connections` clients and none is idle, or has no file descriptor
+  left for it: that connection gets this one line and is closed.
 
 Events. Every event gets an `event_seq` when published: integers that increase strictly, also across
 restarts of the runtime on the same database, but are not consecutive (they jump at each start and about
@@ -62,16 +65,32 @@ Bounds, per connection unless said: outgoing, at most `queue_size` lines and `qu
 wait for the client; a frame that would pass either limit, a single frame larger than `queue_bytes`
 included, makes the client a slow consumer: it is sent the `slow_consumer` error line after what is
 queued (if it reads within `grace` seconds) and disconnected. Nothing the runtime does ever waits on a
-client. Incoming, the line being read (`max_line` bytes) and the pipeline above. At most
-`max_connections` connections at once; the listen backlog is `backlog`. A socket connection is idle
-when no byte arrives from it, no command of it is pending or running, nothing is queued for it and it
-has no subscription (a subscriber waits for events; a subscriber that stops reading is a slow consumer
+client. Incoming, the line being read (`max_line` bytes) and the pipeline above. A socket connection is
+idle when no byte arrives from it, no command of it is pending or running, nothing is queued for it and
+it has no subscription (a subscriber waits for events; a subscriber that stops reading is a slow consumer
 once events flow); after `idle_timeout` seconds idle (0: never) it gets the `idle_timeout` error line
 and is closed. Any line, even a blank one, counts as activity. The one `--stdio` client is never idle.
-When accept fails for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the server
-stops accepting for a moment (10 ms, doubling up to 1 s, until an accept succeeds), logging one WARNING
-`accept_paused` per episode and an INFO `accept_resumed` at its end; connected clients are served
-meanwhile and new ones wait in the backlog.
+
+Connections: at most `max_connections` at once (each holds a file descriptor); the listen backlog is
+`backlog`. By default `max_connections` is 256, or what the open-files limit (RLIMIT_NOFILE) leaves if
+that is less: at start, with the store open, the descriptors then open and a headroom of 32 (the spare
+below, a store reconnection, sockets being refused, a margin) are set aside, and the rest may be clients.
+The soft limit is first raised toward the hard one, as far as that needs; an explicit `max_connections`
+the limit cannot hold is lowered to what it can, with a WARNING `max_connections_clamped`, and a limit
+that leaves no descriptor for a single client stops the server at start with an error. When a new client
+arrives at the cap, the connection idle the longest (idle as above, oldest last activity first) is sent
+the `evicted` error line and closed (within 0.5 s) to make room, and the new client is served; with none
+idle (subscribers and connections with commands in flight are never evicted) the new client gets the one
+`busy` line instead (the server waits at most 1 s for it to be read). Either way a client is answered
+within a second of connecting; an episode at the cap logs one WARNING `connections_at_cap` (and an INFO
+`connections_below_cap` at its end), not one per connection. When accept fails for want of a file
+descriptor all the same (EMFILE, ENFILE: the store, or the system, took them), the server closes a spare
+descriptor it holds for this, accepts the waiting client in its place and sends it the `busy` line (or
+serves it, if a descriptor came free meanwhile), then holds the spare again: one WARNING
+`accept_out_of_descriptors` per episode. When accept fails for want of memory (ENOBUFS, ENOMEM), or the
+spare cannot be held, the server stops accepting for a moment (10 ms, doubling up to 1 s, until an
+accept succeeds), logging one WARNING `accept_paused` per episode and an INFO `accept_resumed` at its
+end; connected clients are served meanwhile and new ones wait in the backlog.
 
 SIGTERM or SIGINT: stop accepting and reading, let every received command finish and its reply be
 written (clients get `grace` seconds to read them), close the store, remove the socket file, exit 0. A
@@ -82,12 +101,13 @@ one (another server answers) is an error.
 """
 
 from onceflow.serve.cli import add_parser, run
-from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
+from onceflow.serve.options import EvictedError, IdleTimeoutError, ServeOptions, SlowConsumerError
 from onceflow.serve.server import Server, serve
 from onceflow.serve.wire import MAX_ID_LENGTH
 
 __all__ = [
     "MAX_ID_LENGTH",
+    "EvictedError",
     "IdleTimeoutError",
     "ServeOptions",
     "Server",

@@ -13,6 +13,7 @@ from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS
 from onceflow.serve.options import ServeOptions
 from onceflow.serve.server import serve
 from onceflow.store.urls import database_arg
@@ -44,7 +45,11 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--grace", type=float, default=defaults.grace, help="seconds to read before close")
     parser.add_argument(
-        "--max-connections", type=count, default=defaults.max_connections, help="clients served at once"
+        "--max-connections",
+        type=count,
+        default=defaults.max_connections,
+        help=f"clients served at once (default {DEFAULT_MAX_CONNECTIONS}, or fewer if the open-files limit "
+        "allows fewer; a larger value is lowered to what it allows)",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -66,6 +71,18 @@ def add_parser(sub: Any) -> None:
         type=functools.partial(_seconds_arg, "--switch-interval"),
         default=SWITCH_INTERVAL,
         help="GIL switch interval in seconds while serving (0: Python's own)",
+    )
+    parser.add_argument(
+        "--host-timeout",
+        type=functools.partial(_positive_seconds_arg, "--host-timeout"),
+        default=defaults.host_timeout,
+        help="seconds a host connection has to answer a call (register_host)",
+    )
+    parser.add_argument(
+        "--host-wait",
+        type=functools.partial(_positive_seconds_arg, "--host-wait"),
+        default=defaults.host_wait,
+        help="seconds a call waits for a host with its capability before it is host_unavailable",
     )
 
 
@@ -107,6 +124,14 @@ def _seconds_arg(flag: str, text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_seconds_arg(flag: str, text: str) -> float:
+    """`--host-timeout`, `--host-wait`: seconds, finite and > 0."""
+    try:
+        return seconds(flag, float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
     options = ServeOptions(
@@ -117,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
         backlog=args.backlog,
+        host_timeout=args.host_timeout,
+        host_wait=args.host_wait,
     )
     return trio.run(
         functools.partial(

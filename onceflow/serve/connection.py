@@ -3,9 +3,12 @@ that stop it. Trio thread."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import trio
 
+from onceflow.actors.runtime.host_broker import RegisteredHost
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.events import ErrorInfo
@@ -37,28 +40,31 @@ class Connection:
     freed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)  # `push_paced` waits
     last_active: float = attrs.field(factory=trio.current_time)
+    host: RegisteredHost | None = None  # registered as a host (onceflow/serve/hosting.py)
+    on_fail: Callable[[], None] | None = None  # told when `fail` disconnects it (a host's calls move on)
 
-    def push(self, frame: bytes) -> None:
+    def push(self, frame: bytes) -> bool:
         """Queue a line for the client without ever waiting; past `queue_size` lines or `queue_bytes`
-        bytes the client is a slow consumer and is disconnected."""
+        bytes the client is a slow consumer and is disconnected. Whether the line was queued."""
         if self.failure is not None:
-            return
+            return False
         size, limit = len(frame), self.options.queue_bytes
         if self.out_bytes + size > limit:
             held = f"{self.out_bytes} bytes wait for it" if self.out_bytes else f"a line of {size} bytes"
             self.fail(
                 SlowConsumerError(f"the client is not reading fast enough: {held}, the limit is {limit}")
             )
-            return
+            return False
         try:
             self.out.send_nowait(frame)
         except trio.WouldBlock:
             self.fail(SlowConsumerError("the client stopped reading and its outgoing queue is full"))
-            return
+            return False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return  # the client is gone or the connection is closing: the line has nowhere to go
+            return False  # the client is gone or the connection is closing: the line has nowhere to go
         self.out_bytes += size
         self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
+        return True
 
     async def push_paced(self, frame: bytes) -> None:
         """Queue a line once the outgoing queue holds less than half its `queue_size` lines and half its
@@ -79,10 +85,16 @@ class Connection:
         if self.drained:
             self.drained.unpark_all()
 
-    def fail(self, exc: OnceflowError) -> None:
-        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line."""
+    def offer(self, frame: bytes) -> bool:
+        """`HostLink.offer` (actors/runtime/host_broker.py): queue a call line for this host connection."""
+        return self.push(frame)
+
+    def fail(self, exc: OnceflowError, *, within: float | None = None, warn: bool = True) -> None:
+        """Disconnect: read nothing more, send nothing new, flush what is queued plus the error line, within
+        `within` seconds (None: `grace`). Logged as a WARNING `client_disconnected`, or at INFO when not
+        `warn` (an eviction: its episode has a WARNING of its own)."""
         self.failure = error_info(exc)
-        log.warning(
+        (log.warning if warn else log.info)(
             "client_disconnected",
             connection=self.number,
             code=exc.code,
@@ -93,7 +105,9 @@ class Connection:
         )
         self.reading.cancel()
         self.end_subscription()
-        self.close_within(self.options.grace)
+        self.close_within(self.options.grace if within is None else within)
+        if self.on_fail is not None:
+            self.on_fail()
 
     def end_subscription(self) -> None:
         if self.subscription is not None:
@@ -107,8 +121,14 @@ class Connection:
         self.last_active = trio.current_time()
 
     def busy(self) -> bool:
-        """Whether the connection has something in flight: a command, a queued line or a subscription."""
-        return bool(self.pending or self.out_bytes or self.subscription is not None)
+        """Whether the connection has something in flight: a command, a queued line, a subscription, or a
+        host registration (a host waits for calls)."""
+        return bool(self.pending or self.out_bytes or self.subscription is not None or self.host is not None)
+
+    def evictable(self) -> bool:
+        """Whether the server may close this connection to make room for a new client at `max_connections`
+        (admission.py): it is still served and idle (`busy` false). The one test of who may be evicted."""
+        return self.failure is None and not self.busy()
 
     async def admit(self, size: int) -> None:
         """Wait until `size` more received bytes fit in the pipeline's `max_line` (one line always fits)."""

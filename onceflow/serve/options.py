@@ -24,9 +24,23 @@ class IdleTimeoutError(OnceflowError):
     code = "idle_timeout"
 
 
+class EvictedError(OnceflowError):
+    """The server was at `--max-connections` when a new client arrived, and this connection was the one
+    idle the longest (nothing pending, queued or subscribed): it was closed to make room. Nothing was in
+    flight; connect again when there is something to send."""
+
+    code = "evicted"
+    retryable = True
+
+
 def _nonnegative_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{attribute.name} must be a finite number of seconds >= 0, not {value!r}")
+
+
+def _positive_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be a finite number of seconds > 0, not {value!r}")
 
 
 @attrs.frozen
@@ -37,9 +51,12 @@ class ServeOptions:
     in one request line (default and at most the protocol's message limit, `MAX_MESSAGE_BYTES`, its one
     owner: a line serve reads is never one the runtime refuses for its size; ValueError beyond it);
     `max_pipeline` received lines waiting to be applied; `grace` seconds a disconnecting client (slow,
-    idle, or at shutdown) gets to read what is queued; `max_connections` clients at once; `idle_timeout`
-    seconds without activity before a client is closed (0: never); `backlog` connections the kernel
-    queues before they are accepted.
+    idle, or at shutdown) gets to read what is queued; `max_connections` clients at once (None: what the
+    open-files limit allows, at most 256; `serve` sizes it at start, onceflow/serve/descriptors.py);
+    `idle_timeout` seconds without activity before a client is closed (0: never); `backlog` connections the
+    kernel queues before they are accepted; `host_timeout` seconds a host connection has to answer a call
+    it was offered, and `host_wait` seconds a call waits for a host with its capability to be connected
+    (the host role: actors/runtime/host_broker.py).
     """
 
     queue_size: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
@@ -49,6 +66,10 @@ class ServeOptions:
     )
     max_pipeline: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     grace: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
-    max_connections: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    max_connections: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
     idle_timeout: float = attrs.field(default=300.0, validator=_nonnegative_seconds)
     backlog: int = attrs.field(default=512, validator=attrs.validators.ge(1))
+    host_timeout: float = attrs.field(default=30.0, validator=_positive_seconds)
+    host_wait: float = attrs.field(default=10.0, validator=_positive_seconds)

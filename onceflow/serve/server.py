@@ -5,7 +5,6 @@ docstring). Trio thread: one Trio run owning the runtime and every connection.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -19,20 +18,23 @@ import trio
 from opentelemetry.trace import TracerProvider
 
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStream
+from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.errors import BusyError, ConflictError, ProtocolError
+from onceflow.protocol.errors import ConflictError, ProtocolError, ShuttingDownError
 from onceflow.protocol.event_stream import EventGap, check_after
 from onceflow.protocol.events import Reply
+from onceflow.serve import hosting
+from onceflow.serve.admission import Admission
 from onceflow.serve.connection import Connection
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_cap
 from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
 from onceflow.serve.wire import (
     LineReader,
     Overlong,
     Refused,
     error_frame,
-    error_info,
     event_frame,
     gap_frame,
     refusal,
@@ -44,23 +46,33 @@ from onceflow.serve.wire import (
 log = get_logger("onceflow.serve")
 
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-"""accept(2) failures that mean "no file descriptor or memory right now": accepting pauses, then retries."""
-REFUSE_SECONDS = 1.0
-"""How long a connection over `max_connections` gets to take its one `busy` line before it is closed."""
+"""accept(2) failures that mean "no file descriptor or memory right now": a waiting client is refused with
+the spare descriptor (DESCRIPTOR_ERRNOS), or accepting pauses, then retries."""
+WRITE_BATCH_BYTES = 64 * 1024
+"""At most this many bytes of queued lines are joined into one write (a longer line goes alone)."""
 REPLAY_BATCH = 64
 """Events a replay takes from the window at a time (each then waits for room in the outgoing queue)."""
 
 
 class Server:
-    """Serves one runtime to many connections; see the module docstring for the wire contract."""
+    """Serves one runtime to many connections; see the module docstring for the wire contract. At most
+    `options.max_connections` at once (None: DEFAULT_MAX_CONNECTIONS; `serve` sizes it first)."""
 
-    def __init__(self, runtime: Runtime, commands: trio.Nursery, options: ServeOptions) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        commands: trio.Nursery,
+        options: ServeOptions,
+        hosts: HostBroker | None = None,
+    ) -> None:
         self._runtime = runtime
         self._commands = commands  # lives until every received command is done; a client never cancels it
         self._options = options
+        self._hosts = hosts  # the host role (onceflow/serve/hosting.py); None: register_host is refused
         self._connections: set[Connection] = set()
+        self._left = trio.lowlevel.ParkingLot()  # unparked whenever a connection ends
         self._opened = 0
-        self._refused = 0  # connections refused since the server was last below max_connections
+        self._admission = Admission(options.max_connections or DEFAULT_MAX_CONNECTIONS, self._connections)
         self.stopping = False
 
     @property
@@ -69,21 +81,38 @@ class Server:
         return len(self._connections)
 
     def stop(self) -> None:
-        """Stop reading every connection; each finishes the commands it received, then closes."""
+        """Stop reading every connection but the hosts'; each finishes the commands it received, then closes.
+        Host connections are still read for their answers to calls (anything else they send is refused
+        `shutting_down`) until `release_hosts`; a call no host holds ends `host_unavailable` at once."""
         self.stopping = True
+        if self._hosts is not None:
+            self._hosts.stop()
         for conn in self._connections:
-            conn.reading.cancel()
-            conn.close_within(self._options.grace)
+            if conn.host is None:
+                conn.reading.cancel()
+                conn.close_within(self._options.grace)
+
+    async def clients_drained(self) -> None:
+        """Wait until every connection that is not a host has ended (after `stop`: its commands answered)."""
+        while any(conn.host is None for conn in self._connections):
+            await self._left.park()
+
+    def release_hosts(self) -> None:
+        """Stop reading the host connections too: the calls they hold end `host_unavailable` at once."""
+        for conn in self._connections:
+            if conn.host is not None:
+                if self._hosts is not None:
+                    self._hosts.unregister(conn.host)
+                conn.reading.cancel()
+                conn.close_within(self._options.grace)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it ends (EOF, error, slow consumer, idle, or shutdown), then close
-        it; over `max_connections`, send it the one `busy` line and close it."""
-        if len(self._connections) >= self._options.max_connections:
-            await self._refuse(stream)
+        it; at `max_connections`, evict the longest-idle connection for it or send it the one `busy` line and
+        close it (admission.py)."""
+        if not await self._admission.enter(stream, stopping=self.stopping):
             return
-        if self._refused:
-            log.info("connections_below_cap", refused=self._refused, connections=len(self._connections))
-            self._refused = 0
+        conn: Connection | None = None
         out, queued = trio.open_memory_channel[bytes](self._options.queue_size)
         requests, received = trio.open_memory_channel[bytes | Overlong](self._options.max_pipeline)
         worked = trio.Event()
@@ -107,22 +136,15 @@ class Server:
                     conn.end_subscription()
                     out.close()  # the writer flushes the queue (and any error line), then stops
                 finally:
+                    if conn.host is not None and self._hosts is not None:
+                        self._hosts.unregister(conn.host)  # the calls it held go to another host
                     self._connections.discard(conn)
+                    self._left.unpark_all()
         finally:
-            await trio.aclose_forcefully(stream)
-
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
-        limit = self._options.max_connections
-        if not self._refused:
-            log.warning("connections_at_cap", max_connections=limit)
-        self._refused += 1
-        busy = BusyError(f"the server already serves its limit of {limit} connections; retry later")
-        with (
-            trio.move_on_after(REFUSE_SECONDS),
-            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
-        ):
-            await stream.send_all(error_frame(error_info(busy)))
-        await trio.aclose_forcefully(stream)
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self._admission.leave(conn)  # its descriptor is closed: the slot is free
 
     async def _read(self, conn: Connection, requests: trio.MemorySendChannel[bytes | Overlong]) -> None:
         lines = LineReader(conn.stream, self._options.max_line, conn.touch)
@@ -133,6 +155,15 @@ class Server:
                 return
             if line is None:
                 return
+            if conn.host is not None and not isinstance(line, Overlong):
+                if self._hosts is not None and hosting.MARK in line:
+                    frame = hosting.answer(self._hosts, conn, line)
+                    if frame is not None:  # answered now, ahead of the pipeline: it may wait on this call
+                        conn.push(frame)
+                        continue
+                if self.stopping and line.strip():
+                    conn.push(hosting.stopping(line))
+                    continue
             if isinstance(line, Overlong) or line.strip():
                 size = 0 if isinstance(line, Overlong) else len(line)
                 await conn.admit(size)  # waits while max_line bytes are pending: backpressure
@@ -160,10 +191,25 @@ class Server:
         request = split_request(line)
         if isinstance(request, Refused):
             return reply_frame(request.id, request.reply)
-        if isinstance(request.data, dict) and request.data.get("type") == "subscribe":
+        kind = request.data.get("type") if isinstance(request.data, dict) else None
+        if kind == "subscribe":
             return reply_frame(request.id, self._subscribe(conn, request.data))
-        reply = await self._runtime.send(request.line)  # never raises; the codec's own bounds apply
+        if kind == "register_host":
+            return reply_frame(request.id, self._register_host(conn, request.data))
+        if kind == "host_reply" and conn.host is None:  # a host's own are answered as they are read
+            not_a_host = ProtocolError(
+                "host_reply from a connection that is not a host: send register_host first", field="type"
+            )
+            return reply_frame(request.id, refusal("host_reply", not_a_host))
+        reply = await self._runtime.send(request.data)  # never raises; the codec's own bounds apply
         return reply_frame(request.id, reply)
+
+    def _register_host(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        if self._hosts is None:
+            return refusal("register_host", ProtocolError("this server has no host role", field="type"))
+        if self.stopping:
+            return refusal("register_host", ShuttingDownError("the server is shutting down"))
+        return hosting.register(self._hosts, conn, request)
 
     def _subscribe(self, conn: Connection, request: dict[str, Any]) -> Reply:
         """Start the connection's event stream: from now on, or replaying from just after `after`."""
@@ -204,9 +250,16 @@ class Server:
                     conn.push(event_frame(item.seq, item.event))
 
     async def _write(self, conn: Connection) -> None:
+        """Send the queued lines in order; the lines already queued when the socket is free go in one write
+        (up to WRITE_BATCH_BYTES), so a burst costs a few system calls, not one a line."""
         with conn.writing:
             try:
                 async for frame in conn.queued:
+                    while len(frame) < WRITE_BATCH_BYTES:
+                        try:
+                            frame += conn.queued.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
                     await conn.stream.send_all(frame)
                     conn.taken(len(frame))
                     conn.touch()
@@ -300,23 +353,34 @@ async def serve(
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
     """
+    hosts = HostBroker(host_timeout=options.host_timeout, host_wait=options.host_wait)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
         listener = None if socket_path is None else await _bind(socket_path, options.backlog)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(
                 db,
+                host=hosts,
                 switch_interval=switch_interval,
                 tracer_provider=tracer_provider,
                 event_window=event_window,
             ) as runtime:
+                hosts.on_coordinator = runtime.attach_coordinator
+                if listener is not None:
+                    cap = connection_cap(options.max_connections)
+                    options = attrs.evolve(options, max_connections=cap)
                 if not await _register(runtime, workflows):
                     return 1
-                async with trio.open_nursery() as everything:
-                    stopped = trio.Event()
-                    everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
-                    await _serve(runtime, listener, socket_path, options, stopped)
-                    everything.cancel_scope.cancel()  # the signal watcher
+                async with trio.open_nursery() as recording:  # ended calls' records, written to the last
+                    await recording.start(hosts.record_forever, runtime.services.store, runtime.hub)
+                    try:
+                        async with trio.open_nursery() as everything:
+                            stopped = trio.Event()
+                            everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
+                            await _serve(runtime, hosts, listener, socket_path, options, stopped)
+                            everything.cancel_scope.cancel()  # the signal watcher
+                    finally:
+                        hosts.close()
         finally:
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
@@ -335,17 +399,19 @@ async def _watch_signals(signals: Any, stopped: trio.Event, everything: trio.Can
 
 async def _serve(
     runtime: Runtime,
+    hosts: HostBroker,
     listener: trio.SocketListener | None,
     socket_path: Path | None,
     options: ServeOptions,
     stopped: trio.Event,
 ) -> None:
-    """Serve until `stopped`, then drain: returns once every received command is done and answered. Over
-    stdio the one client, whose end ends the server, is never timed out."""
+    """Serve until `stopped`, then drain: returns once every received command is done and answered (host
+    connections answer calls until the other clients are done). Over stdio the one client, whose end ends
+    the server, is never timed out."""
     if listener is None:
         options = attrs.evolve(options, idle_timeout=0.0)
     async with trio.open_nursery() as commands:
-        server = Server(runtime, commands, options)
+        server = Server(runtime, commands, options, hosts)
         async with trio.open_nursery() as connections:
             accepting = trio.CancelScope()
             if listener is None:
@@ -356,13 +422,16 @@ async def _serve(
             await stopped.wait()
             server.stop()
             accepting.cancel()
+            await server.clients_drained()
+            server.release_hosts()
 
 
 @attrs.define
 class AcceptPause:
-    """How accepting waits out a shortage of file descriptors or memory: `first` seconds, doubling up to
-    `cap`, until an accept succeeds. One WARNING `accept_paused` starts an episode and one INFO
-    `accept_resumed` ends it, however many retries it took."""
+    """How accepting waits out a shortage of memory (ENOBUFS, ENOMEM), or of file descriptors when the spare
+    cannot answer it (`SpareDescriptor`): `first` seconds, doubling up to `cap`, until an accept succeeds.
+    One WARNING `accept_paused` starts an episode and one INFO `accept_resumed` ends it, however many
+    retries it took."""
 
     first: float = 0.01
     cap: float = 1.0
@@ -402,19 +471,30 @@ async def accept_clients(
     pause: AcceptPause | None = None,
 ) -> None:
     """Accept clients until `accepting` is cancelled; their handlers live in `connections`, so they
-    finish draining after accepting stops. A shortage of file descriptors or memory pauses accepting
+    finish draining after accepting stops. For want of a file descriptor the waiting client is told `busy`
+    (`SpareDescriptor`); a shortage of memory, or of descriptors the spare cannot answer, pauses accepting
     (`AcceptPause`); any other accept error ends the server."""
     pause = AcceptPause() if pause is None else pause
-    with accepting:
+    with accepting, SpareDescriptor() as spare:
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
                 if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
-                await pause.wait(exc, server.connections)
-                continue
+                try:
+                    waiting = await spare.accept_waiting(listener, exc, server.connections)
+                except OSError as short:
+                    if short.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    await pause.wait(short, server.connections)
+                    spare.restore()
+                    continue
+                if waiting is None:
+                    continue  # refused with `busy`
+                stream = waiting
             pause.accepted()
+            spare.accepted()
             connections.start_soon(server.handle, stream)
     await listener.aclose()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import json
 import os
@@ -57,7 +58,7 @@ class Served:
     process: subprocess.Popen[bytes]
     socket: Path
     db: Path
-    log: list[str] = field(default_factory=list)  # the server's stderr lines after `serving on`
+    log: list[str] = field(default_factory=list)  # the server's stderr lines but `serving on`
 
     def client(self) -> WireClient:
         return WireClient(str(self.socket))
@@ -83,17 +84,31 @@ class Served:
 
 
 def _start(
-    db: Path, where: list[str], *extra: str, workflow: Path = WORKFLOW, verbose: bool = False
+    db: Path,
+    where: list[str],
+    *extra: str,
+    workflow: Path = WORKFLOW,
+    verbose: bool = False,
+    nofile: tuple[int, int] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """`onceflow serve` in a process of its own; `nofile`: its RLIMIT_NOFILE (soft, hard) from the start."""
     command = [sys.executable, "-m", "onceflow.cli", *(["--verbose"] if verbose else []), "serve"]
     command += ["--db", str(db), "--workflow", str(workflow)]
+    limit = None if nofile is None else functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, nofile)
     return subprocess.Popen(
-        [*command, *where, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*command, *where, *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,  # unbuffered: `_wait_ready`'s select sees every line not yet read
+        preexec_fn=limit,
     )
 
 
-def _wait_ready(process: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
-    """Wait for the server's one `serving on ...` line on stderr."""
+def _wait_ready(
+    process: subprocess.Popen[bytes], timeout: float = 30.0, seen: list[str] | None = None
+) -> str:
+    """Wait for the server's one `serving on ...` line on stderr; the lines before it go to `seen`."""
     assert process.stderr is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,6 +118,8 @@ def _wait_ready(process: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
             assert line, f"server exited before serving (status {process.wait()})"
             if line.startswith("serving on "):
                 return line.strip()
+            if seen is not None:
+                seen.append(line)
     raise AssertionError("server did not start")
 
 
@@ -113,16 +130,20 @@ def _drain(stream: Any, lines: list[str]) -> None:
 
 
 @contextmanager
-def serving(*extra: str, workflow: Path = WORKFLOW) -> Iterator[Served]:
-    """A server on a socket in a short temp dir (a socket path is limited to ~107 bytes)."""
+def serving(
+    *extra: str, workflow: Path = WORKFLOW, verbose: bool = False, nofile: tuple[int, int] | None = None
+) -> Iterator[Served]:
+    """A server on a socket in a short temp dir (a socket path is limited to ~107 bytes); `verbose`, `nofile`
+    as for `_start`. Its stderr lines, from the start, are in `Served.log`."""
     folder = Path(tempfile.mkdtemp(prefix="of-", dir="/tmp"))
+    where = ["--socket", str(folder / "s.sock")]
     served = Served(
-        _start(folder / "board.db", ["--socket", str(folder / "s.sock")], *extra, workflow=workflow),
+        _start(folder / "board.db", where, *extra, workflow=workflow, verbose=verbose, nofile=nofile),
         folder / "s.sock",
         folder / "board.db",
     )
     try:
-        assert _wait_ready(served.process) == f"serving on {served.socket}"
+        assert _wait_ready(served.process, seen=served.log) == f"serving on {served.socket}"
         threading.Thread(target=_drain, args=(served.process.stderr, served.log), daemon=True).start()
         yield served
     finally:
@@ -344,13 +365,11 @@ def test_issue13_serve_refuses_a_live_socket_or_an_owned_database_with_one_error
         assert served.client().request({"type": "get_task", "task_id": "none"})["reply"]["ok"] is False
 
 
-def test_issue13_split_request_strips_the_id_before_the_command_is_decoded() -> None:
+def test_split_request_strips_the_id_before_the_command_is_decoded() -> None:
     request = split_request(b'{"id": 7, "type": "get_task", "task_id": "T1"}')
-    assert request == Request(
-        7, {"type": "get_task", "task_id": "T1"}, '{"type": "get_task", "task_id": "T1"}'
-    )
+    assert request == Request(7, {"type": "get_task", "task_id": "T1"})
     plain = b'{"type": "get_task", "task_id": "T1"}'
-    assert split_request(plain) == Request(None, {"type": "get_task", "task_id": "T1"}, plain)
+    assert split_request(plain) == Request(None, {"type": "get_task", "task_id": "T1"})
 
 
 @given(
@@ -570,61 +589,95 @@ def test_serve_a_single_reply_larger_than_queue_bytes_makes_a_slow_consumer(tmp_
         assert served.client().request({"type": "get_task", "task_id": "T1"})["reply"]["ok"]
 
 
-# --- bounded clients: a connection cap, an idle timeout, accept pausing on EMFILE -----------------------
+# --- bounded clients: a connection cap, eviction, an idle timeout, refusing on EMFILE -----------------------
 
 
-def test_serve_idle_clients_at_the_cap_time_out_and_a_new_client_gets_in() -> None:
-    """Three idle clients fill a 3-connection cap: a fourth is refused with one `busy` line; once the
-    idle ones time out (each told so by an error line), a new client is served."""
-    with serving("--max-connections", "3", "--idle-timeout", "1") as served:
-        idle = [served.client() for _ in range(3)]
-        for n, client in enumerate(idle):  # each accepted and served once, then silent
+def _within_a_second(connect: Callable[[], WireClient]) -> tuple[WireClient, dict[str, Any] | None]:
+    """A new client and its first line, which must arrive within one second of connecting."""
+    began = time.monotonic()
+    client = connect()
+    client.sock.settimeout(1.0)
+    first = client.line()
+    assert time.monotonic() - began < 1.0
+    return client, first
+
+
+def test_serve_at_the_cap_a_new_client_evicts_the_longest_idle_never_a_busy_one() -> None:
+    """A 3-connection cap: a subscriber (busy, and the oldest), then two idle clients. Each new client is
+    served at once, the longest-idle connection being closed for it with one retryable `evicted` line; once
+    every connection is busy (subscribed), a new client gets one `busy` line within a second instead. The
+    subscriber is never evicted, and the whole episode logs one WARNING."""
+    with serving("--max-connections", "3", "--idle-timeout", "0") as served:
+        watcher = served.client()
+        assert watcher.request({"id": "w", "type": "subscribe"})["reply"]["ok"]
+        idle = [served.client() for _ in range(2)]
+        for n, client in enumerate(idle):
             assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
-        over = served.client()
-        refused = over.line()
-        assert refused is not None and set(refused) == {"error"}
-        assert (refused["error"]["code"], refused["error"]["retryable"]) == ("busy", True)
+            time.sleep(0.05)  # idle[0] has been idle the longest
+        newcomers = []
+        for n, evicted in enumerate(idle):
+            began = time.monotonic()
+            newcomer = served.client()
+            newcomer.sock.settimeout(1.0)
+            assert newcomer.request({"id": f"new{n}", "type": "subscribe"})["reply"]["ok"]
+            assert time.monotonic() - began < 1.0
+            newcomers.append(newcomer)
+            closing = evicted.line()
+            assert closing is not None and set(closing) == {"error"}
+            assert (closing["error"]["code"], closing["error"]["retryable"]) == ("evicted", True)
+            assert "3 connections" in closing["error"]["message"]
+            assert evicted.line() is None  # then closed
+        over, refused = _within_a_second(served.client)
+        assert refused is not None and (refused["error"]["code"], refused["error"]["retryable"]) == (
+            "busy",
+            True,
+        )
         assert "3 connections" in refused["error"]["message"]
-        assert over.line() is None  # closed after that one line
-        for client in idle:
-            timed_out = client.line()
-            assert timed_out is not None and timed_out["error"]["code"] == "idle_timeout"
-            assert client.line() is None
-        late = served.client()
-        assert late.request({"id": "late", **_create("T1")})["reply"]["ok"]
+        assert over.line() is None
+        frame = newcomers[0].request({"id": "c", **_create("T1")})  # the subscribers still served, all told
+        assert frame["reply"]["ok"]
+        for subscriber in [watcher, newcomers[1]]:
+            event = subscriber.line()
+            assert event is not None and event["event"]["type"] == "task_created"
         assert len([line for line in served.log if "connections_at_cap" in line]) == 1
+        assert not [line for line in served.log if "client_disconnected" in line]  # evictions: INFO
 
 
-def _peak_fd(pid: int) -> int:
-    return max(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+def _free_fds(pid: int, count: int) -> list[int]:
+    """The `count` lowest descriptor numbers the process has free."""
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return list(itertools.islice((n for n in itertools.count() if n not in used), count))
 
 
-def test_serve_out_of_file_descriptors_pauses_accepting_with_one_warning_then_serves() -> None:
-    """The server's RLIMIT_NOFILE is lowered (prlimit) so that two clients use its last descriptors: two
-    more connect into the backlog, accept fails with EMFILE on every retry, and the server logs one
-    WARNING and no traceback while it serves the first two; once it has descriptors to spare again (its
-    limit restored), the waiting two are accepted and served, in that same one episode."""
+def test_serve_out_of_file_descriptors_tells_each_waiting_client_busy_and_serves_the_others() -> None:
+    """The server's RLIMIT_NOFILE is lowered (prlimit) so that two clients take its last descriptors: each
+    client after them, for whom accept fails with EMFILE, still gets one retryable `busy` line within a
+    second (the server's spare descriptor answers it) instead of waiting in the backlog; the first two are
+    served throughout, one WARNING covers the episode, and accepting never pauses. With its limit
+    restored, a new client is served again."""
     with serving("--idle-timeout", "0") as served:
         pid = served.process.pid
         soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_peak_fd(pid) + 3, hard))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_free_fds(pid, 3)[2], hard))
         first = [served.client() for _ in range(2)]
         for n, client in enumerate(first):
             assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
-        waiting = [served.client() for _ in range(2)]  # the kernel queues them; accept has no fd left
-        for n, client in enumerate(waiting):
-            client.write({"id": f"w{n}", **_create(f"W{n}")})
-        paused = served.wait_log("accept_paused")
-        assert "errno=EMFILE" in paused
-        time.sleep(0.5)  # several retries, still one warning
+        for _ in range(3):
+            late, refused = _within_a_second(served.client)
+            assert refused is not None and set(refused) == {"error"}
+            assert (refused["error"]["code"], refused["error"]["retryable"]) == ("busy", True)
+            assert (
+                "no file descriptor" in refused["error"]["message"]
+                and "EMFILE" in refused["error"]["message"]
+            )
+            assert late.line() is None
         for n, client in enumerate(first):  # connected clients are served throughout
             assert client.request({"id": n, "type": "get_task", "task_id": "none"})["id"] == n
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))  # descriptors to spare again
-        for n, client in enumerate(waiting):
-            frame = client.reply()
-            assert (frame["id"], frame["reply"]["ok"]) == (f"w{n}", True)
-        assert served.client().request({"id": "after", "type": "get_task", "task_id": "W1"})["reply"]["ok"]
-        assert len([line for line in served.log if "accept_paused" in line]) == 1
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        assert served.client().request({"id": "after", **_create("T1")})["reply"]["ok"]
+        warnings = [line for line in served.log if "accept_out_of_descriptors" in line]
+        assert len(warnings) == 1 and "errno=EMFILE" in warnings[0]
+        assert not [line for line in served.log if "accept_paused" in line]
         assert not [line for line in served.log if "Traceback" in line or "[error" in line]
 
 
@@ -758,14 +811,14 @@ class _FlakyListener(trio.abc.Listener[trio.SocketStream]):
 async def test_serve_accept_pauses_grow_to_a_bound_with_one_warning_per_episode(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """EMFILE injected at the accept seam: the pauses double from 10 ms to 1 s and stay there; each
-    episode logs one WARNING (then one INFO when an accept succeeds); the streams accepted between the
-    failures are served."""
+    """A shortage of memory (ENOBUFS, ENOMEM) injected at the accept seam: the pauses double from 10 ms to
+    1 s and stay there; each episode logs one WARNING (then one INFO when an accept succeeds); the streams
+    accepted between the failures are served."""
     options = ServeOptions(idle_timeout=0)  # the autojump clock would time idle clients out at once
     async with served_in_process(tmp_path / "b.db", options) as (server, _):
         ours = [socket.socketpair() for _ in range(2)]
         streams = [trio.SocketStream(trio.socket.from_stdlib_socket(a)) for a, _ in ours]
-        listener = _FlakyListener([*[errno.EMFILE] * 9, streams[0], errno.ENFILE, errno.EMFILE, streams[1]])
+        listener = _FlakyListener([*[errno.ENOBUFS] * 9, streams[0], errno.ENOMEM, errno.ENOBUFS, streams[1]])
         accepting = trio.CancelScope()
         with capture_logs() as logs:
             async with trio.open_nursery() as connections:
@@ -781,12 +834,42 @@ async def test_serve_accept_pauses_grow_to_a_bound_with_one_warning_per_episode(
         assert gaps[10:13] == [0.01, 0.02, 0.0]  # the second episode starts again from 10 ms
         episodes = [(e["event"], e.get("errno"), e.get("retries")) for e in logs if "accept" in e["event"]]
         assert episodes == [
-            ("accept_paused", "EMFILE", None),
+            ("accept_paused", "ENOBUFS", None),
             ("accept_resumed", None, 9),
-            ("accept_paused", "ENFILE", None),
+            ("accept_paused", "ENOMEM", None),
             ("accept_resumed", None, 2),
         ]
         assert [e["log_level"] for e in logs if e["event"] == "accept_paused"] == ["warning", "warning"]
+
+
+async def test_serve_accept_out_of_descriptors_takes_the_next_client_in_the_spare_descriptors_place(
+    tmp_path: Path,
+) -> None:
+    """EMFILE injected at the accept seam, twice: the spare descriptor is closed and the next client accepted
+    in its place; a descriptor being free again by then (the spare is held again), that client is served,
+    with no pause and no refusal. When the accept in the spare's place fails too (another thread took the
+    descriptor), accepting pauses as for a memory shortage. The spare is held throughout and closed at the
+    end: the process ends with the descriptors it began with. (Refusals: the subprocess test above.)"""
+    options = ServeOptions(idle_timeout=0)
+    async with served_in_process(tmp_path / "b.db", options) as (server, _):
+        pairs = [socket.socketpair() for _ in range(2)]
+        streams = [trio.SocketStream(trio.socket.from_stdlib_socket(a)) for a, _ in pairs]
+        listener = _FlakyListener([errno.EMFILE, streams[0], errno.ENFILE, errno.EMFILE, streams[1]])
+        accepting = trio.CancelScope()
+        before = len(os.listdir("/proc/self/fd"))
+        with capture_logs() as logs:
+            async with trio.open_nursery() as connections:
+                connections.start_soon(accept_clients, server, listener, accepting, connections)
+                for _, theirs in pairs:
+                    peer = Peer(theirs)
+                    peer.send({"id": "p", "type": "get_task", "task_id": "none"})
+                    assert (await peer.line() or {})["id"] == "p"
+                    peer.sock.close()
+                accepting.cancel()
+        assert len(os.listdir("/proc/self/fd")) == before - 4  # both ends of both pairs; the spare too
+        seen = [(e["event"], e.get("errno"), e.get("retries")) for e in logs if "accept" in e["event"]]
+        assert seen == [("accept_paused", "EMFILE", None), ("accept_resumed", None, 1)]
+        assert listener.calls[4] - listener.calls[3] >= 0.01  # the one pause
 
 
 def _stderr_of_serve(db: Path, *, tty: bool, env: dict[str, str] | None = None) -> bytes:

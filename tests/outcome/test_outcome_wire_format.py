@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from helpers import FakeClock, ok, send
 from hypothesis import given
 from hypothesis import strategies as st
@@ -270,8 +271,11 @@ async def test_ac_co_16_the_first_matching_ack_names_the_acknowledger(
     replies: list[Any] = []
 
     async def both_answer(_: object) -> None:
-        for by in ("deacon", "mayor"):
-            replies.append(await ok(rt, ack(env, "mayor-session-9", acknowledged_by=by)))
+        # Shielded: the autojump clock may pass the attempt's deadline while the acks wait on the store's
+        # thread, and a send in a cancelled scope raises Cancelled (the acks themselves would still commit).
+        with trio.CancelScope(shield=True):
+            for by in ("deacon", "mayor"):
+                replies.append(await ok(rt, ack(env, "mayor-session-9", acknowledged_by=by)))
 
     coordinator.during_delivery = both_answer
     events = rt.subscribe()

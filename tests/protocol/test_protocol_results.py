@@ -189,6 +189,7 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     await c.send({"type": "get_task", "task_id": "T1"})
     await c.send({"type": "list_tasks", "limit": 1})
     await c.send({"type": "task_history", "task_id": "T1", "limit": 3})
+    await c.send({"type": "list_host_calls", "task_id": "T1"})  # tests/runtime/test_host_broker.py: full rows
     await c.send({"type": "delete_task", "task_id": "T2"})
 
     # coordinator outcomes

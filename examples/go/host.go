@@ -33,7 +33,9 @@ func (h *host) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			break
 		}
-		logf("warn", "host_disconnected", "error", err.Error())
+		if wait.failures == 0 { // logged once a streak: then retried quietly until it connects
+			logf("warn", "host_disconnected", "error", err.Error())
+		}
 		wait.sleep(ctx)
 	}
 	h.drain()

@@ -132,15 +132,19 @@ func main() {
 }
 
 // backoff is the pause between reconnection attempts: 100ms, doubling up to 5s, back to 100ms once a
-// connection works.
-type backoff struct{ delay time.Duration }
+// connection works. failures counts the attempts since then, so a streak is logged once.
+type backoff struct {
+	delay    time.Duration
+	failures int
+}
 
 func newBackoff() *backoff { return &backoff{delay: 100 * time.Millisecond} }
 
-func (b *backoff) reset() { b.delay = 100 * time.Millisecond }
+func (b *backoff) reset() { b.delay, b.failures = 100*time.Millisecond, 0 }
 
 // sleep waits the current delay (or until ctx ends) and doubles the next one.
 func (b *backoff) sleep(ctx context.Context) {
+	b.failures++
 	t := time.NewTimer(b.delay)
 	defer t.Stop()
 	select {

@@ -32,8 +32,7 @@ type worker struct {
 }
 
 // run claims, works and finishes runs until ctx ends, reconnecting after each drop. A run in hand when
-// ctx ends is handed back (failed, retryable, due at once), so another worker can take it without waiting
-// for its lease.
+// ctx ends is handed back (handBack), so another worker can take it without waiting for its lease.
 func (w *worker) run(ctx context.Context) {
 	wait := newBackoff()
 	for ctx.Err() == nil {
@@ -41,7 +40,9 @@ func (w *worker) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		logf("warn", "worker_disconnected", "agent_profile_id", w.agent, "error", err.Error())
+		if wait.failures == 0 {
+			logf("warn", "worker_disconnected", "agent_profile_id", w.agent, "error", err.Error())
+		}
 		wait.sleep(ctx)
 	}
 }
@@ -146,11 +147,12 @@ func (w *worker) work(ctx context.Context, c *conn, run claimedRun) error {
 	})
 }
 
-// handBack fails the run retryably, due now: the host is stopping, not the work failing for good.
+// handBack gives the run up: the host is stopping, the work did not fail. There is no command for that,
+// so its lease is renewed to a millisecond: the run is claimable again at once, and no failed attempt
+// counts against its retries (a failed finish would).
 func (w *worker) handBack(c *conn, run claimedRun) error {
 	err := w.send(c, map[string]any{
-		"type": "finish_run", "run_id": run.ID, "claim_token": run.ClaimToken, "status": "failed",
-		"error": "host stopping", "retryable": true, "retry_at": float64(time.Now().UnixNano()) / 1e9,
+		"type": "renew_run", "run_id": run.ID, "claim_token": run.ClaimToken, "lease_seconds": 0.001,
 	}, nil)
 	if err != nil && !errors.Is(err, errLost) {
 		return err

@@ -244,17 +244,29 @@ def to_done(board: Board, task: str, *, runs: int = 0, comment: bool = False, re
     assert board.step(task) == "done"
 
 
+def journal_with(folder: Path, finished: set[int]) -> list[dict[str, Any]]:
+    """The host's journal once it records each run of `finished`: a worker writes its line after the
+    server took the finish (an action's line is written before its call is answered)."""
+
+    def settled() -> list[dict[str, Any]] | None:
+        journal = _lines(folder / "journal.jsonl")
+        return journal if finished <= {e["run_id"] for e in journal if e["what"] == "run_finished"} else None
+
+    journal: list[dict[str, Any]] = _until(settled, 10.0, f"runs {sorted(finished)} in the journal")
+    return journal
+
+
 def assert_each_call_performed_once_and_each_run_finished_once(board: Board, folder: Path) -> dict[str, int]:
     """The journal against the runtime: one entry per call the runtime made (all answered) and one per run
     it queued (all finished). Returns the calls' attempts by call id."""
-    journal = _lines(folder / "journal.jsonl")
     calls = board.host_calls()
     assert calls and all(call["status"] == "answered" for call in calls), calls
+    runs = board.runs()
+    assert runs and [r["status"] for r in runs] == ["finished"] * len(runs)
+    journal = journal_with(folder, {run["id"] for run in runs})
     performed = Counter(e["call_id"] for e in journal if e["what"] in ("session_action", "code_review"))
     assert performed == Counter(call["call_id"] for call in calls)
     assert set(performed.values()) == {1}
-    runs = board.runs()
-    assert runs and [r["status"] for r in runs] == ["finished"] * len(runs)
     finished = Counter(e["run_id"] for e in journal if e["what"] == "run_finished")
     assert finished == Counter(run["id"] for run in runs)
     assert set(finished.values()) == {1}
@@ -431,3 +443,29 @@ def test_a_go_host_dropped_as_a_slow_consumer_reconnects_and_resumes_its_events(
             ]
             assert len(creations) == created and any(seq > resumed for seq in creations)
             assert host.stop() == 0
+
+
+def test_a_go_host_interrupted_mid_run_exits_0_and_hands_its_runs_back_at_once(
+    go_host_binary: Path, tmp_path: Path
+) -> None:
+    with serving(workflow=TEMPLATE) as served:
+        board = Board(served)
+        board.create("T-1")
+        board.ask({"type": "move_task", "task_id": "T-1", "step_id": "work"})
+        board.ask({"type": "turn_complete", "task_id": "T-1"})  # a run for each reviewer
+        long = ("-lease", "30s", "-work", "60s")
+        with go_host(go_host_binary, served, tmp_path, "first", *long) as first:
+            _until(lambda: [r["status"] for r in board.runs("T-1")] == ["claimed"] * 2, 30, "both claimed")
+            began = time.monotonic()
+            first.process.send_signal(signal.SIGINT)
+            assert first.process.wait(timeout=30) == 0
+            assert time.monotonic() - began < 10  # its claim polls end within -wait
+            assert len(first.logs("run_handed_back")) == 2 and first.logs("stopped")
+        with go_host(go_host_binary, served, tmp_path, "second"):
+            began = time.monotonic()
+            runs = board.runs_finished("T-1", 2)
+            assert time.monotonic() - began < 10  # not the 30 s lease the first host held them for
+            journal = journal_with(tmp_path, {run["id"] for run in runs})
+        assert [(run["attempt"], run["retries"]) for run in runs] == [(2, 0), (2, 0)]
+        finished = [e["pid"] for e in journal if e["what"] == "run_finished"]
+        assert len(finished) == 2 and first.process.pid not in finished

@@ -139,10 +139,12 @@ func (h *host) handle(c *conn, cl call) {
 		}
 		logf("info", "call_performed", "call_id", cl.CallID, "kind", cl.Kind)
 		if h.cfg.replyDelay > 0 { // performed and recorded, not yet answered: a crash here is survived
+			delay := time.NewTimer(h.cfg.replyDelay)
+			defer delay.Stop()
 			select {
-			case <-time.After(h.cfg.replyDelay):
+			case <-delay.C:
 			case <-h.stop.Done():
-				return
+				return // unanswered: offered again to the next host, which finds it done
 			}
 		}
 	default: // not registered for it: the server sends none
@@ -183,6 +185,7 @@ func perform(cl call) (map[string]any, error) {
 		entry["action"] = req.Action
 		entry["session_id"] = req.SessionID
 		entry["config"] = req.Config
+		entry["admission_seq"] = req.AdmissionSeq
 	} else {
 		entry["review_run_id"] = req.ReviewRunID
 		entry["agent_profile_id"] = req.AgentProfileID

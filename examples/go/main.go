@@ -67,8 +67,8 @@ func parseFlags() (config, error) {
 		return cfg, fmt.Errorf("unexpected argument %q", flag.Arg(0))
 	case len(cfg.capabilities) == 0:
 		return cfg, fmt.Errorf("-capabilities names none")
-	case cfg.lease < 3*time.Millisecond:
-		return cfg, fmt.Errorf("-lease must be at least 3ms")
+	case cfg.lease < 3*time.Millisecond || cfg.lease > time.Hour:
+		return cfg, fmt.Errorf("-lease must be in [3ms, 1h] (1h: the server's longest lease by default)")
 	case cfg.wait <= 0 || cfg.wait > time.Minute:
 		return cfg, fmt.Errorf("-wait must be in (0, 60s]")
 	}

@@ -286,15 +286,20 @@ class HostBroker:
 
     async def perform_session_action(self, request: SessionActionRequest) -> None:
         """Ask a `session_action` host to perform the action (`Host.perform_session_action`)."""
+        if "session_action" not in self._registered:
+            return  # the default host's answer (checked first: this is every entry's path)
         call_id = session_action_call_id(
             request.task_id, request.admission_seq, request.trigger, request.position
         )
-        await self._call("session_action", call_id, request.task_id, attrs.asdict(request))
+        fields = attrs.asdict(request, recurse=False)  # its config is plain JSON already
+        await self._call("session_action", call_id, request.task_id, fields)
 
     async def start_code_review(
         self, *, task_id: str, step_id: str, entry_seq: int, review_run_id: int, agent_profile_id: str | None
     ) -> None:
         """Ask a `code_review` host to start the pass (`Host.start_code_review`, at-least-once: AC-A8)."""
+        if "code_review" not in self._registered:
+            return
         request = {
             "task_id": task_id,
             "step_id": step_id,
@@ -307,6 +312,8 @@ class HostBroker:
     async def preflight_transition(self, *, task_id: str, from_step: str, to_step: str) -> None:
         """Ask a `preflight` host whether the move may happen (`Host.preflight_transition`): an answer `ok:
         false` refuses it."""
+        if "preflight" not in self._registered:
+            return  # every transition accepted (checked first: this is every move's path)
         request = {"task_id": task_id, "from_step": from_step, "to_step": to_step}
         await self._call("preflight", preflight_call_id(task_id, from_step, to_step), task_id, request)
 

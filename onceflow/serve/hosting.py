@@ -9,18 +9,20 @@ is read, ahead of the connection's commands still waiting in its pipeline: a hos
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
 
 from onceflow.actors.runtime.host_broker import HostBroker
+from onceflow.protocol import trusted
 from onceflow.protocol.codec import command_type, validation_error
 from onceflow.protocol.errors import ConflictError, OnceflowError, ProtocolError, ShuttingDownError
 from onceflow.protocol.events import Reply
 from onceflow.protocol.host_calls import HostReply, RegisterHost
 from onceflow.protocol.results import HostRegistered
 from onceflow.serve.connection import Connection
-from onceflow.serve.wire import Refused, refusal, reply_frame, split_request
+from onceflow.serve.wire import Refused, acceptable_id, refusal, reply_frame, split_request
 
 MARK = b'"host_reply"'
 """Only a line holding this text can be a `host_reply`: the read loop parses no other line early."""
@@ -44,29 +46,33 @@ def register(broker: HostBroker, conn: Connection, data: dict[str, Any]) -> Repl
 
 
 def answer(broker: HostBroker, conn: Connection, line: bytes) -> bytes | None:
-    """The reply line to a `host_reply` request line, or None when `line` is no `host_reply` (it goes to the
-    pipeline, which answers it as any request, malformed or not).
+    """The reply line to a `host_reply` request line, or None when `line` is no readable `host_reply` with an
+    acceptable id (it goes to the pipeline, which answers it as any request, malformed or not).
 
     A refusal changes nothing: a bad shape (`invalid_message` naming the field), a connection that is not a
     registered host (`invalid_message`, field `type`), an unknown call (`not_found`, field `call_id`), a
     call already answered, ended or held by another host (`conflict`, field `call_id`)."""
-    request = split_request(line)
-    if isinstance(request, Refused) or not isinstance(request.data, dict):
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
         return None
-    if request.data.get("type") != "host_reply":
+    if not isinstance(data, dict) or data.get("type") != "host_reply":
+        return None
+    request_id = data.pop("id", None)
+    if not acceptable_id(request_id):
         return None
     try:
-        reply = HostReply.model_validate(request.data)
+        reply = HostReply.model_validate(data)
         if conn.host is None:
             raise ProtocolError(
                 "host_reply from a connection that is not a host: send register_host first", field="type"
             )
         taken = broker.answer(conn.host, reply)
     except ValidationError as exc:
-        return reply_frame(request.id, refusal("host_reply", validation_error(exc, tagged=False)))
+        return reply_frame(request_id, refusal("host_reply", validation_error(exc, tagged=False)))
     except OnceflowError as exc:
-        return reply_frame(request.id, refusal("host_reply", exc))
-    return reply_frame(request.id, Reply(command="host_reply", ok=True, result=taken))
+        return reply_frame(request_id, refusal("host_reply", exc))
+    return reply_frame(request_id, trusted.reply("host_reply", [], result=taken))
 
 
 def stopping(line: bytes) -> bytes:

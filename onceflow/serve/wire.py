@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from onceflow.protocol.codec import command_type, encode
+from onceflow.protocol.codec import command_type, encode, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.limits import MAX_ID_CHARS
@@ -105,12 +105,11 @@ def refusal(command: str, exc: OnceflowError) -> Reply:
 
 @attrs.frozen
 class Request:
-    """One request line read: its `id`, its JSON value without the `id`, and the line `Runtime.send`
-    gets (the line itself, or the value re-encoded when an `id` was removed)."""
+    """One request line read: its `id`, and its JSON value without the `id` (what `Runtime.send` gets: the
+    line is decoded once, within the protocol's bounds, `codec.parse_json`)."""
 
     id: str | int | None
     data: Any
-    line: bytes | str
 
 
 @attrs.frozen
@@ -170,7 +169,9 @@ def _skip_space(text: str, at: int) -> int:
     return at
 
 
-def _acceptable_id(value: object) -> bool:
+def acceptable_id(value: object) -> bool:
+    """Whether a request's `id` is one a reply echoes as it is: None, a string of at most MAX_ID_LENGTH
+    characters, or an int64 (not a bool)."""
     return (
         value is None
         or (isinstance(value, str) and len(value) <= MAX_ID_LENGTH)
@@ -185,7 +186,7 @@ def unreadable(head: bytes, exc: ProtocolError) -> Refused:
     request_id, kind = head_fields(head)
     if request_id is _MISSING:
         shown_id: str | int | None = None
-    elif _acceptable_id(request_id):
+    elif acceptable_id(request_id):
         shown_id = request_id  # type: ignore[assignment]  # None, a str or an int64, as checked
     else:
         shown_id = echoed_id(request_id)
@@ -198,14 +199,14 @@ def split_request(line: bytes) -> Request | Refused:
     it began with are still echoed) or its `id` is unacceptable (then the reply's `id` is `echoed_id` of it
     and its `command` the line's `type`)."""
     try:
-        data = json.loads(line)
-    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8; nesting past the parser's depth
-        return unreadable(line[:HEAD_BYTES], ProtocolError(f"not valid JSON: {exc}"))
+        data = parse_json(line)
+    except ProtocolError as exc:  # bad JSON or UTF-8, nesting past the parser's depth, a NaN
+        return unreadable(line[:HEAD_BYTES], exc)
     if not isinstance(data, dict) or "id" not in data:
-        return Request(None, data, line)
+        return Request(None, data)
     request_id = data.pop("id")
-    if _acceptable_id(request_id):
-        return Request(request_id, data, json.dumps(data))
+    if acceptable_id(request_id):
+        return Request(request_id, data)
     error = ProtocolError(
         f"id must be a string of at most {MAX_ID_LENGTH} characters or a 64-bit integer, not "
         f"{shown(request_id)}",

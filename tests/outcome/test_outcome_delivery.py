@@ -261,7 +261,10 @@ async def test_ac_co_8_an_ack_sent_while_its_delivery_is_still_in_flight_complet
     replies = []
 
     async def ack_at_once(request: DeliveryRequest) -> None:
-        replies.append(await ok(rt, ack(env, "coord-1")))  # before the actor has recorded this delivery
+        # Shielded: the autojump clock may pass the attempt's deadline while the ack waits on the store's
+        # thread, and a send in a cancelled scope raises Cancelled (the ack itself would still commit).
+        with trio.CancelScope(shield=True):
+            replies.append(await ok(rt, ack(env, "coord-1")))  # before the actor has recorded this delivery
 
     coordinator.during_delivery = ack_at_once
     events = rt.subscribe()

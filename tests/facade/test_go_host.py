@@ -1,14 +1,15 @@
-"""The Go host example (examples/go/) against a real `onceflow serve` on Kandev's office-default template
-(tests/fixtures/kandev/): built with `go build`, run as its own process, killed with SIGKILL, stopped with
-SIGSTOP until the server drops it, stopped with SIGTERM. Python drives the tasks over the socket (creation,
-moves, turn_complete, decisions) and plays the agents' verdicts; the Go host performs the session actions
-and works the runs.
+"""The Go host example (examples/go/) against a real `onceflow serve` on the office-default template in
+Kandev's format (tests/fixtures/kandev/): built with `go build`, run as its own process, killed with
+SIGKILL, stopped with SIGSTOP until the server drops it, stopped with SIGTERM and SIGINT. Python drives
+the tasks over the socket (creation, moves, turn_complete, decisions) and plays the agents' verdicts; the
+Go host performs the session actions and works the runs.
 
 Checked each time: every call the runtime made was performed exactly once under its call id (the host's
 journal against `list_host_calls`), every run the template queued was finished exactly once (the
 journal against `list_runs`), and the host's event log holds, from its first event, exactly the events the
 runtime's window replays to a fresh `subscribe` with `after` — nothing missed across a reconnect or a
-restart, nothing twice.
+restart, nothing twice. The event checks need a build with resumable subscriptions (`event_seq`); without
+one they are skipped, saying so.
 
 Skipped when `go` is not installed, unless ONCEFLOW_REQUIRE_GO=1 (as `.ci/run` sets it), which makes a
 missing `go` a failure.

@@ -156,7 +156,8 @@ reply, and the connection stays open.
 
 **Order.** One connection's commands are applied one at a time, in the order sent, and replied to in that
 order (for parallelism, open more connections; many clients are served at once). A command whose client
-went away still runs to completion; only its reply is dropped.
+went away still runs to completion; only its reply is dropped. Except `claim_run`: once its client has
+closed its side, a claim stops waiting and claims nothing (a run it claimed meanwhile is handed back).
 
 **`subscribe`.** `{{"type": "subscribe"}}` is answered
 `{{"id": ..., "reply": {{"command": "subscribe", "ok": true, "result": {{"subscribed": true, "next_event_seq":

@@ -58,7 +58,10 @@ to `max_pipeline` received lines, and `max_line` bytes of them, wait their turn;
 stops reading that connection (the socket's own flow control), and no other client is slowed. Each
 connection's commands run in a task of the server's, never cancelled by the client going away: a client
 that disconnects mid-command loses nothing that committed — what it had sent still runs and commits;
-the replies are dropped.
+the replies are dropped. The one exception is `claim_run`: a claim is work handed to its caller, so once
+the client has closed its side (end of stream) a claim of its stops waiting and claims nothing (a run it
+claimed meanwhile is handed back) and a later one is answered as finding none: no run is left claimed by
+a client that is gone.
 
 Bounds, per connection unless said: outgoing, at most `queue_size` lines and `queue_bytes` bytes
 (each frame counted at its full encoded size, from when it is queued until the socket took all of it)

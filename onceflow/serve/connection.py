@@ -41,6 +41,8 @@ class Connection:
     drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)  # `push_paced` waits
     last_active: float = attrs.field(factory=trio.current_time)
     host: RegisteredHost | None = None  # registered as a host (onceflow/serve/hosting.py)
+    hung_up: bool = False  # the client closed its side: a waiting claim_run stops waiting
+    claim_wait: trio.CancelScope | None = None  # the claim_run under way, which `hang_up` cancels
     on_fail: Callable[[], None] | None = None  # told when `fail` disconnects it (a host's calls move on)
 
     def push(self, frame: bytes) -> bool:
@@ -119,6 +121,13 @@ class Connection:
     def touch(self) -> None:
         """Something happened on the connection: its idle time starts again."""
         self.last_active = trio.current_time()
+
+    def hang_up(self) -> None:
+        """The client closed its side (end of stream): a claim_run waiting for a run stops waiting and
+        claims nothing (one it committed meanwhile is handed back); a later one does not wait at all."""
+        self.hung_up = True
+        if self.claim_wait is not None:
+            self.claim_wait.cancel()
 
     def busy(self) -> bool:
         """Whether the connection has something in flight: a command, a queued line, a subscription, or a

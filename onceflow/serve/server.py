@@ -130,6 +130,8 @@ class Server:
                     self._commands.start_soon(self._work, conn, received, worked)
                     with conn.reading:
                         await self._read(conn, requests)
+                    if not conn.reading.cancelled_caught:  # end of stream: the client is going away
+                        conn.hang_up()
                     requests.close()
                     await worked.wait()  # every received command answered (or its reply dropped)
                     conn.watching.cancel()
@@ -201,8 +203,24 @@ class Server:
                 "host_reply from a connection that is not a host: send register_host first", field="type"
             )
             return reply_frame(request.id, refusal("host_reply", not_a_host))
+        if kind == "claim_run":
+            return reply_frame(request.id, await self._claim(conn, request.data))
         reply = await self._runtime.send(request.data)  # never raises; the codec's own bounds apply
         return reply_frame(request.id, reply)
+
+    async def _claim(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        """A claim_run waits for a run only while its client is connected: once the client closed its side
+        it claims nothing (the claim's cancellation hands back a run it committed meanwhile), so no run is
+        left claimed by nobody until its lease ends. Answered then as a claim that found no run."""
+        scope = conn.claim_wait = trio.CancelScope()
+        if conn.hung_up:
+            scope.cancel()
+        try:
+            with scope:
+                return await self._runtime.send(request)
+        finally:
+            conn.claim_wait = None
+        return Reply(command="claim_run", ok=True, result=None)
 
     def _register_host(self, conn: Connection, request: dict[str, Any]) -> Reply:
         if self._hosts is None:

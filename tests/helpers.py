@@ -9,6 +9,7 @@ from typing import Any
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
+from onceflow.protocol.outcome import derive_outcome_id
 from onceflow.testing import START, FakeClock
 
 __all__ = ["FIXTURES", "REPO", "START", "TESTS", "FakeClock"]  # re-exported: the suite imports them from here
@@ -208,3 +209,36 @@ def metric_delta(
 ) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
     """What moved between two `metric_points` readings (keys that did not move are left out)."""
     return {key: value - before.get(key, 0) for key, value in after.items() if value != before.get(key, 0)}
+
+
+ENVELOPE_SHA = "0123456789abcdef" * 4
+
+
+def gascity_envelope(**overrides: Any) -> dict[str, Any]:
+    """A valid Gas City outcome envelope as JSON data, keys in Go's order; `outcome_id` is derived after the
+    overrides unless one is given."""
+    data: dict[str, Any] = {
+        "contract_version": 1,
+        "outcome_id": None,
+        "producer": "direct-worker",
+        "store_ref": "city:gascity",
+        "work_id": "gc-1234",
+        "source_root_id": "gc-1000",
+        "step_key": "implement",
+        "summary": "Implemented the parser.",
+        "impact": "Commands are parsed strictly.",
+        "state": "terminal",
+        "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": ENVELOPE_SHA}],
+        "fence": {"producer_id": "worker-7", "generation": 3, "token": "tok-9"},
+        "occurred_at": "2023-11-14T22:13:20.5Z",
+    }
+    data.update(overrides)
+    if data["outcome_id"] is None:
+        data["outcome_id"] = derive_outcome_id(
+            producer=data["producer"],
+            store_ref=data["store_ref"],
+            work_id=data["work_id"],
+            state=data["state"],
+            fence=data["fence"],
+        )
+    return data

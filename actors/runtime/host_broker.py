@@ -445,26 +445,17 @@ class HostBroker:
             self._ended.popitem(last=False)
         if status in ("host_unavailable", "host_timeout", "cancelled"):
             assert error is not None
-            log.warning(
-                "host_call_unanswered",
+            event = HostCallUnanswered(
                 call_id=call.call_id,
                 kind=call.kind,
                 task_id=call.task_id,
                 status=status,
                 attempts=call.offers,
                 host_id=call.last_host,
-                reason=error["message"],
+                message=error["message"],
             )
+            log.warning("host_call_unanswered", **event.model_dump(exclude={"type"}))
             if self._hub is not None:
-                event = HostCallUnanswered(
-                    call_id=call.call_id,
-                    kind=call.kind,
-                    task_id=call.task_id,
-                    status=status,
-                    attempts=call.offers,
-                    host_id=call.last_host,
-                    message=error["message"],
-                )
                 Outbox(self._hub, reply=False).emit(event)
         ended = EndedCall(
             call_id=call.call_id,

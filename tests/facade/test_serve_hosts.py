@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers import gascity_envelope
 from test_serve import _create, serving
 from wire_client import WireClient
 
 HOST = Path(__file__).with_name("host_process.py")
-ENVELOPE_SHA = "0123456789abcdef" * 4
 
 
 @contextmanager
@@ -268,35 +268,12 @@ def test_shutdown_lets_a_host_answer_the_calls_it_holds_then_exits_0() -> None:
         assert served.process.wait(timeout=30) == 0
 
 
-def _envelope() -> dict[str, Any]:
-    from onceflow.protocol.outcome import derive_outcome_id
-
-    fence = {"producer_id": "worker-7", "generation": 3, "token": "tok-9"}
-    return {
-        "contract_version": 1,
-        "outcome_id": derive_outcome_id(
-            producer="direct-worker", store_ref="city:gascity", work_id="gc-1", state="terminal", fence=fence
-        ),
-        "producer": "direct-worker",
-        "store_ref": "city:gascity",
-        "work_id": "gc-1",
-        "source_root_id": "gc-1000",
-        "step_key": "implement",
-        "summary": "Implemented the parser.",
-        "impact": "Commands are parsed strictly.",
-        "state": "terminal",
-        "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": ENVELOPE_SHA}],
-        "fence": fence,
-        "occurred_at": "2023-11-14T22:13:20.5Z",
-    }
-
-
 def test_a_coordinator_host_over_the_socket_takes_an_outcome_to_its_fenced_acknowledgement(
     tmp_path: Path,
 ) -> None:
     with serving() as served:
         client = served.client()
-        envelope = _envelope()
+        envelope = gascity_envelope(work_id="gc-1")
         outcome = envelope["outcome_id"]
         assert client.request({"type": "outcome_ready", "envelope": envelope})["reply"]["ok"]
         log = tmp_path / "coordinator.jsonl"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import ok, register
+from helpers import gascity_envelope, ok, register
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,7 +26,6 @@ import onceflow.aio
 from onceflow import serve
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.coordinator import RetryPolicy
-from onceflow.protocol.outcome import derive_outcome_id
 from onceflow.testing import RecordingCoordinator, RecordingHost
 from onceflow.tracing import Tracing
 
@@ -49,25 +48,8 @@ steps:
   - {id: done, name: Done, position: 2, allow_manual_move: true}
 """
 
-_FENCE = {"producer_id": "worker-7", "generation": 3, "token": "tok-9"}
-ENVELOPE: dict[str, Any] = {
-    "contract_version": 1,
-    "outcome_id": derive_outcome_id(
-        producer="direct-worker", store_ref="city:gascity", work_id="gc-1", state="terminal", fence=_FENCE
-    ),
-    "producer": "direct-worker",
-    "store_ref": "city:gascity",
-    "work_id": "gc-1",
-    "source_root_id": "gc-1000",
-    "step_key": "implement",
-    "summary": "Implemented the parser.",
-    "impact": "Commands are parsed strictly.",
-    "state": "terminal",
-    "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": "0123456789abcdef" * 4}],
-    "fence": _FENCE,
-    "occurred_at": "2023-11-14T22:13:20.5Z",
-}
-"""A valid Gas City outcome envelope (tests/outcome/outcome_support.py builds the same)."""
+ENVELOPE: dict[str, Any] = gascity_envelope(work_id="gc-1")
+"""A valid Gas City outcome envelope."""
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"

@@ -14,14 +14,13 @@ from typing import Any, TypeVar
 
 import trio
 import trio.testing
-from helpers import ok
+from helpers import ENVELOPE_SHA, gascity_envelope, ok
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Diagnostic, Event
-from onceflow.protocol.outcome import derive_outcome_id
 from onceflow.testing import RecordingCoordinator
 
-SHA = "0123456789abcdef" * 4
+SHA = ENVELOPE_SHA
 REAL_SECONDS = 20.0
 
 T = TypeVar("T")
@@ -49,33 +48,8 @@ async def within_real_time(wait: Callable[[], Awaitable[T]]) -> T:
 
 
 def envelope(**overrides: Any) -> dict[str, Any]:
-    """A valid envelope as JSON data, keys in Go's order; `outcome_id` is derived after the overrides unless
-    one is given."""
-    data: dict[str, Any] = {
-        "contract_version": 1,
-        "outcome_id": None,
-        "producer": "direct-worker",
-        "store_ref": "city:gascity",
-        "work_id": "gc-1234",
-        "source_root_id": "gc-1000",
-        "step_key": "implement",
-        "summary": "Implemented the parser.",
-        "impact": "Commands are parsed strictly.",
-        "state": "terminal",
-        "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": SHA}],
-        "fence": {"producer_id": "worker-7", "generation": 3, "token": "tok-9"},
-        "occurred_at": "2023-11-14T22:13:20.5Z",
-    }
-    data.update(overrides)
-    if data["outcome_id"] is None:
-        data["outcome_id"] = derive_outcome_id(
-            producer=data["producer"],
-            store_ref=data["store_ref"],
-            work_id=data["work_id"],
-            state=data["state"],
-            fence=data["fence"],
-        )
-    return data
+    """A valid envelope as JSON data (tests/helpers.py `gascity_envelope`)."""
+    return gascity_envelope(**overrides)
 
 
 def ack(env: dict[str, Any], fence: str, **overrides: Any) -> dict[str, Any]:

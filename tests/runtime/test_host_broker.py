@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import FIXTURES, FakeClock, ok, send
+from helpers import FIXTURES, FakeClock, gascity_envelope, ok, send
 
 from onceflow.actors.runtime.host_broker import MAX_OFFERS, HostBroker, RegisteredHost
 from onceflow.actors.runtime.startup import open_runtime
@@ -22,7 +22,6 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.events import Event, Reply
 from onceflow.protocol.host_calls import HostReply, session_action_call_id
-from onceflow.protocol.outcome import derive_outcome_id
 from onceflow.protocol.results import result_of
 
 MINIMAL = (FIXTURES / "workflows" / "minimal.yml").read_text()
@@ -410,28 +409,6 @@ async def test_code_reviews_go_to_a_code_review_host_keyed_by_the_review_run(
         broker.close()
 
 
-def _envelope() -> dict[str, Any]:
-    fence = {"producer_id": "worker-7", "generation": 3, "token": "tok-9"}
-    outcome_id = derive_outcome_id(
-        producer="direct-worker", store_ref="city:gascity", work_id="gc-1", state="terminal", fence=fence
-    )
-    return {
-        "contract_version": 1,
-        "outcome_id": outcome_id,
-        "producer": "direct-worker",
-        "store_ref": "city:gascity",
-        "work_id": "gc-1",
-        "source_root_id": "gc-1000",
-        "step_key": "implement",
-        "summary": "Implemented the parser.",
-        "impact": "Commands are parsed strictly.",
-        "state": "terminal",
-        "evidence": [{"kind": "commit", "uri": "git:repo@abc123", "sha256": "0123456789abcdef" * 4}],
-        "fence": fence,
-        "occurred_at": "2023-11-14T22:13:20.5Z",
-    }
-
-
 async def test_a_coordinator_host_delivers_and_commits_an_outcome_until_its_fenced_acknowledgement(
     db_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
@@ -439,7 +416,7 @@ async def test_a_coordinator_host_delivers_and_commits_an_outcome_until_its_fenc
     none was connected is delivered once one registers (AC-CO-14), and the delivery stays open until the
     acknowledgement of the current fence is committed through the host (AC-CO-9, AC-CO-10, AC-CO-15)."""
     async with brokered(db_path) as (rt, broker, _):
-        envelope = _envelope()
+        envelope = gascity_envelope(work_id="gc-1")
         outcome_id = envelope["outcome_id"]
         received = await ok(rt, {"type": "outcome_ready", "envelope": envelope})
         assert received.result["phase"] == "pending"  # no coordinator yet: stored

@@ -326,6 +326,7 @@ async def serve(
                 db, host=hosts, switch_interval=switch_interval, tracer_provider=tracer_provider
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
+                hosts.clock = runtime.services.clock  # call records share the runtime's time base
                 if listener is not None:
                     cap = connection_cap(options.max_connections)
                     options = attrs.evolve(options, max_connections=cap)

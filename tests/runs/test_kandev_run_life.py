@@ -4,8 +4,7 @@ Each test is named after the Kandev rule it pins; where onceflow is stricter the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from helpers import (
     move,
     ok,
     send,
-    setup_office,
     to_review,
 )
 
@@ -31,18 +29,10 @@ MINUTE, HOUR = 60.0, 3600.0
 
 
 @pytest.fixture
-async def runtime(db_path: Any, host: RecordingHost, hand_clock: HandClock) -> AsyncIterator[Runtime]:
-    """The runtime on the test's hand-moved clock (tests/hand_clock.py): `hand_clock.advance` moves every
-    time it stamps and judges, on both backends."""
-    async with open_runtime(db_path, host=host, clock=hand_clock.wall) as rt:
-        yield rt
-
-
-@pytest.fixture
-async def office(runtime: Runtime, kandev_templates: Path) -> Runtime:
-    """The runtime with office-default.yml registered and rev-a, rev-b, boss seated."""
-    await setup_office(runtime, kandev_templates / "office-default.yml")
-    return runtime
+def clock(hand_clock: HandClock) -> Callable[[], float]:
+    """The wall clock the `runtime` and `office` fixtures open with: the hand-moved clock's
+    (tests/hand_clock.py), so `hand_clock.advance` moves every time they stamp and judge, on both backends."""
+    return hand_clock.wall
 
 
 async def claim(rt: Runtime, agent: str, **extra: Any) -> dict[str, Any] | None:

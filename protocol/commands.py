@@ -164,7 +164,8 @@ class RecordDecision(_Command):
 
     With `decision_id` the operation id is `decision:<task>:<step>:<decision_id>`: a redelivery is
     idempotent, and after a restart it records nothing (a durable receipt) and only re-evaluates the
-    guards. Without it every delivery records a new decision.
+    guards. Without it every delivery records a new decision. With `entry_seq` a vote never counts outside
+    the round it was cast for (docs/guarantees.md).
     """
 
     type: Literal["record_decision"] = "record_decision"
@@ -187,6 +188,12 @@ class RecordDecision(_Command):
     """The decider's comment."""
     decision_id: Name | None = None
     """The host's id of this decision: makes a redelivery idempotent, also across restarts."""
+    entry_seq: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    """The review round the vote was cast for: the step entry (`entry_seq`) of the run or code review that
+    asked for it. A vote for an earlier entry of the step than its latest, or for a round the task has
+    left, is answered not counted (`earlier_round`, `task_not_at_step`) and recorded nowhere, whatever
+    retention pruned; None: the receipt of `decision_id` alone tells a redelivery (as long as retention
+    keeps it)."""
 
 
 class SwitchWorkflow(_Command):

@@ -28,6 +28,7 @@ class HandClock(trio.abc.Clock):
         self.db = db
         self.start = start
         self.wall_steps = 0.0
+        self.server_steps = 0.0
         self.freeze()
 
     def start_clock(self) -> None:
@@ -54,9 +55,10 @@ class HandClock(trio.abc.Clock):
         return is_postgres_url(self.db)
 
     def freeze(self) -> None:
-        """Stand the server's clock at `now` (PostgreSQL; a no-op on SQLite)."""
+        """Stand the server's clock at `now` plus every `step_server` so far (PostgreSQL; a no-op on
+        SQLite)."""
         if self.postgres:
-            freeze_server_clock(str(self.db), self.now)
+            freeze_server_clock(str(self.db), self.now + self.server_steps)
 
     def advance(self, seconds: float) -> None:
         """Move Trio's clock and the server's `seconds` forward at once (no checkpoint in between). The
@@ -68,6 +70,12 @@ class HandClock(trio.abc.Clock):
         """Step the wall clock alone (an NTP correction, a VM resumed): Trio's monotonic clock and the
         server's do not move. A runtime reads the wall clock only when it opens."""
         self.wall_steps += seconds
+
+    def step_server(self, seconds: float) -> None:
+        """Step the database server's clock alone (PostgreSQL; a no-op on SQLite): it judges every lease
+        there, and anchors a runtime that opens."""
+        self.server_steps += seconds
+        self.freeze()
 
     async def elapse(self, rt: Runtime, seconds: float, step: float | None = None) -> None:
         """`advance` by `seconds` (in steps of `step`, default all at once), letting every timer that expired

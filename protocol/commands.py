@@ -321,7 +321,9 @@ class FinishRun(_Command):
     @classmethod
     def _fence(cls, unfenced: bool, info: ValidationInfo) -> bool:
         if unfenced and info.data.get("claim_token") is not None:
-            raise ValueError("true only without a claim_token (the opt-out of fencing): send one or the other")
+            raise ValueError(
+                "true only without a claim_token (the opt-out of fencing): send one or the other"
+            )
         return unfenced
 
 

@@ -69,7 +69,8 @@ _LEASES = Clocked.of(
     "?1",
 )
 _RETRIES = Clocked.of(
-    "UPDATE runs SET retry_at = {now} + wait_seconds WHERE status = 'queued' AND retry_at > {now} + wait_seconds",
+    "UPDATE runs SET retry_at = {now} + wait_seconds"
+    " WHERE status = 'queued' AND retry_at > {now} + wait_seconds",
     "?1",
 )
 _RUN_STAMPS = Clocked.of(

@@ -422,8 +422,6 @@ class Expired:
     next_in: float | None
 
 
-
-
 def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -> Expired:
     """Return to the queue (or end) up to `limit` claimed runs whose lease expired: queued again, their
     attempt used (`lease_expired`); cancelled when their entry was left meanwhile (`entry_left`) or they are
@@ -438,7 +436,9 @@ def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -
         (now, limit),
     ).fetchall()
     changes = [change for run in map(run_from_row, rows) for change in _expired(conn, run, now, policy)]
-    (next_in,) = conn.execute("SELECT MIN(lease_expires_at) - ? FROM runs WHERE status = 'claimed'", (now,)).fetchone()
+    (next_in,) = conn.execute(
+        "SELECT MIN(lease_expires_at) - ? FROM runs WHERE status = 'claimed'", (now,)
+    ).fetchone()
     return Expired(changes, None if next_in is None else float(next_in))
 
 

@@ -17,11 +17,12 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.urls import is_postgres_url
 from onceflow.testing import START
 
+
 class HandClock(trio.abc.Clock):
     """A Trio clock (ask for it as a test's fixture, `hand_clock`, and pytest-trio runs the test on it): a
-    `trio.testing.MockClock` that stands still until `advance`d. `wall` is the wall clock to open runtimes with: `START` plus Trio's time,
-    so across a restart the runtime's clock goes on where it was. On PostgreSQL (`db` a URL) the server's clock
-    stands still at `now` too."""
+    `trio.testing.MockClock` that stands still until `advance`d. `wall` is the wall clock to open runtimes
+    with: `START` plus Trio's time, so across a restart the runtime's clock goes on where it was. On
+    PostgreSQL (`db` a URL) the server's clock stands still at `now` too."""
 
     def __init__(self, db: Path | str, start: float = START) -> None:
         self.mock = trio.testing.MockClock()
@@ -104,4 +105,3 @@ def run_still(fn: Callable[..., Any], *args: Any) -> Any:
     """`trio.run(fn, *args)` on a MockClock that never moves: every time a runtime stamps in it is the same
     from one run to the next (`START`, with `FakeClock`), so two runs' databases compare equal."""
     return trio.run(fn, *args, clock=trio.testing.MockClock())
-

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import trio
-from hypothesis import HealthCheck, event, given, settings
 from hand_clock import run_still
+from hypothesis import HealthCheck, event, given, settings
 from pg_support import PostgresServer
 from test_pg_common_paths import fresh, run_ranks, snapshot
 

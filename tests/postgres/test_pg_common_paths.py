@@ -19,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import trio
 from hand_clock import run_still
 from helpers import START, FakeClock, send
 from hypothesis import HealthCheck, given, settings

@@ -112,7 +112,10 @@ async def test_across_a_restart_whose_clock_went_back_an_hour_a_dead_holders_run
                 break
         assert taken is not None and (taken["id"], taken["attempt"]) == (dead["id"], 2)
         [waiting] = await list_runs(rt, task_id="waiting")
-        assert (waiting["status"], unix_seconds(waiting["requested_at"]) <= rt.services.now()) == ("queued", True)
+        assert (waiting["status"], unix_seconds(waiting["requested_at"]) <= rt.services.now()) == (
+            "queued",
+            True,
+        )
 
 
 def drain(channel: trio.MemoryReceiveChannel[Any]) -> list[Any]:

@@ -40,6 +40,11 @@ async def queue(rt: Runtime, count: int) -> None:
         await ok(rt, {"type": "task_comment", "task_id": f"T{n}", "comment_id": f"c-{n}"})
 
 
+async def lagged(rt: Runtime, message: dict[str, Any], lag: float, replies: list[Any]) -> None:
+    await trio.sleep(lag)
+    replies.append(await send(rt, message))
+
+
 @pytest.mark.parametrize(
     "ending",
     [{"status": "finished"}, {"status": "failed", "error": "rate limited", "retry_in": 600.0}],
@@ -59,14 +64,9 @@ async def test_identical_finishes_sent_at_once_are_one_finish_and_one_replay(
             if "retry_in" in finish:  # the host's retry time: within the run's age limit
                 finish["retry_at"] = first.services.now() + finish.pop("retry_in")
             replies: list[Any] = []
-
-            async def one(rt: Runtime, lag: float, finish: dict[str, Any] = finish) -> None:
-                await trio.sleep(lag)
-                replies.append(await send(rt, finish))
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(one, first, rng.uniform(0, 0.003))
-                nursery.start_soon(one, second, rng.uniform(0, 0.003))
+                nursery.start_soon(lagged, first, finish, rng.uniform(0, 0.003), replies)
+                nursery.start_soon(lagged, second, finish, rng.uniform(0, 0.003), replies)
             assert [reply.ok for reply in replies] == [True, True], [r.error for r in replies]
             assert sorted(reply.result["replay"] for reply in replies) == [False, True]
             assert {reply.result["status"] for reply in replies} == {
@@ -83,11 +83,17 @@ async def test_a_finish_without_its_token_is_refused_fence_required_unless_unfen
         await queue(rt, 1)
         run = (await ok(rt, {"type": "claim_run", "agent_profile_id": "w"})).result
         refused = await send(rt, {"type": "finish_run", "run_id": run["id"]})
-        assert (refused.ok, refused.error.code, refused.error.field) == (False, "fence_required", "claim_token")
+        assert (refused.ok, refused.error.code, refused.error.field) == (
+            False,
+            "fence_required",
+            "claim_token",
+        )
         assert refused.error.retryable is False
         [row] = await list_runs(rt)
         assert (row["status"], row["attempt"]) == ("claimed", 1)  # nothing changed
-        both = await send(rt, {"type": "finish_run", "run_id": run["id"], "claim_token": "x", "unfenced": True})
+        both = await send(
+            rt, {"type": "finish_run", "run_id": run["id"], "claim_token": "x", "unfenced": True}
+        )
         assert (both.ok, both.error.code, both.error.field) == (False, "invalid_message", "unfenced")
         opted_out = await ok(rt, {"type": "finish_run", "run_id": run["id"], "unfenced": True})
         assert (opted_out.result["status"], opted_out.result["replay"]) == ("finished", False)

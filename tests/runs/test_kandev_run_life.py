@@ -84,7 +84,9 @@ async def test_kandev_claim_takes_the_oldest_eligible_queued_run_of_the_agent(
     await to_review(office, "T2")
     first = await claimed(office, "rev-a")
     assert (first["task_id"], first["status"], first["attempt"]) == ("T1", "claimed", 1)
-    assert unix_seconds(first["lease_expires_at"]) == pytest.approx(hand_clock.now + RunPolicy().lease, abs=1e-6)
+    assert unix_seconds(first["lease_expires_at"]) == pytest.approx(
+        hand_clock.now + RunPolicy().lease, abs=1e-6
+    )
     assert first["trigger"] == "on_enter" and first["entry_seq"] == 1 and first["admission_seq"] == 2
     second = await claimed(office, "rev-a")
     assert second["task_id"] == "T2" and second["claim_token"] != first["claim_token"]

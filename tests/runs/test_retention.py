@@ -8,8 +8,8 @@ import json
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest

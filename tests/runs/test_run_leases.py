@@ -86,9 +86,7 @@ async def test_an_expired_lease_hands_the_run_out_again_once_and_fences_the_old_
     assert (other.error.code, other.error.field) == ("conflict", "status")
 
 
-async def test_renewing_keeps_the_claim_past_its_first_lease(
-    rt: Runtime, hand_clock: HandClock
-) -> None:
+async def test_renewing_keeps_the_claim_past_its_first_lease(rt: Runtime, hand_clock: HandClock) -> None:
     await queue(rt, "T1")
     run = (await claim(rt, lease_seconds=10)).result
     for _ in range(3):
@@ -126,9 +124,7 @@ async def test_a_claim_takes_over_an_expired_lease_itself_before_any_sweep(
     assert again.run is not None and (again.run.id, again.run.attempt) == (first["id"], 2)
 
 
-async def test_a_lease_expires_across_a_restart(
-    db_path: Path | str, hand_clock: HandClock
-) -> None:
+async def test_a_lease_expires_across_a_restart(db_path: Path | str, hand_clock: HandClock) -> None:
     async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
@@ -217,9 +213,7 @@ async def test_a_waiting_claim_sleeps_until_a_run_is_queued_without_polling(
     assert reply.result["task_id"] == "T1"
 
 
-async def test_a_waiting_claim_answers_null_once_its_wait_is_over(
-    rt: Runtime, hand_clock: HandClock
-) -> None:
+async def test_a_waiting_claim_answers_null_once_its_wait_is_over(rt: Runtime, hand_clock: HandClock) -> None:
     submitted = _count_transactions(rt)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
@@ -265,9 +259,7 @@ async def test_a_cancelled_wait_claims_nothing(rt: Runtime, hand_clock: HandCloc
     assert (row["status"], row["attempt"]) == ("queued", 0)
 
 
-async def test_a_claim_cancelled_once_it_committed_is_released(
-    rt: Runtime, hand_clock: HandClock
-) -> None:
+async def test_a_claim_cancelled_once_it_committed_is_released(rt: Runtime, hand_clock: HandClock) -> None:
     await queue(rt, "T1")
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:

@@ -79,9 +79,7 @@ async def test_a_completed_body_finishes_its_run_and_the_loop_waits_for_the_next
     assert types == ["run_claimed", "run_finished", "run_queued", "run_claimed", "run_finished"]
 
 
-async def test_a_slow_body_keeps_its_claim_through_renewals(
-    rt: Runtime, hand_clock: HandClock
-) -> None:
+async def test_a_slow_body_keeps_its_claim_through_renewals(rt: Runtime, hand_clock: HandClock) -> None:
     """Lease 30 s, a body of 100 s: renewed every 10 s, never expired, one attempt."""
     await queue(rt, "T1")
     watch = rt.subscribe()
@@ -291,9 +289,7 @@ async def test_cancelling_the_consumer_hands_its_run_back(rt: Runtime) -> None:
     assert (again.result["id"], again.result["attempt"]) == (run.id, 1)  # at once, not after a lease
 
 
-async def test_a_waiting_claim_wakes_for_a_released_run(
-    rt: Runtime, hand_clock: HandClock
-) -> None:
+async def test_a_waiting_claim_wakes_for_a_released_run(rt: Runtime, hand_clock: HandClock) -> None:
     """A second worker of the agent, long-polling, takes the run the first hands back at once (the mock
     clock does not move: without the wake-up it would wait its 60 s)."""
     await queue(rt, "T1")

@@ -15,7 +15,13 @@ claimers of one agent take different runs instead of waiting for, then losing, t
   leaves the step entry that queued them, `entry_left`, store/runs.py `leave_entries`, so none is left to
   find);
 - a finish or renewal names the claim's token; a stale token (another claim since, or the run cancelled)
-  is a `conflict` naming `claim_token` and changes nothing; the same finish again is a replay;
+  is a `conflict` naming `claim_token` and changes nothing; the same finish again is a replay, also when
+  sent at once (a finish reads the run's row locked `FOR UPDATE` on PostgreSQL, so the second waits for
+  the first and sees its finish); a finish without a token is refused `fence_required` unless the host opts
+  out (`unfenced`);
+- every time is judged by store/clock.py's rule: the caller's `now` (the runtime's monotonic clock) on
+  SQLite, the server's clock on PostgreSQL; a claim or renewal records its lease's length
+  (`wait_seconds`), so a lease written under a clock that later stepped back is cut to that length;
 - a failed attempt of a superseded run (its entry was left) is cancelled `entry_left`; one with retries
   left, retryable and within the age limit is queued again for
   `retry_at` (the host's, else the backoff); otherwise it fails for good, and an `agent_error` run is
@@ -160,7 +166,7 @@ def release(conn: Connection, run_id: int, token: str) -> bool:
     return (
         conn.execute(
             "UPDATE runs SET status = 'queued', claim_token = NULL, attempt = attempt - 1,"
-            " lease_expires_at = NULL, outcome_reason = 'claim_released'"
+            " lease_expires_at = NULL, wait_seconds = NULL, outcome_reason = 'claim_released'"
             " WHERE id = ? AND status = 'claimed' AND claim_token = ?",
             (run_id, token),
         ).rowcount
@@ -317,9 +323,9 @@ def _resolve(
 ) -> RunRecord:
     """Set a claimed run's final status (compare-and-set on its claim); the row after it."""
     row = conn.execute(
-        f"UPDATE runs SET status = ?, finished_at = ?, lease_expires_at = NULL, outcome_reason = ?,"
-        f" last_error = COALESCE(?, last_error) WHERE id = ? AND status = ? AND COALESCE(claim_token, '') = ?"
-        f" RETURNING {COLUMNS}",
+        "UPDATE runs SET status = ?, finished_at = ?, lease_expires_at = NULL, wait_seconds = NULL,"
+        " outcome_reason = ?, last_error = COALESCE(?, last_error)"
+        f" WHERE id = ? AND status = ? AND COALESCE(claim_token, '') = ? RETURNING {COLUMNS}",
         (status, now, reason, error, run.id, run.status, run.claim_token or ""),
     ).fetchone()
     if row is None:
@@ -388,7 +394,7 @@ def _cancel(conn: Connection, run: RunRecord, reason: str, now: float) -> bool:
     return (
         conn.execute(
             "UPDATE runs SET status = 'cancelled', outcome_reason = ?, finished_at = ?,"
-            " lease_expires_at = NULL,"
+            " lease_expires_at = NULL, wait_seconds = NULL,"
             " claim_token = CASE status WHEN 'claimed' THEN NULL ELSE claim_token END"
             " WHERE id = ? AND status IN ('queued', 'claimed')",
             (reason, now, run.id),
@@ -459,7 +465,7 @@ def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) ->
     if run.attempt >= policy.max_attempts:
         return _fail(conn, run, "too_many_attempts", run.last_error, now)
     requeued = conn.execute(
-        "UPDATE runs SET status = 'queued', lease_expires_at = NULL, claim_token = NULL,"
+        "UPDATE runs SET status = 'queued', lease_expires_at = NULL, wait_seconds = NULL, claim_token = NULL,"
         " outcome_reason = 'lease_expired' WHERE id = ? AND status = 'claimed' AND claim_token = ?",
         (run.id, run.claim_token),
     ).rowcount
@@ -470,7 +476,7 @@ def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) ->
 
 _CANCEL_TASK = Clocked.of(
     "UPDATE runs SET status = 'cancelled', outcome_reason = 'task_deleted', finished_at = {now},"
-    " lease_expires_at = NULL WHERE task_id = ?2 AND status IN ('queued', 'claimed')"
+    " lease_expires_at = NULL, wait_seconds = NULL WHERE task_id = ?2 AND status IN ('queued', 'claimed')"
     " RETURNING id, agent_profile_id, attempt",
     "?1",
 )

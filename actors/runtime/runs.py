@@ -197,7 +197,9 @@ async def sweep_leases_forever(
     this runtime wakes it to look again); on PostgreSQL also every `interval` seconds, since other
     runtimes grant leases too. With no lease held it sleeps, holding no timer. `start` it to get the cancel
     scope that stops it. Leases are durable times, so a dead runtime's leases end on whichever runtime
-    sweeps first, and a restarted one's at its first sweep."""
+    sweeps first, and a restarted one's at its first sweep (at most their own length after it: each sweep
+    first cuts a lease ending further ahead, store/clock.py). The waits are Trio's monotonic time, measured
+    from each sweep's look."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:

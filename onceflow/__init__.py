@@ -4,7 +4,9 @@ runs on the thread that opens it (a Trio run), with the store's writer thread be
 The public API, all importable from `onceflow`:
 
 - the runtime: `open_runtime` (an async context manager yielding a `Runtime`), `Durability`; the runs
-  queue's worker `rt.runs(agent)` (`RunWorker`, handing out `Run`s; raise `RunError` to fail one);
+  queue's worker `rt.runs(agent)` (`RunWorker`, handing out `Run`s; raise `RunError` to fail one); the
+  resumable event stream `rt.events(after=seq)` (`EventStream`, yielding `SequencedEvent`s and
+  `EventGap`s);
 - the host side: the `Host` protocol, `BaseHost` and `SessionActionRequest`; the `Coordinator` protocol and
   what it is handed and returns (outcome delivery in Gas City's wire format: `OutcomeEnvelope`,
   `OutcomeDeliveryRequest`, `OutcomeDelivery`, `OutcomeAcknowledgement`, `Evidence`, `ProducerFence`,
@@ -25,6 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from onceflow.actors.kernel.event_window import EventStream
     from onceflow.actors.runtime.startup import (
         open_runtime,
     )
@@ -127,6 +130,7 @@ if TYPE_CHECKING:
         DeliveryRequest,
         RetryPolicy,
     )
+    from onceflow.protocol.event_stream import EventGap, SequencedEvent
     from onceflow.protocol.host import (
         BaseHost,
         Host,
@@ -179,6 +183,8 @@ _HOMES: dict[str, str] = {
     "Diagnostic": "onceflow.protocol",
     "Durability": "onceflow.store.writer",
     "ErrorInfo": "onceflow.protocol",
+    "EventGap": "onceflow.protocol.event_stream",
+    "EventStream": "onceflow.actors.kernel.event_window",
     "Event": "onceflow.protocol",
     "Evidence": "onceflow.protocol",
     "FenceRequiredError": "onceflow.protocol",
@@ -224,6 +230,7 @@ _HOMES: dict[str, str] = {
     "Run": "onceflow.actors.runtime.worker",
     "RunError": "onceflow.actors.runtime.worker",
     "RunWorker": "onceflow.actors.runtime.worker",
+    "SequencedEvent": "onceflow.protocol.event_stream",
     "SessionAction": "onceflow.protocol",
     "SessionActionRequest": "onceflow.protocol.host",
     "ShuttingDownError": "onceflow.protocol",
@@ -280,6 +287,8 @@ __all__ = [
     "Durability",
     "ErrorInfo",
     "Event",
+    "EventGap",
+    "EventStream",
     "Evidence",
     "FenceRequiredError",
     "FinishRun",
@@ -332,6 +341,7 @@ __all__ = [
     "RunSuppressed",
     "RunWorker",
     "Runtime",
+    "SequencedEvent",
     "SessionAction",
     "SessionActionRequest",
     "ShuttingDownError",

@@ -4,6 +4,8 @@
         reply = await rt.send({"type": "get_task", "task_id": "T-1"})
         async with rt.subscribe() as events:
             async for event in events: ...
+        async with rt.events(after=last_seq) as events:  # with event_seqs, resuming (EventGap where gone)
+            async for item in events: ...
 
 `open_runtime` starts one thread running `trio.run`; calls go in through the Trio token
 (`TrioToken.run_sync_soon`, first in first out) and answers come back through
@@ -17,8 +19,10 @@ parent of the command's span.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,15 +35,20 @@ from pydantic import BaseModel
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow import tracing
+from onceflow.actors.kernel.event_window import EventStream
 from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, parse_json
 from onceflow.protocol.errors import OnceflowError
+from onceflow.protocol.event_stream import EventGap, SequencedEvent, check_after
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
+
+EVENT_BATCH = 256
+"""Items an `EventSubscription` asks the Trio thread for at a time (its buffer's bound)."""
 
 
 class _End:
@@ -92,6 +101,68 @@ class Subscription:
         self._owner._call_in_asyncio(self._queue.put_nowait, item)
 
 
+class EventSubscription:
+    """`Runtime.events(after=...)` for asyncio: `SequencedEvent`s and `EventGap`s as the Trio API yields
+    them. Pulled: when its buffer is empty the iterator asks the Trio thread for up to `EVENT_BATCH` items,
+    so nothing queues beyond one batch however slowly it is read (a reader more than `event_window` events
+    behind gets an `EventGap`, as in Trio). A cancelled `__anext__` loses nothing: the batch it asked for
+    lands in the buffer for the next call. Ends when the runtime closes (after what was published before)
+    or at `aclose()`.
+    """
+
+    def __init__(self, owner: AsyncioRuntime) -> None:
+        self._owner = owner
+        self._items: collections.deque[SequencedEvent | EventGap] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._asking = False
+        self._ended = False  # no more items will come (asyncio thread)
+        self._stream: EventStream | None = None  # the rest: Trio thread only
+        self._scope: trio.CancelScope | None = None  # the pull under way
+        self._closed = False
+
+    def __aiter__(self) -> EventSubscription:
+        return self
+
+    async def __anext__(self) -> SequencedEvent | EventGap:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            if not self._asking:
+                self._asking = True
+                self._arrived.clear()
+                if not self._owner._call_in_trio(self._owner._pull_events, self):
+                    self._ended = True
+                    continue
+            await self._arrived.wait()
+        return self._items.popleft()
+
+    async def __aenter__(self) -> EventSubscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop receiving; items already buffered are dropped."""
+        self._ended = True
+        self._items.clear()
+        self._owner._call_in_trio(self._finish)
+
+    def _deliver(self, items: list[SequencedEvent | EventGap], end: bool) -> None:  # asyncio thread
+        if not self._ended:
+            self._items.extend(items)
+            self._ended = end
+        self._asking = False
+        self._arrived.set()
+
+    def _finish(self) -> None:  # Trio thread: no more pulls; one under way delivers what is held and ends
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+        elif self._stream is not None:
+            self._owner._call_in_asyncio(self._deliver, self._stream.batch(sys.maxsize), True)
+
+
 class AsyncioRuntime:
     """The asyncio face of a `Runtime` running on its own Trio thread (made by `open_runtime`)."""
 
@@ -103,6 +174,7 @@ class AsyncioRuntime:
         self._commands: trio.Nursery | None = None
         self._pumps: trio.Nursery | None = None
         self._subscriptions: set[Subscription] = set()
+        self._event_subscriptions: set[EventSubscription] = set()
         self._stop = trio.Event()
         self._accepting = False
         self._pending: set[asyncio.Future[Reply]] = set()  # asyncio thread only
@@ -132,6 +204,20 @@ class AsyncioRuntime:
         subscription = Subscription(self)
         if not self._call_in_trio(self._start_subscription, subscription):
             subscription._queue.put_nowait(_END)
+        return subscription
+
+    def events(self, after: int | None = None) -> EventSubscription:
+        """The events with their event_seqs from just after `after` (None: from now on), for `async for`:
+        `Runtime.events` on this loop (replay of what is held, `EventGap` where events are gone).
+
+        Raises:
+            ProtocolError: `after` is not an integer in 0..2**63-1 (field `after`).
+        """
+        if after is not None:
+            after = check_after(after)
+        subscription = EventSubscription(self)
+        if not self._call_in_trio(self._start_events, subscription, after):
+            subscription._ended = True
         return subscription
 
     def runs(
@@ -174,6 +260,8 @@ class AsyncioRuntime:
                         self._accepting = False  # commands already submitted are running; none start now
                     for subscription in self._subscriptions:  # after the last command's events
                         subscription._cancel()
+                    for events in self._event_subscriptions:
+                        events._finish()
             finally:
                 self._accepting = False
 
@@ -219,6 +307,36 @@ class AsyncioRuntime:
                     break
         self._subscriptions.discard(subscription)
         subscription._put(_END)
+
+    def _start_events(self, subscription: EventSubscription, after: int | None) -> None:
+        if not self._accepting or self._runtime is None:
+            self._call_in_asyncio(subscription._deliver, [], True)
+            return
+        subscription._stream = self._runtime.events(after)  # the position is taken here, at once
+        self._event_subscriptions.add(subscription)
+
+    def _pull_events(self, subscription: EventSubscription) -> None:
+        stream = subscription._stream
+        if subscription._closed or stream is None or self._pumps is None:
+            rest = [] if stream is None else stream.batch(sys.maxsize)
+            self._call_in_asyncio(subscription._deliver, rest, True)
+            return
+        subscription._scope = trio.CancelScope()
+        self._pumps.start_soon(self._pull, subscription, stream, subscription._scope)
+
+    async def _pull(
+        self, subscription: EventSubscription, stream: EventStream, scope: trio.CancelScope
+    ) -> None:
+        items: list[SequencedEvent | EventGap] = []
+        with scope:
+            items = await stream.next_batch(EVENT_BATCH)
+        subscription._scope = None
+        end = scope.cancelled_caught or not items  # closed: what is held goes out with the end
+        if scope.cancelled_caught:
+            items += stream.batch(sys.maxsize)
+        if end:
+            self._event_subscriptions.discard(subscription)
+        self._call_in_asyncio(subscription._deliver, items, end)
 
     # Crossing threads -------------------------------------------------------------------------
 

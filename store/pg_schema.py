@@ -260,7 +260,16 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX host_calls_by_status ON host_calls(status, id);
     CREATE INDEX host_calls_by_age ON host_calls(answered_at);
     """,
-    # 17: a run's wait (store/schema.py's migration 17), and the server's clock every lease, expiry and age
+    # 17: the event stream's era counter (store/schema.py's migration 17); runtimes sharing the database each
+    # take their own eras from it (UPDATE ... RETURNING serializes them on the row).
+    """
+    CREATE TABLE event_eras (
+        id  BIGINT PRIMARY KEY CHECK (id = 1),
+        era BIGINT NOT NULL
+    );
+    INSERT INTO event_eras (id, era) VALUES (1, 0);
+    """,
+    # 18: a run's wait (store/schema.py's migration 18), and the server's clock every lease, expiry and age
     # decision reads (store/clock.py `SERVER_CLOCK`); one the database already has is kept (the tests' can be
     # frozen and moved, tests/pg_support.py).
     """

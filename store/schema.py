@@ -420,7 +420,16 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     CREATE INDEX host_calls_by_status ON host_calls(status, id);
     CREATE INDEX host_calls_by_age ON host_calls(answered_at);
     """,
-    # 17: how long a run's current wait was set for (a claim's lease, a retry's delay), so a lease or retry
+    # 17: the event stream's era counter (store/event_eras.py): one row, bumped at every runtime start and
+    # every 2**23 events, so an event_seq is never reused by a later start (actors/kernel/event_window.py).
+    """
+    CREATE TABLE event_eras (
+        id  INTEGER PRIMARY KEY CHECK (id = 1),
+        era INTEGER NOT NULL
+    );
+    INSERT INTO event_eras (id, era) VALUES (1, 0);
+    """,
+    # 18: how long a run's current wait was set for (a claim's lease, a retry's delay), so a lease or retry
     # time written under an earlier clock is trusted at most that long from now (store/clock.py). A lease
     # held now gets an upper bound (its end less its first claim), a waiting retry none.
     """

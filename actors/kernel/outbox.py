@@ -1,6 +1,7 @@
-"""Where events go: the reply of the command that caused them, and every subscriber's stream. Trio thread.
+"""Where events go: the reply of the command that caused them, the window of recent events, and every
+subscriber's stream. Trio thread.
 
-Each command gets its own Outbox; `emit` appends to it and fans the event out to subscribers at once.
+Each command gets its own Outbox; `emit` appends to it and publishes the event at once.
 Diagnostics are also written to the structured log with their fields as discrete keys.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Literal, Protocol, cast, get_args
 import trio
 
 from onceflow import metrics
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, SEQ_BLOCK, EventWindow
 from onceflow.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
@@ -32,11 +34,22 @@ class Watcher(Protocol):
     def on_publish(self, event: Event) -> None: ...
 
 
-class EventHub:
-    """Broadcasts events to subscribers (unbounded channels; a closed subscriber is dropped)."""
+class EventHub(EventWindow):
+    """Publishes every event: to the watchers, into the window of recent events it is (the event's seq,
+    readers resuming from one: actors/kernel/event_window.py), and to each subscriber's stream (an
+    unbounded channel; a closed one is dropped). `size`, `era`, `earlier`, `block`: `EventWindow`'s."""
 
-    def __init__(self, *watchers: Watcher) -> None:
+    def __init__(
+        self,
+        *watchers: Watcher,
+        size: int = DEFAULT_EVENT_WINDOW,
+        era: int = 0,
+        earlier: bool = False,
+        block: int = SEQ_BLOCK,
+    ) -> None:
+        super().__init__(size, era=era, earlier=earlier, block=block)
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._retaining = False  # `serving`: the window is an audience
         # the watchers by event type (waiting claims, the retention trigger): an event of a type nobody
         # watches costs one dict lookup
         hooks: dict[str, list[Callable[[Event], None]]] = {}
@@ -53,6 +66,12 @@ class EventHub:
     def publish(self, event: Event) -> None:
         for hook in self._hooks.get(event.type, ()):
             hook(event)
+        # `EventWindow.append`, inlined: the call would cost more than the append itself (per event, on
+        # the hot path)
+        n = self.count = self.count + 1
+        self._ring[n % self.size] = event
+        if n >= self._check_at:
+            self._appended(n)
         if not self._subscribers:
             return
         for send in list(self._subscribers):
@@ -61,13 +80,20 @@ class EventHub:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(send)
 
+    def serving(self) -> None:
+        """The runtime serves from now on: a reader may resume over any event published, so every event
+        has an audience (`has_subscribers`). Before (the start-up recovery scan) only subscribers count."""
+        self._retaining = True
+
     def has_subscribers(self) -> bool:
-        return bool(self._subscribers)
+        """Whether an event published now could be received: the runtime serves, or a stream is open."""
+        return self._retaining or bool(self._subscribers)
 
     def close(self) -> None:
         for send in self._subscribers:
             send.close()
         self._subscribers.clear()
+        super().close()
 
 
 class Outbox:
@@ -106,9 +132,10 @@ class Outbox:
         return trusted.reply(command, list(self.events), result=result, error=error)
 
     def has_audience(self) -> bool:
-        """Whether an event emitted now could be received: a reply will carry it, or the hub has a subscriber.
-        The recovery scan runs before `open_runtime` yields, so at startup it has neither and may log and
-        count instead of building events nobody receives."""
+        """Whether an event emitted now could be received: a reply will carry it, or the hub has an audience
+        (the runtime serves, so a reader may resume over it; or a subscriber listens). The start-up recovery
+        scan runs before `open_runtime` yields, so it has neither and may log and count instead of building
+        events nobody receives (a resume from before the start is told of a gap anyway)."""
         return self._reply or self._hub.has_subscribers()
 
     def log(self, level: str, code: str, **fields: Any) -> None:

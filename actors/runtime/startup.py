@@ -21,11 +21,13 @@ from opentelemetry.trace import TracerProvider
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel import task_rows
 from onceflow.actors.kernel.clock import RuntimeClock
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, event_window_size
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL, sweep_forever
+from onceflow.actors.runtime.event_eras import first_era, renew_eras_forever
 from onceflow.actors.runtime.handlers import load_workflows
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger, prune_forever
@@ -72,6 +74,7 @@ async def open_runtime(
     retention: float = DEFAULT_RETENTION,
     retention_every: int = RETENTION_EVERY,
     tracer_provider: TracerProvider | None = None,
+    event_window: int = DEFAULT_EVENT_WINDOW,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a SQLite file, or a `postgresql://` URL, and serve until the context exits.
 
@@ -118,6 +121,10 @@ async def open_runtime(
 
     - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; README, "Tracing"); None: the
       global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK nothing is recorded.
+    - `event_window`: how many of the latest events the runtime keeps (a count, 1 to 1,000,000; each event
+      is held alive, typically well under 1 KiB) so that `Runtime.events(after=seq)` and `onceflow serve`'s
+      `subscribe` with `after` can replay what a subscriber missed; every event is numbered with an
+      `event_seq` that increases across restarts on the same database (actors/kernel/event_window.py).
 
     The ledger is created here, before the runtime object, and lives exactly as long as the runtime.
 
@@ -125,8 +132,8 @@ async def open_runtime(
         DatabaseOwnedError: another runtime owns the SQLite file (at once; never on PostgreSQL).
         ValueError: before anything is opened, for a duration that is not finite and positive (>= 0 for
             `actor_idle_timeout`), a `retention` below the key window, a `retention_every` below 1, a
-            negative `task_row_cache`, or a bad store setting; a `RetryPolicy` and a `RunPolicy` validate
-            themselves when built.
+            negative `task_row_cache`, an `event_window` out of range, or a bad store setting; a
+            `RetryPolicy` and a `RunPolicy` validate themselves when built.
         Whatever ends the runtime (a failure to open, or the body's own exception) surfaces as itself, not
         wrapped in the runtime's nurseries' ExceptionGroups; only several causes at once stay a group.
     """
@@ -138,6 +145,7 @@ async def open_runtime(
     retention = retention_seconds(retention)
     if isinstance(retention_every, bool) or not isinstance(retention_every, int) or retention_every < 1:
         raise ValueError(f"retention_every must be a positive integer, got {retention_every!r}")
+    event_window = event_window_size(event_window)
     trigger = RetentionTrigger(retention_every)
     rows = task_rows.TaskRows(task_row_cache)
     tracing = Tracing(tracer_provider)
@@ -177,7 +185,8 @@ async def open_runtime(
                 run_policy=run_policy or RunPolicy(),
                 tracing=tracing,
             )
-            hub = EventHub(services.run_signals, trigger)
+            era = await first_era(store)
+            hub = EventHub(services.run_signals, trigger, size=event_window, era=era, earlier=era > 1)
             outcome_supervisor = OutcomeSupervisor(
                 store,
                 hub,
@@ -218,6 +227,8 @@ async def open_runtime(
                         background.append(
                             await task_nursery.start(gauge_open_runs_forever, runtime.services, runtime)
                         )
+                        background.append(await task_nursery.start(renew_eras_forever, store, hub))
+                        hub.serving()
                         yield runtime
                     finally:
                         for scope in background:

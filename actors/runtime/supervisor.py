@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from onceflow import tracing
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
+from onceflow.actors.kernel.event_window import EventStream
 from onceflow.actors.kernel.mailbox import Envelope, Mailbox, ReplySlot, reply_to
 from onceflow.actors.kernel.operation_locks import TaskLocks
 from onceflow.actors.kernel.outbox import EventHub, Outbox
@@ -48,7 +49,8 @@ log = get_logger("onceflow.supervisor")
 
 
 class Runtime:
-    """The embedding API: `await rt.send(command)` returns a `Reply`; `rt.subscribe()` streams events."""
+    """The embedding API: `await rt.send(command)` returns a `Reply`; `rt.events()` (with seqs, resumable)
+    and `rt.subscribe()` stream events."""
 
     def __init__(
         self,
@@ -92,8 +94,24 @@ class Runtime:
         self._outcomes.attach(coordinator)
 
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
-        """A stream of every event emitted from now on; it ends when the runtime closes."""
+        """A stream of every event emitted from now on, without seqs (unbounded: a reader that stops
+        reading holds every later event); it ends when the runtime closes. `events` resumes instead."""
         return self._hub.subscribe()
+
+    def events(self, after: int | None = None) -> EventStream:
+        """The events with their `event_seq`s, for `async for item in rt.events(after=seq)`: a
+        `SequencedEvent` per event, in seq order, each once, from just after `after` (the last seq the
+        reader processed; None: from now on). The runtime replays those it still holds (its last
+        `event_window` events) and goes on live; an `EventGap(after, next)` comes first when some after
+        `after` are gone (older than the window, from before a restart) and wherever the reader later
+        falls more than the window behind: read the durable state (`get_task`, `task_history`,
+        `list_runs`) and carry on. `stream.next_seq` is where it starts. Never holds the runtime back,
+        holds nothing to close; it ends when the runtime closes, after the events published before.
+
+        Raises:
+            ProtocolError: `after` is not an integer in 0..2**63-1 (field `after`).
+        """
+        return EventStream(self._hub, after)
 
     def runs(
         self,

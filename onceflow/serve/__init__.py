@@ -7,7 +7,7 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
 
 - Request: any command object, optionally with an `"id"` (a string of at most 256 characters, or an
   integer in the int64 range) that the reply echoes; the `id` is removed before the command is decoded.
-  `{"type": "subscribe"}` asks for the event stream on this connection.
+  `{"type": "subscribe"}` asks for the event stream on this connection (below, "Events").
 - Reply to a request: `{"id": <id or null>, "reply": <Reply>}`, the same `Reply` model `Runtime.send`
   returns in process; its `command` is the `type` the line named whenever it named one, known or not. A
   line that is not JSON, names an unknown command or has a bad field gets an `invalid_message` reply and
@@ -22,7 +22,8 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
 - A line longer than `max_line` bytes gets `invalid_message` (its `id` and `command` as found at its
   start, above) and is skipped up to its newline. By default `max_line` is the protocol's own message limit,
   `protocol.limits.MAX_MESSAGE_BYTES` (8 MiB): any line the runtime accepts is read.
-- Event (after `subscribe`): `{"event": <Event>}`, every event the runtime emits from then on.
+- Event (after `subscribe`): `{"event_seq": <int>, "event": <Event>}`; gap: `{"gap": {"after": N, "next":
+  M}}` (below).
 - Connection error, the last line before the server closes the connection: `{"error": <ErrorInfo>}`;
   `slow_consumer` when the client stopped reading and its outgoing queue filled, `idle_timeout` when it
   sent nothing and had nothing in flight for `idle_timeout` seconds, `evicted` (retryable) when it was
@@ -30,13 +31,37 @@ Wire format (one JSON object per line, UTF-8, `\\n`-terminated; a blank line is 
   client when the server serves `max_connections` clients and none is idle, or has no file descriptor
   left for it: that connection gets this one line and is closed.
 
+Events. Every event gets an `event_seq` when published: integers that increase strictly, also across
+restarts of the runtime on the same database, but are not consecutive (they jump at each start and about
+every 2**23 events), all below 2**53. The runtime keeps its last `--event-window` events (default 10,000, a
+count; at most 1,000,000). `{"type": "subscribe"}` streams the events from now on; `{"type": "subscribe",
+"after": N}` (N the last `event_seq` the client processed: an integer from 0 to 2**63-1, else
+`invalid_message` with field `after`; no other field) first replays the held events after N, then goes on
+live: every event after N that the runtime holds or publishes later comes once, in seq order, with no
+duplicate and no gap between replay and live. When some events after N are gone (older than the window,
+or from before a restart: a resume from a seq of an earlier start always gets one; or N is no seq this
+stream reached), the first line after the reply is one `{"gap": {"after": N, "next": M}}`: events between
+N and M may be missing, so the client reads durable state (`get_task`, `task_history`, `list_runs`, ...);
+every event from M on follows. The reply's result is `{"subscribed": true, "next_event_seq": M}`: every
+event line that follows has a seq of at least M, and none from M on is skipped. The replay, and whatever is
+published while it runs, goes at the client's pace: it is queued only while the outgoing queue is under
+half its bounds, waiting for the client to read otherwise (the other half stays free for replies), so a
+replay never makes a slow consumer. Once caught up, events are queued as published and never wait: a
+client that does not keep up is disconnected as `slow_consumer` (as is one the replay leaves more than the
+window behind), and may reconnect and resume with `after` = the last seq it processed. A second
+`subscribe` on a connection that subscribes is refused with `conflict` (open another connection to
+resume elsewhere).
+
 A connection's commands are applied one at a time in the order received (as a host awaiting each
 `Runtime.send` in turn would), and replied to in that order; for parallelism open more connections. Up
 to `max_pipeline` received lines, and `max_line` bytes of them, wait their turn; past that the server
 stops reading that connection (the socket's own flow control), and no other client is slowed. Each
 connection's commands run in a task of the server's, never cancelled by the client going away: a client
 that disconnects mid-command loses nothing that committed — what it had sent still runs and commits;
-the replies are dropped.
+the replies are dropped. The one exception is `claim_run`: a claim is work handed to its caller, so once
+the client has closed its side (end of stream) a claim of its stops waiting and claims nothing (a run it
+claimed meanwhile is handed back) and a later one is answered as finding none: no run is left claimed by
+a client that is gone.
 
 Bounds, per connection unless said: outgoing, at most `queue_size` lines and `queue_bytes` bytes
 (each frame counted at its full encoded size, from when it is queued until the socket took all of it)

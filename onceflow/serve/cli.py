@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_WINDOW
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES
@@ -60,6 +61,12 @@ def add_parser(sub: Any) -> None:
         "--backlog", type=count, default=defaults.backlog, help="connections queued before accept"
     )
     parser.add_argument(
+        "--event-window",
+        type=_window_arg,
+        default=DEFAULT_EVENT_WINDOW,
+        help=f"events kept for subscribers resuming with after (1 to {MAX_EVENT_WINDOW})",
+    )
+    parser.add_argument(
         "--switch-interval",
         type=functools.partial(_seconds_arg, "--switch-interval"),
         default=SWITCH_INTERVAL,
@@ -101,6 +108,14 @@ def _line_arg(text: str) -> int:
     return value
 
 
+def _window_arg(text: str) -> int:
+    """`--event-window`: a count of at most `MAX_EVENT_WINDOW` (the ring is allocated up front)."""
+    value = _count_arg(text)
+    if value > MAX_EVENT_WINDOW:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_EVENT_WINDOW}, not {value}")
+    return value
+
+
 def _seconds_arg(flag: str, text: str) -> float:
     """`--switch-interval`, `--idle-timeout`: seconds, finite and >= 0 (0 has the flag's own meaning)."""
     try:
@@ -138,5 +153,6 @@ def run(args: argparse.Namespace) -> int:
             socket_path=args.socket,
             options=options,
             switch_interval=args.switch_interval or None,
+            event_window=args.event_window,
         )
     )

@@ -31,15 +31,18 @@ class Connection:
     reading: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     writing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     watching: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    subscription: trio.CancelScope | None = None
+    subscription: trio.CancelScope | None = None  # the event pump's, once subscribed
     failure: ErrorInfo | None = None
     out_bytes: int = 0  # queued for the client, not yet taken by the socket
     peak_out_bytes: int = 0
     pending: int = 0  # received lines not yet answered (waiting, or running)
     pending_bytes: int = 0  # of which waiting in the pipeline or running
     freed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)  # `push_paced` waits
     last_active: float = attrs.field(factory=trio.current_time)
     host: RegisteredHost | None = None  # registered as a host (onceflow/serve/hosting.py)
+    hung_up: bool = False  # the client closed its side: a waiting claim_run stops waiting
+    claim_wait: trio.CancelScope | None = None  # the claim_run under way, which `hang_up` cancels
     on_fail: Callable[[], None] | None = None  # told when `fail` disconnects it (a host's calls move on)
 
     def push(self, frame: bytes) -> bool:
@@ -64,6 +67,25 @@ class Connection:
         self.out_bytes += size
         self.peak_out_bytes = max(self.peak_out_bytes, self.out_bytes)
         return True
+
+    async def push_paced(self, frame: bytes) -> None:
+        """Queue a line once the outgoing queue holds less than half its `queue_size` lines and half its
+        `queue_bytes` bytes (or nothing at all), waiting for the client to read meanwhile: a replay goes at
+        the client's pace, and the other half stays free for replies and live lines. A frame larger than
+        `queue_bytes` still makes a slow consumer. Cancelled with the subscription, nothing is queued."""
+        lines, space = max(1, self.options.queue_size // 2), self.options.queue_bytes // 2
+        while self.failure is None and (
+            self.out.statistics().current_buffer_used >= lines
+            or (self.out_bytes and self.out_bytes + len(frame) > space)
+        ):
+            await self.drained.park()
+        self.push(frame)
+
+    def taken(self, size: int) -> None:
+        """The socket took a frame of `size` bytes: room for `push_paced`."""
+        self.out_bytes -= size
+        if self.drained:
+            self.drained.unpark_all()
 
     def offer(self, frame: bytes) -> bool:
         """`HostLink.offer` (actors/runtime/host_broker.py): queue a call line for this host connection."""
@@ -99,6 +121,13 @@ class Connection:
     def touch(self) -> None:
         """Something happened on the connection: its idle time starts again."""
         self.last_active = trio.current_time()
+
+    def hang_up(self) -> None:
+        """The client closed its side (end of stream): a claim_run waiting for a run stops waiting and
+        claims nothing (one it committed meanwhile is handed back); a later one does not wait at all."""
+        self.hung_up = True
+        if self.claim_wait is not None:
+            self.claim_wait.cancel()
 
     def busy(self) -> bool:
         """Whether the connection has something in flight: a command, a queued line, a subscription, or a

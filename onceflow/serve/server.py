@@ -17,23 +17,26 @@ import attrs
 import trio
 from opentelemetry.trace import TracerProvider
 
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStream
 from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.logs import get_logger
-from onceflow.protocol.errors import ProtocolError, ShuttingDownError
-from onceflow.protocol.events import Event, Reply
+from onceflow.protocol.errors import ConflictError, ProtocolError, ShuttingDownError
+from onceflow.protocol.event_stream import EventGap, check_after
+from onceflow.protocol.events import Reply
 from onceflow.serve import hosting
 from onceflow.serve.admission import Admission
 from onceflow.serve.connection import Connection
 from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_cap
-from onceflow.serve.options import IdleTimeoutError, ServeOptions
+from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
 from onceflow.serve.wire import (
     LineReader,
     Overlong,
     Refused,
     error_frame,
     event_frame,
+    gap_frame,
     refusal,
     reply_frame,
     split_request,
@@ -47,6 +50,8 @@ ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, e
 the spare descriptor (DESCRIPTOR_ERRNOS), or accepting pauses, then retries."""
 WRITE_BATCH_BYTES = 64 * 1024
 """At most this many bytes of queued lines are joined into one write (a longer line goes alone)."""
+REPLAY_BATCH = 64
+"""Events a replay takes from the window at a time (each then waits for room in the outgoing queue)."""
 
 
 class Server:
@@ -125,6 +130,8 @@ class Server:
                     self._commands.start_soon(self._work, conn, received, worked)
                     with conn.reading:
                         await self._read(conn, requests)
+                    if not conn.reading.cancelled_caught:  # end of stream: the client is going away
+                        conn.hang_up()
                     requests.close()
                     await worked.wait()  # every received command answered (or its reply dropped)
                     conn.watching.cancel()
@@ -196,8 +203,24 @@ class Server:
                 "host_reply from a connection that is not a host: send register_host first", field="type"
             )
             return reply_frame(request.id, refusal("host_reply", not_a_host))
+        if kind == "claim_run":
+            return reply_frame(request.id, await self._claim(conn, request.data))
         reply = await self._runtime.send(request.data)  # never raises; the codec's own bounds apply
         return reply_frame(request.id, reply)
+
+    async def _claim(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        """A claim_run waits for a run only while its client is connected: once the client closed its side
+        it claims nothing (the claim's cancellation hands back a run it committed meanwhile), so no run is
+        left claimed by nobody until its lease ends. Answered then as a claim that found no run."""
+        scope = conn.claim_wait = trio.CancelScope()
+        if conn.hung_up:
+            scope.cancel()
+        try:
+            with scope:
+                return await self._runtime.send(request)
+        finally:
+            conn.claim_wait = None
+        return Reply(command="claim_run", ok=True, result=None)
 
     def _register_host(self, conn: Connection, request: dict[str, Any]) -> Reply:
         if self._hosts is None:
@@ -207,20 +230,42 @@ class Server:
         return hosting.register(self._hosts, conn, request)
 
     def _subscribe(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        extra = sorted(set(request) - {"type"})
+        """Start the connection's event stream: from now on, or replaying from just after `after`."""
+        extra = sorted(set(request) - {"type", "after"})
         if extra:
             return refusal("subscribe", ProtocolError(f"{extra[0]}: unknown field", field=extra[0]))
-        if conn.subscription is None:
-            conn.subscription = trio.CancelScope()
-            conn.nursery.start_soon(self._pump, conn, conn.subscription, self._runtime.subscribe())
-        return Reply(command="subscribe", ok=True, result={"subscribed": True})
+        if conn.subscription is not None:
+            return refusal("subscribe", ConflictError("this connection already subscribes"))
+        try:
+            events = self._runtime.events(check_after(request["after"]) if "after" in request else None)
+        except ProtocolError as exc:  # `after` present but not an int64 >= 0 (null included)
+            return refusal("subscribe", exc)
+        conn.subscription = trio.CancelScope()
+        conn.nursery.start_soon(self._pump, conn, conn.subscription, events)
+        return Reply(
+            command="subscribe", ok=True, result={"subscribed": True, "next_event_seq": events.next_seq}
+        )
 
-    async def _pump(
-        self, conn: Connection, scope: trio.CancelScope, events: trio.MemoryReceiveChannel[Event]
-    ) -> None:
-        with scope, events:
-            async for event in events:
-                conn.push(event_frame(event))
+    async def _pump(self, conn: Connection, scope: trio.CancelScope, events: EventStream) -> None:
+        """Write the connection's event lines: the gap line and the replay (with what is published while
+        it runs) at the client's pace, then live events as they come, never waiting on the client."""
+        with scope:
+            if events.gap is not None:
+                await conn.push_paced(gap_frame(events.gap))
+            while not events.caught_up:
+                taken = events.take(REPLAY_BATCH)
+                if isinstance(taken, EventGap):
+                    conn.fail(_fell_behind(taken))
+                    return
+                for item in taken:
+                    await conn.push_paced(event_frame(item.seq, item.event))
+            while await events.wait():
+                taken = events.take(sys.maxsize)
+                if isinstance(taken, EventGap):
+                    conn.fail(_fell_behind(taken))
+                    return
+                for item in taken:
+                    conn.push(event_frame(item.seq, item.event))
 
     async def _write(self, conn: Connection) -> None:
         """Send the queued lines in order; the lines already queued when the socket is free go in one write
@@ -234,7 +279,7 @@ class Server:
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     await conn.stream.send_all(frame)
-                    conn.out_bytes -= len(frame)
+                    conn.taken(len(frame))
                     conn.touch()
                 if conn.failure is not None:
                     await conn.stream.send_all(error_frame(conn.failure))
@@ -257,6 +302,13 @@ class Server:
                     conn.fail(IdleTimeoutError(f"nothing was sent or in flight for {timeout:g} seconds"))
                     return
                 await trio.sleep_until(deadline)
+
+
+def _fell_behind(gap: EventGap) -> SlowConsumerError:
+    return SlowConsumerError(
+        f"the client fell more than the event window behind: events after {gap.after} before {gap.next}"
+        " are no longer held"
+    )
 
 
 async def _bind(path: Path, backlog: int = ServeOptions().backlog) -> trio.SocketListener:
@@ -306,13 +358,15 @@ async def serve(
     options: ServeOptions = ServeOptions(),
     switch_interval: float | None = SWITCH_INTERVAL,
     tracer_provider: TracerProvider | None = None,
+    event_window: int = DEFAULT_EVENT_WINDOW,
 ) -> int:
     """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
     connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
     clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
     serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
     the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
-    `traceparent` is its command span's parent (onceflow/tracing.py).
+    `traceparent` is its command span's parent (onceflow/tracing.py). `event_window`: how many of the latest
+    events the runtime keeps for subscribers resuming with `after` (`open_runtime`'s).
 
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
     workflow file cannot be read).
@@ -323,7 +377,11 @@ async def serve(
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(
-                db, host=hosts, switch_interval=switch_interval, tracer_provider=tracer_provider
+                db,
+                host=hosts,
+                switch_interval=switch_interval,
+                tracer_provider=tracer_provider,
+                event_window=event_window,
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
                 hosts.clock = runtime.services.clock  # call records share the runtime's time base

@@ -1,5 +1,5 @@
 """`onceflow serve`'s framing: splitting a byte stream into request lines, reading a request's `id`, and
-the reply, event and error lines (the wire contract is onceflow/serve/__init__.py's docstring). Trio
+the reply, event, gap and error lines (the wire contract is onceflow/serve/__init__.py's docstring). Trio
 thread.
 """
 
@@ -14,6 +14,7 @@ import trio
 
 from onceflow.protocol.codec import command_type, encode, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError, shown
+from onceflow.protocol.event_stream import EventGap
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.limits import MAX_ID_CHARS
 
@@ -85,9 +86,15 @@ def reply_frame(request_id: str | int | None, reply: Reply) -> bytes:
     return f'{{"id":{json.dumps(request_id)},"reply":{encode(reply)}}}\n'.encode()
 
 
-def event_frame(event: Event) -> bytes:
-    """The event line: `{"event": {...}}` plus newline."""
-    return f'{{"event":{encode(event)}}}\n'.encode()
+def event_frame(seq: int, event: Event) -> bytes:
+    """The event line: `{"event_seq": seq, "event": {...}}` plus newline."""
+    return f'{{"event_seq":{seq},"event":{encode(event)}}}\n'.encode()
+
+
+def gap_frame(gap: EventGap) -> bytes:
+    """The gap line a subscription with `after` starts with when events after it are gone:
+    `{"gap": {"after": N, "next": M}}` plus newline."""
+    return f'{{"gap":{{"after":{gap.after},"next":{gap.next}}}}}\n'.encode()
 
 
 def error_frame(error: ErrorInfo) -> bytes:

@@ -206,28 +206,33 @@ def test_issue13_serve_reply_echoes_string_and_int64_ids_and_refuses_bad_ones() 
         assert _step_of(client, "T-bad") is None  # a refused id never ran its command
 
 
-def test_issue13_serve_subscribe_streams_every_event_as_event_lines() -> None:
+def test_issue13_serve_subscribe_streams_every_event_as_event_lines_with_increasing_seqs() -> None:
     with serving() as served:
         watcher, worker = served.client(), served.client()
         subscribed = watcher.request({"id": "s", "type": "subscribe"})
+        start = subscribed["reply"]["result"]["next_event_seq"]
         assert subscribed["reply"] == {
             "type": "reply",
             "command": "subscribe",
             "ok": True,
-            "result": {"subscribed": True},
+            "result": {"subscribed": True, "next_event_seq": start},
             "error": None,
             "events": [],
         }
         created = worker.request(_create("T1"))["reply"]
         moved = worker.request({"type": "move_task", "task_id": "T1", "step_id": "work"})["reply"]
         expected = created["events"] + moved["events"]  # the same models the replies carry
-        seen = []
+        seen, seqs = [], []
         while len(seen) < len(expected):
             frame = watcher.line()
-            assert frame is not None and set(frame) == {"event"}, frame
+            assert frame is not None and set(frame) == {"event_seq", "event"}, frame
             seen.append(frame["event"])
+            seqs.append(frame["event_seq"])
         assert seen == expected
         assert {"task_created", "transition", "step_entered"} <= {e["type"] for e in seen}
+        assert seqs == list(range(start, start + len(seqs)))  # within a block, one after another
+        again = watcher.request({"id": "again", "type": "subscribe"})["reply"]
+        assert (again["ok"], again["error"]["code"]) == (False, "conflict")
 
 
 def test_issue13_serve_malformed_lines_get_typed_errors_and_the_connection_stays_usable() -> None:

@@ -229,19 +229,23 @@ def test_schema_descriptions_say_what_a_field_does_not_where_its_rule_came_from(
 
 
 def test_the_reference_page_describes_the_socket_framing_with_the_servers_own_bounds() -> None:
-    """docs/protocol.md says how `onceflow serve` frames lines (request ids, replies, events after
-    `subscribe`, connection errors) and states the id and line limits the server enforces."""
+    """docs/protocol.md says how `onceflow serve` frames lines (request ids, replies, events with their
+    seqs after `subscribe`, the gap line of a resume, connection errors) and states the id and line limits
+    the server enforces, and the event window."""
     from onceflow.serve import MAX_ID_LENGTH, ServeOptions
 
     page = reference.render()
     section = page.split("## Over a socket: framing and ids", 1)[1].split("\n## ", 1)[0]
     for frame in (
         '{"id": <the request\'s id>, "reply": <Reply>}',
-        '{"event": <Event>}',
+        '{"event_seq": <int>, "event": <Event>}',
+        '{"gap": {"after": <int>, "next": <int>}}',
         '{"error": <ErrorInfo>}',
     ):
         assert frame in section
-    assert '{"type": "subscribe"}' in section
+    assert '{"type": "subscribe"}' in section and '{"type": "subscribe", "after": N}' in section
+    words = " ".join(section.split())
+    assert "its last 10,000 events, `--event-window`" in words and '`field: "after"`' in words
     assert f"a string of at most {MAX_ID_LENGTH} characters or an integer in the signed" in section
     assert f"A request line is at most {ServeOptions().max_line:,} bytes" in section
     assert ServeOptions().max_line == limits.MAX_MESSAGE_BYTES

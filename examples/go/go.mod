@@ -1,0 +1,3 @@
+module example.com/onceflow-host
+
+go 1.19

@@ -8,8 +8,10 @@ queue_run_for_each_participant{role: reviewer}] and 3 reviewers are seated, so e
 two markers and queues 3 runs. A round moves every task into Review (C concurrent movers), then a host loop
 of C claimers claims and finishes every run (`claim_run`, `finish_run` with its token) until none is left,
 moves every task back to Work, runs retention (`prune`, the runtime's own bounded batches) and advances the
-runtime's clock by H hours. With retention K hours (at least 24, the key window) the history of about K/H
-rounds is kept.
+runtime's clock by H hours (Trio's clock runs at the real rate and jumps H hours: the runtime's clock follows
+it, actors/kernel/clock.py). With retention K hours (at least 24, the key window) the history of about K/H
+rounds is kept. On PostgreSQL retention judges by the server's clock, which the bench does not move: there
+nothing ages, so growth figures come from SQLite.
 
 Per window of R/W rounds it prints: entries into Review per second (moves only, timed), claims+finishes
 per second, the database's bytes (SQLite: its pages; PostgreSQL: `pg_database_size`), the bytes of the
@@ -33,6 +35,7 @@ from typing import Any
 
 import structlog
 import trio
+from trio.testing import MockClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dispatch import REVIEW, REVIEWERS, setup
@@ -41,7 +44,6 @@ from onceflow.actors.runtime.retention import prune
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.urls import is_postgres_url
-from onceflow.testing import FakeClock
 
 HOUR = 3600.0
 ENTRY_TABLES = ("step_entries", "step_entry_markers", "runs", "coalesced_keys")
@@ -111,12 +113,10 @@ def sizes(db: str) -> tuple[int, int, int]:
         conn.close()
 
 
-async def bench(args: argparse.Namespace, db: str) -> list[dict[str, float]]:
-    clock = FakeClock()
+async def bench(args: argparse.Namespace, db: str, clock: MockClock) -> list[dict[str, float]]:
     rounds: list[dict[str, float]] = []
     async with open_runtime(
         db,
-        clock=clock,
         retention=args.retention_hours * HOUR,
         retention_every=10**9,  # the bench prunes each round itself, in the runtime's bounded batches
         switch_interval=SWITCH_INTERVAL,
@@ -130,9 +130,9 @@ async def bench(args: argparse.Namespace, db: str) -> list[dict[str, float]]:
             drained = time.perf_counter()
             await move_all(rt, args.tasks, "work", args.concurrency)
             back = time.perf_counter()
-            deleted = await prune(rt.services.store, clock, args.retention_hours * HOUR)
+            deleted = await prune(rt.services.store, rt.services.clock, args.retention_hours * HOUR)
             pruned = time.perf_counter()
-            clock.advance(args.hours_per_round * HOUR)
+            clock.jump(args.hours_per_round * HOUR)
             total, parts, live = await trio.to_thread.run_sync(sizes, db)
             rounds.append(
                 {
@@ -209,7 +209,8 @@ def main() -> int:
             f"growth: {args.tasks} tasks x {args.rounds} rounds, {args.hours_per_round} h a round,"
             f" retention {args.retention_hours} h, {'PostgreSQL' if args.db else 'SQLite'}"
         )
-        rounds = trio.run(bench, args, db)
+        clock = MockClock(rate=1.0)  # real time, and the hours each round jumps
+        rounds = trio.run(bench, args, db, clock, clock=clock)
     missed = report(rounds, args.windows)
     return 1 if missed and args.strict else 0
 

@@ -29,7 +29,10 @@ START = 1_700_000_000.0
 @attrs.define
 class FakeClock:
     """A settable wall clock for `open_runtime(clock=...)`, in Unix seconds; it stands still unless
-    advanced. It moves persisted timestamps only: Trio's timers follow `trio.testing.MockClock`."""
+    advanced. A runtime reads it once, at open, then follows Trio's monotonic clock (actors/kernel/clock.py):
+    advancing it while a runtime runs is a wall-clock step, which changes nothing there; the next runtime
+    opened starts at the new reading. To move a running runtime's time, move Trio's
+    (`trio.testing.MockClock.jump`)."""
 
     now: float = START
 
@@ -44,8 +47,9 @@ class FakeClock:
 @attrs.frozen
 class TrioWallClock:
     """A wall clock for `open_runtime(clock=...)` that follows Trio's clock: `start` plus
-    `trio.current_time()`, in Unix seconds. Under `trio.testing.MockClock` persisted times (leases, retry
-    times, ages) and Trio's timers (a waiting claim, the lease sweep) move together."""
+    `trio.current_time()`, in Unix seconds. A runtime opened on it, at any Trio time, keeps time as if it had
+    run since `start`: under `trio.testing.MockClock` one restarted in the same `trio.run` goes on where the
+    last one was."""
 
     start: float = START
 

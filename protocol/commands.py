@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeGuard, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from onceflow.protocol.host_calls import CallKind, CallStatus
 from onceflow.protocol.limits import (
@@ -164,7 +164,8 @@ class RecordDecision(_Command):
 
     With `decision_id` the operation id is `decision:<task>:<step>:<decision_id>`: a redelivery is
     idempotent, and after a restart it records nothing (a durable receipt) and only re-evaluates the
-    guards. Without it every delivery records a new decision.
+    guards. Without it every delivery records a new decision. With `entry_seq` a vote never counts outside
+    the round it was cast for (docs/guarantees.md).
     """
 
     type: Literal["record_decision"] = "record_decision"
@@ -187,6 +188,12 @@ class RecordDecision(_Command):
     """The decider's comment."""
     decision_id: Name | None = None
     """The host's id of this decision: makes a redelivery idempotent, also across restarts."""
+    entry_seq: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    """The review round the vote was cast for: the step entry (`entry_seq`) of the run or code review that
+    asked for it. A vote for an earlier entry of the step than its latest, or for a round the task has
+    left, is answered not counted (`earlier_round`, `task_not_at_step`) and recorded nowhere, whatever
+    retention pruned; None: the receipt of `decision_id` alone tells a redelivery (as long as retention
+    keeps it)."""
 
 
 class SwitchWorkflow(_Command):
@@ -288,8 +295,9 @@ class FinishRun(_Command):
     with `retryable` and retries left queues it again for later (`run_retry_scheduled`: backoff, or
     `retry_at` when the host knows when, e.g. a rate limit's reset), else fails it for good (`run_failed`),
     queuing an `agent_error` run for the task's CEO agent when it has one. The same finish again with the
-    same token is an idempotent replay; a stale token is a `conflict` naming `claim_token`. Without a
-    token (deprecated, for one release) it resolves a claimed run unfenced."""
+    same token is an idempotent replay, also when both are sent at once; a stale token is a `conflict` naming
+    `claim_token`. Without a token a claimed run's finish is refused `fence_required` (field
+    `claim_token`) unless `unfenced` is true: then it resolves whichever claim holds the run (deprecated)."""
 
     type: Literal["finish_run"] = "finish_run"
     """The command name."""
@@ -298,13 +306,25 @@ class FinishRun(_Command):
     status: Literal["finished", "failed"] = "finished"
     """How the attempt ended."""
     claim_token: Id | None = None
-    """The token its claim returned (None: unfenced, deprecated)."""
+    """The token its claim returned (None: refused `fence_required`, unless `unfenced`)."""
+    unfenced: bool = False
+    """True, without a `claim_token`: resolve the run's current claim whoever holds it (the explicit opt-out
+    of fencing; a late host may then end another host's claim). Never with a `claim_token`."""
     error: Text | None = None
     """Why it failed (kept as the run's `last_error`)."""
     retryable: bool = True
     """False: a failure retrying cannot cure (the agent's own); the run fails at once."""
     retry_at: Annotated[float, Field(ge=0, le=INT64_MAX, allow_inf_nan=False)] | None = None
     """Unix seconds to retry at, instead of the backoff (a rate limit's reset time)."""
+
+    @field_validator("unfenced")
+    @classmethod
+    def _fence(cls, unfenced: bool, info: ValidationInfo) -> bool:
+        if unfenced and info.data.get("claim_token") is not None:
+            raise ValueError(
+                "true only without a claim_token (the opt-out of fencing): send one or the other"
+            )
+        return unfenced
 
 
 class CancelRun(_Command):

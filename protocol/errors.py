@@ -59,6 +59,14 @@ class ConflictError(OnceflowError):
     code = "conflict"
 
 
+class FenceRequiredError(OnceflowError):
+    """A `finish_run` without a `claim_token` for a claimed run: an unfenced finish would resolve whichever
+    claim holds the run now, perhaps another host's. Send the claim's token, or `unfenced: true` to opt out
+    explicitly; nothing changed. `field` is `claim_token`."""
+
+    code = "fence_required"
+
+
 class WorkflowInvalidError(OnceflowError):
     """A workflow template was rejected by the loader."""
 

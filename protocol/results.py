@@ -465,16 +465,18 @@ class MoveResult(TypedDict):
 class DecisionResult(TypedDict):
     """`record_decision`: whether the vote counted and what the guards did."""
 
-    decision_id: int
-    """The stored decision (the earlier one, for a redelivery with the same decision_id)."""
+    decision_id: int | None
+    """The stored decision (the earlier one, for a redelivery with the same decision_id); None when nothing
+    was stored: a vote for a round that is over (`not_counted_reason` says which)."""
     recorded: bool
-    """False when a decision with this decision_id was already stored."""
+    """False when a decision with this decision_id was already stored, or the vote's round is over."""
     role: str | None
     """The role recorded: the command's, or resolved from the seat."""
     counted: bool | None
-    """Whether the vote counts towards the guards (None when nothing was recorded)."""
+    """Whether the vote counts towards the guards (None for a redelivery: it was said the first time)."""
     not_counted_reason: str | None
-    """Why it does not count."""
+    """Why it does not count: `task_not_at_step`, `no_quorum_guard`, `no_matching_seat`, or
+    `earlier_round` (its `entry_seq` is older than the step's latest entry)."""
     moved_to: str | None
     """The step a satisfied guard moved the task to."""
     guard_outcome: GuardOutcome

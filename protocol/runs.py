@@ -62,6 +62,9 @@ class RunPolicy:
     - `max_attempts`: claims at most (leases that expired included) before the run fails
       (`too_many_attempts`), so a run that kills every host it reaches stops being handed out.
 
+    Every time is measured on the runtime's clock, monotonic while the process lives (on PostgreSQL the
+    database server's clock): a wall-clock step changes no lease, retry or age (docs/guarantees.md, "Time").
+
     Raises:
         ValueError: a time is not finite and positive, `jitter` is outside [0, 1], a count is outside
             [0, 1000] (`max_attempts` at least 1), or `lease` > `max_lease`; the message names the field.

@@ -3,7 +3,10 @@ thread: `record` runs inside one store transaction, with the quorum rules handed
 (actors/engine/decisions.py); the task actor publishes what it returns and re-evaluates the guards.
 
 A `decision_id` is a durable receipt: the same content again is a replay that writes nothing, other content
-a conflict, in process and after a restart. Source: kandev-engine-notes.md "Quorum guards".
+a conflict, in process and after a restart, for as long as retention keeps the receipt. A vote naming its
+round (`entry_seq`) is judged against the step's latest entry, which retention never deletes: a vote of an
+earlier round, or of a round the task has left, never counts and is recorded nowhere, whatever was pruned.
+Source: kandev-engine-notes.md "Quorum guards".
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Protocol
 import attrs
 
 from onceflow.protocol import commands as c
-from onceflow.protocol.errors import ConflictError
+from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.operation_ids import decision_operation_id
 from onceflow.protocol.workflow import Step, Workflow, find_step, find_workflow
 from onceflow.store import history, participants, tasks
@@ -28,14 +31,15 @@ class Recorded:
     """What `record` did.
 
     `inserted` False is a replay of the host's `decision_id`: nothing was written, `decision_id` is the row
-    first recorded, and `role` and `not_counted` are None (they were reported then). Otherwise `role` is the
-    role stored (the command's, or resolved from the decider's seat) and `not_counted` is why no quorum
-    guard of the step takes the decision now ("task_not_at_step", "no_quorum_guard", "no_matching_seat"),
-    or None when one does.
+    first recorded, and `role` and `not_counted` are None (they were reported then); or a vote for a round
+    that is over: nothing was written, `decision_id` is None and `not_counted` says why ("earlier_round",
+    "task_not_at_step"). Otherwise `role` is the role stored (the command's, or resolved from the decider's
+    seat) and `not_counted` is why no quorum guard of the step takes the decision now ("task_not_at_step",
+    "no_quorum_guard", "no_matching_seat"), or None when one does.
     """
 
     task: TaskRecord
-    decision_id: int
+    decision_id: int | None
     inserted: bool
     role: str | None = None
     not_counted: str | None = None
@@ -106,8 +110,13 @@ def record(
     and `not_counted` says why. A recorded decision is also a `decision` item of the task's history
     (store/history.py), which a clear does not remove.
 
+    A vote naming its round (`entry_seq`) counts only in it: a round older than the step's latest entry
+    (`earlier_round`), or the latest while the task is elsewhere (`task_not_at_step`), writes nothing and is
+    answered not counted.
+
     Raises:
-        NotFoundError: the task does not exist, or its workflow has no step `step_id`.
+        NotFoundError: the task does not exist, or its workflow has no step `step_id`, or the step has no
+            entry `entry_seq` yet (field entry_seq).
         ConflictError: `decision_id` was receipted with different content (field decision_id).
     """
     task = tasks.get_task(conn, command.task_id)
@@ -123,6 +132,10 @@ def record(
                     field="decision_id",
                 )
             return Recorded(task, earlier[0], inserted=False)
+    if command.entry_seq is not None:
+        over = _round_over(conn, task, command.step_id, command.entry_seq)
+        if over is not None:
+            return Recorded(task, None, inserted=False, not_counted=over)
     step = find_step(find_workflow(workflows, task.workflow_id), command.step_id)  # in memory
     rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
     role = command.role or rules.seat_role(
@@ -166,3 +179,24 @@ def record(
         return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted="task_not_at_step")
     reason = rules.not_counted(attrs.evolve(decision, id=decision_id), step, rows)
     return Recorded(task, decision_id, inserted=True, role=decision.role, not_counted=reason)
+
+
+def _round_over(conn: Connection, task: TaskRecord, step_id: str, entry_seq: int) -> str | None:
+    """Why a vote cast for entry `entry_seq` of (task, step) can no longer count, or None while that entry
+    is the task's current one. The latest entry of a (task, step) is never pruned (store/retention.py): it
+    is the high-water mark every earlier round is told by.
+
+    Raises:
+        NotFoundError: the step has no entry `entry_seq` yet (field entry_seq).
+    """
+    (latest,) = conn.execute(
+        "SELECT MAX(entry_seq) FROM step_entries WHERE task_id = ? AND step_id = ?", (task.id, step_id)
+    ).fetchone()
+    if latest is None or entry_seq > latest:
+        raise NotFoundError(
+            f"task {task.id!r} has no entry {entry_seq} at step {step_id!r} (its latest: {latest})",
+            field="entry_seq",
+        )
+    if entry_seq < latest:
+        return "earlier_round"
+    return None if task.step_id == step_id else "task_not_at_step"

@@ -269,6 +269,19 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO event_eras (id, era) VALUES (1, 0);
     """,
+    # 18: a run's wait (store/schema.py's migration 18), and the server's clock every lease, expiry and age
+    # decision reads (store/clock.py `SERVER_CLOCK`); one the database already has is kept (the tests' can be
+    # frozen and moved, tests/pg_support.py).
+    """
+    ALTER TABLE runs ADD COLUMN wait_seconds DOUBLE PRECISION;
+    UPDATE runs SET wait_seconds = lease_expires_at - claimed_at WHERE status = 'claimed';
+    DO $$ BEGIN
+        IF to_regprocedure('onceflow_clock()') IS NULL THEN
+            CREATE FUNCTION onceflow_clock() RETURNS DOUBLE PRECISION LANGUAGE sql VOLATILE
+                AS 'SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)';
+        END IF;
+    END $$;
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

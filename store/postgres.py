@@ -155,7 +155,9 @@ def translate(sql: str, has_params: bool = True) -> Statement:
         returning = _IDENTITY.get(match.group(1).lower())
         if returning is not None:
             text = f"{text.rstrip().rstrip(';')} RETURNING {returning}"
-    return Statement(text, returning, tuple(order) if numbered else None, prepare)
+    # Numbered parameters pick the caller's by index; a statement naming none (its time read from the
+    # server's clock, store/clock.py) sends none of them.
+    return Statement(text, returning, tuple(order) if numbered or not order else None, prepare)
 
 
 class PgCursor:

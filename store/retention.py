@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import attrs
 
+from onceflow.store.clock import judge
 from onceflow.store.connection import Connection
 
 KINDS = (
@@ -101,8 +102,10 @@ class Pruned:
 
 def prune_batch(conn: Connection, now: float, retention: float, limit: int) -> Pruned:
     """Delete at most `limit` rows of each kind older than `now - retention` (module docstring); times
-    are Unix seconds. `retention` is checked by the caller (protocol/runs.py `retention_seconds`)."""
-    cutoff = now - retention
+    are Unix seconds, `now` the runtime's clock (on PostgreSQL the server's clock, read once: the age
+    that decides is the one the key windows are judged by, store/clock.py). `retention` is checked by the
+    caller (protocol/runs.py `retention_seconds`)."""
+    cutoff = judge(conn, now) - retention
     deleted = {
         kind: conn.execute(sql, (cutoff, limit)).rowcount
         for kind, sql in zip(KINDS, _STATEMENTS, strict=True)

@@ -15,7 +15,13 @@ claimers of one agent take different runs instead of waiting for, then losing, t
   leaves the step entry that queued them, `entry_left`, store/runs.py `leave_entries`, so none is left to
   find);
 - a finish or renewal names the claim's token; a stale token (another claim since, or the run cancelled)
-  is a `conflict` naming `claim_token` and changes nothing; the same finish again is a replay;
+  is a `conflict` naming `claim_token` and changes nothing; the same finish again is a replay, also when
+  sent at once (a finish reads the run's row locked `FOR UPDATE` on PostgreSQL, so the second waits for
+  the first and sees its finish); a finish without a token is refused `fence_required` unless the host opts
+  out (`unfenced`);
+- every time is judged by store/clock.py's rule: the caller's `now` (the runtime's monotonic clock) on
+  SQLite, the server's clock on PostgreSQL; a claim or renewal records its lease's length
+  (`wait_seconds`), so a lease written under a clock that later stepped back is cut to that length;
 - a failed attempt of a superseded run (its entry was left) is cancelled `entry_left`; one with retries
   left, retryable and within the age limit is queued again for
   `retry_at` (the host's, else the backoff); otherwise it fails for good, and an `agent_error` run is
@@ -29,9 +35,10 @@ from typing import Literal
 
 import attrs
 
-from onceflow.protocol.errors import ConflictError, NotFoundError
+from onceflow.protocol.errors import ConflictError, FenceRequiredError, NotFoundError
 from onceflow.protocol.runs import RunPolicy
 from onceflow.store import keys, runs
+from onceflow.store.clock import Clocked, clamp_leases, judge
 from onceflow.store.connection import Connection
 from onceflow.store.records import RunRecord
 from onceflow.store.runs import COLUMNS, Change, EnqueueResult, RunRequest, run_from_row
@@ -44,29 +51,40 @@ CANDIDATES = 64
 @attrs.frozen
 class Claimed:
     """What a claim did: the run it claimed (None: none eligible), the changes on the way (the stale runs
-    it cancelled, an expired lease it took over), and when the agent's next run becomes eligible (Unix
-    seconds; None: no unresolved run of the agent is waiting for a time)."""
+    it cancelled, an expired lease it took over), and in how many seconds the agent's next run becomes
+    eligible (measured on the clock that judged the claim, store/clock.py; None: no unresolved run of the
+    agent is waiting for a time)."""
 
     run: RunRecord | None
     changes: tuple[Change, ...] = ()
-    next_eligible_at: float | None = None
+    next_eligible_in: float | None = None
+
+
+_CANDIDATE = Clocked.of(
+    "SELECT " + COLUMNS + ", {now} FROM runs WHERE agent_profile_id = ?1 AND status IN ('queued', 'claimed')"
+    " AND ((status = 'queued' AND (retry_at IS NULL OR retry_at <= {now}))"
+    " OR (status = 'claimed' AND lease_expires_at <= {now}))"
+    " ORDER BY requested_at, id LIMIT 1",
+    "?2",
+)
+_CANDIDATE_PG = _CANDIDATE.postgres + " FOR UPDATE SKIP LOCKED"
+_CLAIM = (
+    "UPDATE runs SET status = 'claimed', claim_token = ?1, attempt = attempt + 1, claimed_at = ?2,"
+    " lease_expires_at = ?2 + ?3, wait_seconds = ?3, retry_at = NULL WHERE id = ?4 AND status = 'queued'"
+    f" RETURNING {COLUMNS}"
+)
 
 
 def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, policy: RunPolicy) -> Claimed:
-    """Claim the agent's oldest eligible run for `lease` seconds (module docstring), minting its token."""
+    """Claim the agent's oldest eligible run for `lease` seconds (module docstring), minting its token.
+    `now` is the runtime's clock; on PostgreSQL the server's clock judges instead (store/clock.py)."""
     changes: list[Change] = []
-    lock = " FOR UPDATE SKIP LOCKED" if on_postgres(conn) else ""
+    candidate = _CANDIDATE_PG if on_postgres(conn) else _CANDIDATE.sqlite
     for _ in range(CANDIDATES):
-        row = conn.execute(
-            f"SELECT {COLUMNS} FROM runs WHERE agent_profile_id = ?1 AND status IN ('queued', 'claimed')"
-            " AND ((status = 'queued' AND (retry_at IS NULL OR retry_at <= ?2))"
-            " OR (status = 'claimed' AND lease_expires_at <= ?2))"
-            " ORDER BY requested_at, id LIMIT 1" + lock,
-            (agent_profile_id, now),
-        ).fetchone()
+        row = conn.execute(candidate, (agent_profile_id, now)).fetchone()
         if row is None:
-            return Claimed(None, tuple(changes), next_eligible(conn, agent_profile_id))
-        run = run_from_row(row)
+            return Claimed(None, tuple(changes), next_eligible(conn, agent_profile_id, now))
+        run, now = run_from_row(row), float(row[-1])
         if run.status == "claimed":  # its holder's lease ran out: end the claim, then look again
             changes.extend(_expired(conn, run, now, policy))
             continue
@@ -80,11 +98,7 @@ def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, pol
             changes.extend(_fail(conn, run, "too_many_attempts", run.last_error, now))
             continue
         token = secrets.token_hex(8)
-        claimed = conn.execute(
-            "UPDATE runs SET status = 'claimed', claim_token = ?, attempt = attempt + 1, claimed_at = ?,"
-            f" lease_expires_at = ?, retry_at = NULL WHERE id = ? AND status = 'queued' RETURNING {COLUMNS}",
-            (token, now, now + lease, run.id),
-        ).fetchone()
+        claimed = conn.execute(_CLAIM, (token, now, lease, run.id)).fetchone()
         if claimed is None:  # another claimer took it between the read and the write (PostgreSQL)
             continue
         record = run_from_row(claimed)
@@ -99,17 +113,21 @@ def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, pol
             )
         )
         return Claimed(record, tuple(changes))
-    return Claimed(None, tuple(changes), now)
+    return Claimed(None, tuple(changes), 0.0)
 
 
-def next_eligible(conn: Connection, agent_profile_id: str) -> float | None:
-    """When the agent's next waiting run becomes eligible (a retry's time, or a lease's end), or None."""
-    (at,) = conn.execute(
-        "SELECT MIN(CASE status WHEN 'queued' THEN retry_at ELSE lease_expires_at END) FROM runs"
-        " WHERE agent_profile_id = ? AND status IN ('queued', 'claimed')",
-        (agent_profile_id,),
-    ).fetchone()
-    return None if at is None else float(at)
+_NEXT_ELIGIBLE = Clocked.of(
+    "SELECT MIN(CASE status WHEN 'queued' THEN retry_at ELSE lease_expires_at END) - {now} FROM runs"
+    " WHERE agent_profile_id = ?1 AND status IN ('queued', 'claimed')",
+    "?2",
+)
+
+
+def next_eligible(conn: Connection, agent_profile_id: str, now: float) -> float | None:
+    """In how many seconds (from `now`; on PostgreSQL from the server's clock) the agent's next waiting
+    run becomes eligible (a retry's time, or a lease's end; <= 0: already), or None."""
+    (left,) = conn.execute(_NEXT_ELIGIBLE.on(conn), (agent_profile_id, now)).fetchone()
+    return None if left is None else float(left)
 
 
 @attrs.frozen
@@ -120,8 +138,15 @@ class Renewed:
     lease_expires_at: float
 
 
+_RENEW = Clocked.of(
+    "UPDATE runs SET lease_expires_at = {now} + ?2, wait_seconds = ?2"
+    " WHERE id = ?3 AND status = 'claimed' AND claim_token = ?4 RETURNING lease_expires_at",
+    "?1",
+)
+
+
 def renew(conn: Connection, run_id: int, token: str, now: float, lease: float) -> Renewed:
-    """Extend the claim's lease to `now + lease`.
+    """Extend the claim's lease to `lease` seconds from now (`now`; on PostgreSQL the server's clock).
 
     Raises:
         NotFoundError: no run `run_id` (field run_id).
@@ -129,13 +154,10 @@ def renew(conn: Connection, run_id: int, token: str, now: float, lease: float) -
             runtime's transaction ended the claim between the read and the write (PostgreSQL).
     """
     held = _held(conn, run_id, token)
-    renewed = conn.execute(
-        "UPDATE runs SET lease_expires_at = ? WHERE id = ? AND status = 'claimed' AND claim_token = ?",
-        (now + lease, run_id, token),
-    ).rowcount
-    if renewed != 1:
+    renewed = conn.execute(_RENEW.on(conn), (now, lease, run_id, token)).fetchone()
+    if renewed is None:
         raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
-    return Renewed(held, now + lease)
+    return Renewed(held, float(renewed[0]))
 
 
 def release(conn: Connection, run_id: int, token: str) -> bool:
@@ -144,7 +166,7 @@ def release(conn: Connection, run_id: int, token: str) -> bool:
     return (
         conn.execute(
             "UPDATE runs SET status = 'queued', claim_token = NULL, attempt = attempt - 1,"
-            " lease_expires_at = NULL, outcome_reason = 'claim_released'"
+            " lease_expires_at = NULL, wait_seconds = NULL, outcome_reason = 'claim_released'"
             " WHERE id = ? AND status = 'claimed' AND claim_token = ?",
             (run_id, token),
         ).rowcount
@@ -163,12 +185,35 @@ def _held(conn: Connection, run_id: int, token: str) -> RunRecord:
     run = runs.get_run(conn, run_id)
     if run is None:
         raise NotFoundError(f"run {run_id} does not exist", field="run_id")
+    return _check_held(run, token)
+
+
+def _check_held(run: RunRecord, token: str) -> RunRecord:
     if run.status != "claimed" or run.claim_token != token:
         why = "claimed under another token" if run.status == "claimed" else run.status
         raise ConflictError(
-            f"run {run_id} is not claimed under this token (it is {why})", field="claim_token"
+            f"run {run.id} is not claimed under this token (it is {why})", field="claim_token"
         )
     return run
+
+
+_LOCKED = Clocked.of("SELECT " + COLUMNS + ", {now} FROM runs WHERE id = ?1", "?2")
+_LOCKED_PG = _LOCKED.postgres + " FOR UPDATE"
+
+
+def _locked(conn: Connection, run_id: int, now: float) -> tuple[RunRecord, float]:
+    """The run, and the time its change is judged at (`now`; on PostgreSQL the server's clock). On
+    PostgreSQL the row stays locked to the end of the transaction, so a finish racing another runtime's
+    waits for it and then reads what it committed (an identical finish is then a replay, not a lost
+    compare-and-set).
+
+    Raises:
+        NotFoundError: no run `run_id` (field run_id).
+    """
+    row = conn.execute(_LOCKED_PG if on_postgres(conn) else _LOCKED.sqlite, (run_id, now)).fetchone()
+    if row is None:
+        raise NotFoundError(f"run {run_id} does not exist", field="run_id")
+    return run_from_row(row), float(row[-1])
 
 
 @attrs.frozen
@@ -194,24 +239,34 @@ def finish(
     now: float,
     policy: RunPolicy,
     draw: float,
+    unfenced: bool = False,
 ) -> Finished:
-    """Resolve the attempt under `token` (None: unfenced, a claimed run's current claim). `draw` in [0, 1)
-    picks the jitter of a retry's backoff.
+    """Resolve the attempt under `token`. Without a token the finish is refused unless `unfenced` (the
+    host's explicit opt-out: it resolves a claimed run's current claim, whoever holds it). `draw` in [0, 1)
+    picks the jitter of a retry's backoff. Judged at `now` (on PostgreSQL the server's clock), with the
+    run's row locked, so the same finish sent twice at once is one finish and one replay.
 
     Raises:
-        NotFoundError: no run `run_id`, or (unfenced) it is not claimed (field run_id).
+        NotFoundError: no run `run_id`, or (without a token) it is not claimed (field run_id).
+        FenceRequiredError: no token and not `unfenced`, for a claimed run (field claim_token).
         ConflictError: `token` is not its current claim, or the same claim's finish recorded another
             outcome (field claim_token / status).
     """
-    run = runs.get_run(conn, run_id)
-    if run is None or (token is None and run.status != "claimed"):
+    run, now = _locked(conn, run_id, now)
+    if token is None and run.status != "claimed":
         raise NotFoundError(f"no claimed run {run_id}", field="run_id")
+    if token is None and not unfenced:
+        raise FenceRequiredError(
+            f"run {run_id} is claimed: finish it with its claim_token (or send unfenced: true to resolve"
+            " whichever claim holds it)",
+            field="claim_token",
+        )
     token = run.claim_token if token is None else token
     if run.status != "claimed" and token is not None and run.claim_token == token:
         if _same_outcome(run, status):
             return Finished(run, True, ())
         raise ConflictError(f"run {run_id}'s claim already ended ({run.status})", field="status")
-    held = _held(conn, run_id, token or "")
+    held = _check_held(run, token or "")
     if status == "finished":
         return _ended(_resolve(conn, held, "finished", None, None, now), "finished")
     if held.superseded:  # its entry was left: there is nothing to retry it for
@@ -226,10 +281,10 @@ def finish(
             _resolve(conn, held, "cancelled", "run_too_old", error, now), "cancelled", "run_too_old"
         )
     queued = conn.execute(
-        "UPDATE runs SET status = 'queued', retries = retries + 1, retry_at = ?, lease_expires_at = NULL,"
-        " last_error = ?, outcome_reason = 'retry_scheduled'"
-        f" WHERE id = ? AND status = 'claimed' AND claim_token = ? RETURNING {COLUMNS}",
-        (when, error, run_id, token),
+        "UPDATE runs SET status = 'queued', retries = retries + 1, retry_at = ?1, wait_seconds = ?2,"
+        " lease_expires_at = NULL, last_error = ?3, outcome_reason = 'retry_scheduled'"
+        f" WHERE id = ?4 AND status = 'claimed' AND claim_token = ?5 RETURNING {COLUMNS}",
+        (when, max(when - now, 0.0), error, run_id, token),
     ).fetchone()
     if queued is None:  # another runtime's transaction ended the claim after the read (PostgreSQL)
         raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
@@ -268,9 +323,9 @@ def _resolve(
 ) -> RunRecord:
     """Set a claimed run's final status (compare-and-set on its claim); the row after it."""
     row = conn.execute(
-        f"UPDATE runs SET status = ?, finished_at = ?, lease_expires_at = NULL, outcome_reason = ?,"
-        f" last_error = COALESCE(?, last_error) WHERE id = ? AND status = ? AND COALESCE(claim_token, '') = ?"
-        f" RETURNING {COLUMNS}",
+        "UPDATE runs SET status = ?, finished_at = ?, lease_expires_at = NULL, wait_seconds = NULL,"
+        " outcome_reason = ?, last_error = COALESCE(?, last_error)"
+        f" WHERE id = ? AND status = ? AND COALESCE(claim_token, '') = ? RETURNING {COLUMNS}",
         (status, now, reason, error, run.id, run.status, run.claim_token or ""),
     ).fetchone()
     if row is None:
@@ -339,7 +394,7 @@ def _cancel(conn: Connection, run: RunRecord, reason: str, now: float) -> bool:
     return (
         conn.execute(
             "UPDATE runs SET status = 'cancelled', outcome_reason = ?, finished_at = ?,"
-            " lease_expires_at = NULL,"
+            " lease_expires_at = NULL, wait_seconds = NULL,"
             " claim_token = CASE status WHEN 'claimed' THEN NULL ELSE claim_token END"
             " WHERE id = ? AND status IN ('queued', 'claimed')",
             (reason, now, run.id),
@@ -356,9 +411,7 @@ def cancel(conn: Connection, run_id: int, reason: str, now: float) -> tuple[bool
         NotFoundError: no run `run_id` (field run_id).
         ConflictError: it is finished or failed (field run_id).
     """
-    run = runs.get_run(conn, run_id)
-    if run is None:
-        raise NotFoundError(f"run {run_id} does not exist", field="run_id")
+    run, now = _locked(conn, run_id, now)
     if run.status == "cancelled":
         return False, None
     if run.status not in runs.UNRESOLVED or not _cancel(conn, run, reason, now):
@@ -368,24 +421,31 @@ def cancel(conn: Connection, run_id: int, reason: str, now: float) -> tuple[bool
 
 @attrs.frozen
 class Expired:
-    """What a lease sweep did, and when the next lease held now ends (Unix seconds; None: none is held)."""
+    """What a lease sweep did, and in how many seconds the next lease held now ends (on the clock that judged
+    the sweep, store/clock.py; None: none is held)."""
 
     changes: list[Change]
-    next_at: float | None
+    next_in: float | None
 
 
 def expire_leases(conn: Connection, now: float, limit: int, policy: RunPolicy) -> Expired:
     """Return to the queue (or end) up to `limit` claimed runs whose lease expired: queued again, their
     attempt used (`lease_expired`); cancelled when their entry was left meanwhile (`entry_left`) or they are
-    past the age limit (`run_too_old`); failed once they had `max_attempts` claims."""
+    past the age limit (`run_too_old`); failed once they had `max_attempts` claims. Judged at `now` (on
+    PostgreSQL the server's clock, read once); first every lease ending further ahead than its own length is
+    cut to end then (store/clock.py `clamp_leases`: a lease written under a clock that stepped back)."""
+    now = judge(conn, now)
+    clamp_leases(conn, now)
     rows = conn.execute(
-        f"SELECT {COLUMNS} FROM runs WHERE status = 'claimed' AND lease_expires_at <= ?"
-        " ORDER BY lease_expires_at LIMIT ?",
+        f"SELECT {COLUMNS} FROM runs WHERE status = 'claimed' AND lease_expires_at <= ?1"
+        " ORDER BY lease_expires_at LIMIT ?2",
         (now, limit),
     ).fetchall()
     changes = [change for run in map(run_from_row, rows) for change in _expired(conn, run, now, policy)]
-    (next_at,) = conn.execute("SELECT MIN(lease_expires_at) FROM runs WHERE status = 'claimed'").fetchone()
-    return Expired(changes, None if next_at is None else float(next_at))
+    (next_in,) = conn.execute(
+        "SELECT MIN(lease_expires_at) - ? FROM runs WHERE status = 'claimed'", (now,)
+    ).fetchone()
+    return Expired(changes, None if next_in is None else float(next_in))
 
 
 def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) -> list[Change]:
@@ -405,7 +465,7 @@ def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) ->
     if run.attempt >= policy.max_attempts:
         return _fail(conn, run, "too_many_attempts", run.last_error, now)
     requeued = conn.execute(
-        "UPDATE runs SET status = 'queued', lease_expires_at = NULL, claim_token = NULL,"
+        "UPDATE runs SET status = 'queued', lease_expires_at = NULL, wait_seconds = NULL, claim_token = NULL,"
         " outcome_reason = 'lease_expired' WHERE id = ? AND status = 'claimed' AND claim_token = ?",
         (run.id, run.claim_token),
     ).rowcount
@@ -414,14 +474,18 @@ def _expired(conn: Connection, run: RunRecord, now: float, policy: RunPolicy) ->
     )
 
 
+_CANCEL_TASK = Clocked.of(
+    "UPDATE runs SET status = 'cancelled', outcome_reason = 'task_deleted', finished_at = {now},"
+    " lease_expires_at = NULL, wait_seconds = NULL WHERE task_id = ?2 AND status IN ('queued', 'claimed')"
+    " RETURNING id, agent_profile_id, attempt",
+    "?1",
+)
+
+
 def cancel_task_runs(conn: Connection, task_id: str, now: float) -> list[Change]:
-    """Cancel every queued or claimed run of the task (it is being deleted: `task_deleted`)."""
-    rows = conn.execute(
-        "UPDATE runs SET status = 'cancelled', outcome_reason = 'task_deleted', finished_at = ?,"
-        " lease_expires_at = NULL WHERE task_id = ? AND status IN ('queued', 'claimed')"
-        " RETURNING id, agent_profile_id, attempt",
-        (now, task_id),
-    ).fetchall()
+    """Cancel every queued or claimed run of the task (it is being deleted: `task_deleted`), stamped `now`
+    (on PostgreSQL the server's clock)."""
+    rows = conn.execute(_CANCEL_TASK.on(conn), (now, task_id)).fetchall()
     return [
         Change("cancelled", run_id, task_id, agent, attempt, "task_deleted")
         for run_id, agent, attempt in rows

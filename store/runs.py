@@ -22,6 +22,7 @@ import attrs
 
 from onceflow.protocol.results import RunInfo
 from onceflow.protocol.times import rfc3339, rfc3339_or_none
+from onceflow.store.clock import Clocked
 from onceflow.store.connection import Connection, Cursor
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
@@ -124,8 +125,22 @@ def key_honoured(*, status: str, seen_at: float, finished_at: float | None, now:
     )
 
 
+_MERGED = Clocked.of(
+    "SELECT k.run_id, k.seen_at, r.status, r.finished_at, {now} FROM coalesced_keys k"
+    " JOIN runs r ON r.id = k.run_id WHERE k.idempotency_key = ?1",
+    "?2",
+)
+_OWN = Clocked.of(
+    "SELECT id, requested_at, status, finished_at, {now} FROM runs WHERE idempotency_key = ?1", "?2"
+)
+_KEEP_KEY = Clocked.of(
+    "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at) VALUES (?1, ?2, {now})", "?3"
+)
+
+
 def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
-    """Enqueue inside the caller's transaction. `now` is Unix seconds.
+    """Enqueue inside the caller's transaction. `now` is Unix seconds (the runtime's clock; on PostgreSQL
+    the key windows, the coalescing window and the stamps read the server's clock, store/clock.py).
 
     A key still honoured (`key_honoured`) makes the enqueue a success that changes nothing (`suppressed`,
     naming the run the key produced or was merged into). Otherwise the request coalesces into the newest
@@ -139,23 +154,17 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
     key = request.idempotency_key or None
     if key is None:
         return _coalesce(conn, request, now) or _queue(conn, request, now)
-    merged = conn.execute(
-        "SELECT k.run_id, k.seen_at, r.status, r.finished_at FROM coalesced_keys k"
-        " JOIN runs r ON r.id = k.run_id WHERE k.idempotency_key = ?",
-        (key,),
-    ).fetchone()
+    merged = conn.execute(_MERGED.on(conn), (key, now)).fetchone()
     if merged is not None and key_honoured(
-        status=merged[2], seen_at=merged[1], finished_at=merged[3], now=now
+        status=merged[2], seen_at=merged[1], finished_at=merged[3], now=merged[4]
     ):
         return EnqueueResult("suppressed", merged[0])
     if merged is None and not should_coalesce(request):  # the common keyed case: insert, look on a conflict
         inserted = _insert(conn, request, now, skip_taken_key=True)
         if inserted is not None:
             return inserted
-    own = conn.execute(
-        "SELECT id, requested_at, status, finished_at FROM runs WHERE idempotency_key = ?", (key,)
-    ).fetchone()
-    if own is not None and key_honoured(status=own[2], seen_at=own[1], finished_at=own[3], now=now):
+    own = conn.execute(_OWN.on(conn), (key, now)).fetchone()
+    if own is not None and key_honoured(status=own[2], seen_at=own[1], finished_at=own[3], now=own[4]):
         return EnqueueResult("suppressed", own[0])
     with savepoint(conn, "enqueue"):  # release the expired key, then merge or insert under it: all or none
         if merged is not None:
@@ -165,11 +174,16 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
         result = _coalesce(conn, request, now)
         if result is None:
             return _queue(conn, request, now)
-        conn.execute(
-            "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at) VALUES (?, ?, ?)",
-            (key, result.run_id, now),
-        )
+        conn.execute(_KEEP_KEY.on(conn), (key, result.run_id, now))
     return result
+
+
+_COALESCE = Clocked.of(
+    "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ?1 AND reason = ?2 AND task_id IS ?3"
+    " AND status = 'queued' AND exclude_from_coalescing = 0 AND requested_at >= {now} - ?5"
+    " ORDER BY requested_at DESC, id DESC LIMIT 1",
+    "?4",
+)
 
 
 def _coalesce(conn: Connection, request: RunRequest, now: float) -> EnqueueResult | None:
@@ -177,10 +191,8 @@ def _coalesce(conn: Connection, request: RunRequest, now: float) -> EnqueueResul
     if not should_coalesce(request):
         return None
     row = conn.execute(
-        "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ? AND reason = ? AND task_id IS ?"
-        " AND status = 'queued' AND exclude_from_coalescing = 0 AND requested_at >= ?"
-        " ORDER BY requested_at DESC, id DESC LIMIT 1",
-        (request.agent_profile_id, request.reason, request.task_id, now - COALESCE_WINDOW_SECONDS),
+        _COALESCE.on(conn),
+        (request.agent_profile_id, request.reason, request.task_id, now, COALESCE_WINDOW_SECONDS),
     ).fetchone()
     if row is None:
         return None
@@ -197,15 +209,24 @@ def _queue(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
     return queued
 
 
+_INSERT = Clocked.of(
+    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
+    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, ?9, ?10, ?11)",
+    "?8",
+)
+_INSERT_NEW = Clocked(
+    _INSERT.sqlite + " ON CONFLICT (idempotency_key) DO NOTHING",
+    _INSERT.postgres + " ON CONFLICT (idempotency_key) DO NOTHING",
+)
+
+
 def _insert(
     conn: Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
 ) -> EnqueueResult | None:
     """Insert the run as queued. `skip_taken_key`: a key already on a run inserts nothing, returns None."""
-    upsert = " ON CONFLICT (idempotency_key) DO NOTHING" if skip_taken_key else ""
     cur = conn.execute(
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" + upsert,
+        (_INSERT_NEW if skip_taken_key else _INSERT).on(conn),
         (
             request.agent_profile_id,
             request.task_id,
@@ -296,13 +317,15 @@ class Change:
 _LEAVE = (
     "UPDATE runs SET status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END,"
     " outcome_reason = CASE status WHEN 'queued' THEN ?3 ELSE outcome_reason END,"
-    " finished_at = CASE status WHEN 'queued' THEN ?2 ELSE finished_at END, superseded = 1"
+    " finished_at = CASE status WHEN 'queued' THEN {now} ELSE finished_at END, superseded = 1"
     " WHERE {tasks} AND status IN ('queued', 'claimed') AND admission_seq IS NOT NULL AND superseded = 0"
     " RETURNING id, status, agent_profile_id, attempt, task_id"
 )
-_LEAVE_ONE = _LEAVE.format(tasks="task_id = ?1")
-_LEAVE_MANY = _LEAVE.format(tasks="task_id IN (SELECT value FROM json_each(?1))")
-_LEAVE_MANY_PG = _LEAVE.format(tasks="task_id = ANY(?1)")  # a planner estimate a json set would not give
+_LEAVE_ONE = Clocked.of(_LEAVE.format(tasks="task_id = ?1", now="{now}"), "?2")
+_LEAVE_MANY = _LEAVE.format(tasks="task_id IN (SELECT value FROM json_each(?1))", now="?2")
+_LEAVE_MANY_PG = Clocked.of(  # ANY: a planner estimate a json set would not give
+    _LEAVE.format(tasks="task_id = ANY(?1)", now="{now}"), "?2"
+).postgres
 
 
 @attrs.frozen
@@ -341,10 +364,10 @@ def leave_entries(
     for all of them, over the open runs only (`runs_open_by_task`)."""
     if on_postgres(conn):
         if len(task_ids) == 1:
-            return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)), reason)
+            return Leaving(conn.execute(_LEAVE_ONE.postgres, (task_ids[0], now, reason)), reason)
         return Leaving(conn.execute(_LEAVE_MANY_PG, (list(task_ids), now, reason)), reason)
     if len(task_ids) == 1:
-        return Leaving(conn.execute(_LEAVE_ONE, (task_ids[0], now, reason)).fetchall(), reason)
+        return Leaving(conn.execute(_LEAVE_ONE.sqlite, (task_ids[0], now, reason)).fetchall(), reason)
     return Leaving(conn.execute(_LEAVE_MANY, (json.dumps(list(task_ids)), now, reason)).fetchall(), reason)
 
 

@@ -429,6 +429,13 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     );
     INSERT INTO event_eras (id, era) VALUES (1, 0);
     """,
+    # 18: how long a run's current wait was set for (a claim's lease, a retry's delay), so a lease or retry
+    # time written under an earlier clock is trusted at most that long from now (store/clock.py). A lease
+    # held now gets an upper bound (its end less its first claim), a waiting retry none.
+    """
+    ALTER TABLE runs ADD COLUMN wait_seconds REAL;
+    UPDATE runs SET wait_seconds = lease_expires_at - claimed_at WHERE status = 'claimed';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

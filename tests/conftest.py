@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hand_clock import HandClock
 from helpers import FakeClock, setup_office
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
@@ -82,6 +83,13 @@ def db_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def hand_clock(db_path: Path | str) -> HandClock:
+    """Trio's clock for the test (pytest-trio runs it on this MockClock), and the server's on PostgreSQL,
+    both standing still until moved by hand (tests/hand_clock.py)."""
+    return HandClock(db_path)
 
 
 @pytest.fixture

@@ -92,11 +92,14 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def create_database(self, name: str) -> str:
-        """Create an empty database `name` (a plain identifier) and return its URL."""
+        """Create an empty database `name` (a plain identifier) with the tests' server clock
+        (`TEST_SERVER_CLOCK`) and return its URL."""
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
+        with psycopg.connect(self.url(name), autocommit=True) as conn:
+            conn.execute(TEST_SERVER_CLOCK)
         return self.url(name)
 
     def pg_ctl(self, *args: str, timeout: float = 120) -> None:
@@ -133,6 +136,29 @@ class PostgresServer:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             _as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"], 30)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+TEST_SERVER_CLOCK = """
+CREATE TABLE onceflow_test_clock (at DOUBLE PRECISION NOT NULL);
+CREATE FUNCTION onceflow_clock() RETURNS DOUBLE PRECISION LANGUAGE sql VOLATILE
+    AS 'SELECT COALESCE((SELECT at FROM onceflow_test_clock LIMIT 1),
+                        CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION))';
+"""
+"""The database server's clock as the tests' databases have it: the server's own (`clock_timestamp()`, as
+the runtime's schema creates it, store/pg_schema.py), unless a test froze it (`freeze_server_clock`); the
+schema keeps a clock it finds."""
+
+
+def freeze_server_clock(url: str, at: float | None) -> None:
+    """Stop the server's clock of database `url` at `at` (Unix seconds) for every session at once (None: let
+    it run again). A test that moves Trio's MockClock moves this with it (helpers.py `TestTime`), so the
+    runtime's clock and the server's agree to the microsecond."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM onceflow_test_clock")
+        if at is not None:
+            conn.execute("INSERT INTO onceflow_test_clock (at) VALUES (%s)", (at,))
 
 
 def _as_postgres(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

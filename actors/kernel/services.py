@@ -48,10 +48,11 @@ class WorkflowRegistry:
 
 @attrs.define
 class Services:
-    """The shared facade. `clock` returns Unix seconds (wall clock: it is persisted). `task_rows` caches task
-    rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes it). `run_policy` is how runs
-    are leased and retried; `run_signals` wakes the claims waiting for work (actors/kernel/run_signals.py);
-    `tracing` is where the runtime's spans go (onceflow/tracing.py).
+    """The shared facade. `clock` returns Unix seconds: the runtime's clock (actors/kernel/clock.py,
+    anchored at open and monotonic since), which every persisted and compared time is read from.
+    `task_rows` caches task rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes
+    it). `run_policy` is how runs are leased and retried; `run_signals` wakes the claims waiting for work
+    (actors/kernel/run_signals.py); `tracing` is where the runtime's spans go (onceflow/tracing.py).
     """
 
     store: StoreActor

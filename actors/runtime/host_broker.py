@@ -128,7 +128,8 @@ class _Call:
 class HostBroker:
     """A `Host` and a `Coordinator` answered by registered host connections (the module docstring's
     rules). `host_timeout`: seconds a host has to answer one offer; `host_wait`: seconds a call waits for a
-    host with its capability to be connected; `clock`: Unix seconds for records and deadlines.
+    host with its capability to be connected; `clock`: Unix seconds for records and deadlines (`clock`,
+    settable: serve hands it the runtime's clock once the runtime is open, actors/kernel/clock.py).
 
     Raises ValueError (naming the setting) for a `host_timeout` or `host_wait` that is not finite and
     positive.
@@ -139,7 +140,7 @@ class HostBroker:
     ) -> None:
         self.host_timeout = seconds("host_timeout", host_timeout)
         self.host_wait = seconds("host_wait", host_wait)
-        self._clock = clock
+        self.clock = clock
         self._hosts: list[RegisteredHost] = []
         self._registered: set[Capability] = set()  # capabilities ever registered: no more default answers
         self._pending: dict[str, _Call] = {}
@@ -353,7 +354,7 @@ class HostBroker:
             return None  # no host ever took this capability: the default host's answer
         if call_id in self._pending:  # one task's calls never overlap; keep ids unique all the same
             call_id = f"{call_id}#{self._numbered}-{len(self._pending)}"
-        call = _Call(call_id, kind, task_id, request, self._clock(), trio.current_time())
+        call = _Call(call_id, kind, task_id, request, self.clock(), trio.current_time())
         self._pending[call_id] = call
         try:
             status, error = await self._until_ended(call)
@@ -427,7 +428,7 @@ class HostBroker:
             "call_id": call.call_id,
             "kind": call.kind,
             "request": call.request,
-            "deadline": rfc3339(self._clock() + self.host_timeout),
+            "deadline": rfc3339(self.clock() + self.host_timeout),
         }
         line = (json.dumps({"call": frame}, separators=(",", ":")) + "\n").encode()
         call.host, call.last_host = host, host.host_id
@@ -465,7 +466,7 @@ class HostBroker:
             attempts=call.offers,
             host_id=call.last_host,
             created_at=call.created_at,
-            answered_at=self._clock(),
+            answered_at=self.clock(),
             latency=latency,
             error=error,
         )

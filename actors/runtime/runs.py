@@ -68,6 +68,7 @@ async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> Claimed
     with signals.waiting(agent):
         while True:
             woken = signals.current(agent)  # before the look: a run queued after it began still wakes us
+            asked = trio.current_time()
             found = await services.store.transact(
                 run_claims.claim, agent, services.now(), lease, services.run_policy
             )
@@ -86,8 +87,8 @@ async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> Claimed
             left = deadline - trio.current_time()
             if left <= 0:
                 return None
-            if found.next_eligible_at is not None:
-                left = min(left, max(found.next_eligible_at - services.now(), 0.0))
+            if found.next_eligible_in is not None:  # measured from the look: less the time since
+                left = min(left, max(found.next_eligible_in - (trio.current_time() - asked), 0.0))
             if services.store.postgres:
                 left = min(left, PG_POLL)
             with trio.move_on_after(left):
@@ -128,8 +129,8 @@ async def finish(services: Services, command: c.FinishRun, out: Outbox) -> Finis
     what it changed; a replay publishes nothing.
 
     Raises:
-        NotFoundError / ConflictError: as `run_claims.finish` (run_id / claim_token / status); nothing
-            changes.
+        NotFoundError / FenceRequiredError / ConflictError: as `run_claims.finish` (run_id / claim_token
+            / status); nothing changes.
     """
     done = await services.store.transact(
         run_claims.finish,
@@ -142,6 +143,7 @@ async def finish(services: Services, command: c.FinishRun, out: Outbox) -> Finis
         now=services.now(),
         policy=services.run_policy,
         draw=random.random(),
+        unfenced=command.unfenced,
     )
     publish_run_changes(out, done.changes)
     run = done.run
@@ -179,7 +181,7 @@ async def sweep_leases_once(services: Services, hub: EventHub) -> run_claims.Exp
         )
     except Exception as exc:
         log.warning("lease_sweep_failed", cause=repr(exc))
-        return run_claims.Expired([], services.now() + LEASE_SWEEP_INTERVAL)
+        return run_claims.Expired([], LEASE_SWEEP_INTERVAL)
     publish_run_changes(Outbox(hub, reply=False), expired.changes)
     return expired
 
@@ -195,16 +197,20 @@ async def sweep_leases_forever(
     this runtime wakes it to look again); on PostgreSQL also every `interval` seconds, since other
     runtimes grant leases too. With no lease held it sleeps, holding no timer. `start` it to get the cancel
     scope that stops it. Leases are durable times, so a dead runtime's leases end on whichever runtime
-    sweeps first, and a restarted one's at its first sweep."""
+    sweeps first, and a restarted one's at its first sweep (at most their own length after it: each sweep
+    first cuts a lease ending further ahead, store/clock.py). The waits are Trio's monotonic time, measured
+    from each sweep's look."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:
             woken = services.run_signals.leased
+            asked = trio.current_time()
             expired = await sweep_leases_once(services, hub)
             if len(expired.changes) >= SWEEP_LIMIT:
                 await trio.sleep(0)
                 continue
-            wait = math.inf if expired.next_at is None else max(expired.next_at - services.now(), 0.0)
+            elapsed = trio.current_time() - asked  # `next_in` is measured from the sweep's look
+            wait = math.inf if expired.next_in is None else max(expired.next_in - elapsed, 0.0)
             if services.store.postgres:
                 wait = min(wait, interval)
             with trio.move_on_after(wait):

@@ -20,6 +20,7 @@ from opentelemetry.trace import TracerProvider
 
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel import task_rows
+from onceflow.actors.kernel.clock import RuntimeClock
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, event_window_size
 from onceflow.actors.kernel.groups import raise_single
 from onceflow.actors.kernel.ledger import LedgerActor
@@ -33,13 +34,17 @@ from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger,
 from onceflow.actors.runtime.run_gauges import gauge_open_runs_forever
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.logs import get_logger
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.host import BaseHost, Host
 from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy, retention_seconds
+from onceflow.store import clock as store_clock
 from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
 from onceflow.tracing import Tracing
+
+log = get_logger("onceflow.runtime")
 
 SWITCH_INTERVAL = 0.00005
 """Seconds: the GIL switch interval `onceflow serve` runs with (`open_runtime`'s `switch_interval`): short
@@ -81,7 +86,11 @@ async def open_runtime(
       before the COMMIT is durable. A transaction waits `busy_timeout` seconds for another connection's write
       lock, then the command is answered `storage_busy` (retryable). Every storage fault is answered as a
       typed `storage_<kind>` error, and the transaction that met it commits nothing.
-    - `clock` returns Unix seconds for persisted timestamps.
+    - `clock` is the wall clock (Unix seconds), read once: the runtime's clock (actors/kernel/clock.py)
+      starts at its reading and then follows Trio's monotonic clock, so stepping it while the runtime runs
+      changes nothing; on PostgreSQL it is not read at all, the database server's clock is (its reading at
+      open, and in every lease, expiry and age decision). Runs-queue times written before the restart are
+      trusted at most so far (store/clock.py `clamp_restart`; docs/guarantees.md, "Time").
     - `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
     until
       acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, AC-CO-18); unfinished
@@ -150,6 +159,17 @@ async def open_runtime(
             ) as store,
             trio.open_nursery() as nursery,
         ):
+            server = await store.transact(store_clock.server_time)
+            runtime_clock = RuntimeClock.anchored(clock() if server is None else server)
+            clamped = await store.transact(store_clock.clamp_restart, runtime_clock())
+            if clamped.total:
+                log.warning(
+                    "times_clamped_at_open",
+                    leases=clamped.leases,
+                    retries=clamped.retries,
+                    runs=clamped.runs,
+                    keys=clamped.keys,
+                )
             ledger = LedgerActor()
             nursery.start_soon(ledger.run)
             promotions, promoted = trio.open_memory_channel[Announced](math.inf)
@@ -160,7 +180,7 @@ async def open_runtime(
                 workflows=WorkflowRegistry(),
                 promotions=promotions,
                 executors=executors,
-                clock=clock,
+                clock=runtime_clock,
                 task_rows=task_rows.TaskRows() if store.postgres else rows,
                 run_policy=run_policy or RunPolicy(),
                 tracing=tracing,
@@ -173,7 +193,7 @@ async def open_runtime(
                 coordinator,
                 redelivery_interval=redelivery_interval,
                 retry_policy=retry_policy or RetryPolicy(),
-                clock=clock,
+                clock=runtime_clock,
                 tracing=tracing,
             )
             try:

@@ -149,6 +149,12 @@ class Run:
         return self.info["payload"]
 
     @property
+    def entry_seq(self) -> int | None:
+        """The step entry that queued it (an on_enter run's): the review round a vote it casts is for
+        (`record_decision`'s `entry_seq`)."""
+        return self.info["entry_seq"]
+
+    @property
     def attempt(self) -> int:
         """Which claim of the run this is (1 for the first)."""
         return self.info["attempt"]

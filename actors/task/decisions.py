@@ -20,9 +20,10 @@ async def record_decision(
     """Record a decision and apply the first satisfied guarded transition of its step.
 
     In-process redeliveries are stopped by the ledger (`decision:<task>:<step>:<id>`, marked after the
-    in-call commit: AC-EO-9); across restarts the durable receipt keeps a redelivered vote out of a later
-    round, and the guards are simply re-evaluated. A reused `decision_id` with other content is a
-    ConflictError in both cases.
+    in-call commit: AC-EO-9); across restarts the durable receipt recognises a redelivered vote while
+    retention keeps it, and the guards are simply re-evaluated; a vote naming its round (`entry_seq`)
+    never counts outside it, whatever was pruned (store/decisions.py). A reused `decision_id` with other
+    content is a ConflictError in both cases.
 
     The reply says whether the vote counted (`counted`, `not_counted_reason`; a WARNING
     `decision_not_counted` diagnostic when it did not) and what the guards did (`guard_outcome`: moved,
@@ -39,6 +40,7 @@ async def record_decision(
     if applied and not recorded.inserted:
         return AlreadyApplied(idempotent=True, operation_id=op)
     if recorded.inserted:
+        assert recorded.decision_id is not None
         out.emit(
             DecisionRecorded(
                 decision_id=recorded.decision_id,
@@ -60,6 +62,7 @@ async def record_decision(
             decider_id=command.decider_id,
             participant_id=command.participant_id,
             role=recorded.role,
+            entry_seq=command.entry_seq,
             reason=recorded.not_counted,
         )
     # Re-evaluated on a replay too: a redelivery may follow a first delivery whose transition failed.
@@ -69,11 +72,14 @@ async def record_decision(
         moved_to, guard_outcome = await _reevaluate(ctx, recorded.task, op, out)
     if op:
         await ledger.mark_applied(op)
+    counted = recorded.not_counted is None if recorded.inserted else None
+    if recorded.decision_id is None:  # a vote for a round that is over: said not counted, never silently
+        counted = False
     return DecisionResult(
         decision_id=recorded.decision_id,
         recorded=recorded.inserted,
         role=recorded.role,
-        counted=recorded.not_counted is None if recorded.inserted else None,
+        counted=counted,
         not_counted_reason=recorded.not_counted,
         moved_to=moved_to,
         guard_outcome=guard_outcome,

@@ -105,6 +105,7 @@ class Host:
                             "decision": verdict,
                             "comment": comment,
                             "decision_id": f"run-{run.id}",  # a retried run does not vote twice
+                            "entry_seq": run.entry_seq,  # nor in a later round
                         }
                     )
                 report(REVIEWER, run)

@@ -384,6 +384,7 @@ async def serve(
                 event_window=event_window,
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
+                hosts.clock = runtime.services.clock  # call records share the runtime's time base
                 if listener is not None:
                     cap = connection_cap(options.max_connections)
                     options = attrs.evolve(options, max_connections=cap)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hand_clock import HandClock
 from helpers import (
     APPROVER,
     OFFICE,
@@ -87,8 +88,11 @@ async def test_office_cycle_end_to_end(office: Runtime, host: RecordingHost) -> 
 
 
 async def test_restart_mid_cycle_keeps_state_and_the_cycle_continues(
-    db_path: Path, kandev_templates: Path, clock: FakeClock
+    db_path: Path, kandev_templates: Path, hand_clock: HandClock
 ) -> None:
+    """Time stands still across the restart, so the runs read back exactly as they were (a time ahead of
+    the restarted clock would be clamped to it, store/clock.py)."""
+    clock = hand_clock.wall
     async with open_runtime(db_path, clock=clock) as rt:
         await setup_office(rt, kandev_templates / "office-default.yml")
         await to_review(rt, "T1")
@@ -137,11 +141,8 @@ async def test_redelivered_decision_is_idempotent(office: Runtime) -> None:
     assert len(await list_decisions(office, "T1", "review")) == 2
 
 
-async def test_claim_returns_the_oldest_queued_run_and_finish_closes_it(
-    office: Runtime, clock: FakeClock
-) -> None:
+async def test_claim_returns_the_oldest_queued_run_and_finish_closes_it(office: Runtime) -> None:
     await to_review(office, "T1")
-    clock.advance(60)
     await to_review(office, "T2")
 
     first = (await ok(office, {"type": "claim_run", "agent_profile_id": "rev-a"})).result
@@ -152,7 +153,7 @@ async def test_claim_returns_the_oldest_queued_run_and_finish_closes_it(
     assert third is None
     assert [r["status"] for r in await list_runs(office, agent_profile_id="rev-b")] == ["queued", "queued"]
 
-    finished = await ok(office, {"type": "finish_run", "run_id": first["id"]})
+    finished = await ok(office, {"type": "finish_run", "run_id": first["id"], "unfenced": True})
     assert (finished.result["run_id"], finished.result["status"]) == (first["id"], "finished")
     statuses = {r["id"]: r["status"] for r in await list_runs(office, agent_profile_id="rev-a")}
     assert statuses == {first["id"]: "finished", second["id"]: "claimed"}

@@ -23,6 +23,7 @@ import pytest
 import trio
 import trio.testing
 from entry_support import snapshot
+from hand_clock import run_still
 from helpers import START, FakeClock, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -249,8 +250,8 @@ def test_issue14_the_task_row_cache_changes_no_outcome(
     """Moves starting from cached rows (actors/kernel/task_rows.py) leave the same database, replies and logs
     as moves that read every row, rows changed behind the cache ("behind") included."""
     folder = tmp_path_factory.mktemp("cache")
-    cached = trio.run(play, folder / "cached.db", scenario)
-    uncached = trio.run(play, folder / "uncached.db", scenario, 0)
+    cached = run_still(play, folder / "cached.db", scenario)
+    uncached = run_still(play, folder / "uncached.db", scenario, 0)
     assert snapshot(folder / "cached.db") == snapshot(folder / "uncached.db")
     assert cached == uncached
 
@@ -258,9 +259,9 @@ def test_issue14_the_task_row_cache_changes_no_outcome(
 def assert_same_outcome(folder: Path, scenario: dict[str, Any]) -> list[Any]:
     """Play `scenario` with the common path on and off; the same database, replies and logs. Returns the
     replies."""
-    fast_replies, fast_logs = trio.run(play, folder / "fast.db", scenario)
+    fast_replies, fast_logs = run_still(play, folder / "fast.db", scenario)
     with per_action_only():
-        slow_replies, slow_logs = trio.run(play, folder / "slow.db", scenario)
+        slow_replies, slow_logs = run_still(play, folder / "slow.db", scenario)
     assert snapshot(folder / "fast.db") == snapshot(folder / "slow.db")
     assert fast_replies == slow_replies
     assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
@@ -333,7 +334,7 @@ def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
             "commands": [],
         }
         scenario["commands"] = [("decide", "T0"), ("move_review", "T0")]
-        replies = trio.run(play, tmp_path / "one.db", scenario)[0]
+        replies = run_still(play, tmp_path / "one.db", scenario)[0]
     finally:
         admission.admit_common = admit
     assert calls == [True]
@@ -369,9 +370,9 @@ def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path:
             assert moved_back.step_id == "work"
         return moved, snapshot(db)
 
-    fast = trio.run(run, tmp_path / "fast.db")
+    fast = run_still(run, tmp_path / "fast.db")
     with per_action_only():
-        slow = trio.run(run, tmp_path / "slow.db")
+        slow = run_still(run, tmp_path / "slow.db")
     assert fast == slow
     assert fast[0] is False
     assert len(fast[1]["step_entries"]) == 1  # the first, real entry only
@@ -396,9 +397,9 @@ def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_actio
                 reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
         return reply.model_dump(), logs, snapshot(db)
 
-    fast_reply, fast_logs, fast_state = trio.run(run, tmp_path / "fast.db")
+    fast_reply, fast_logs, fast_state = run_still(run, tmp_path / "fast.db")
     with per_action_only():
-        slow_reply, slow_logs, slow_state = trio.run(run, tmp_path / "slow.db")
+        slow_reply, slow_logs, slow_state = run_still(run, tmp_path / "slow.db")
     assert [log["event"] for log in fast_logs].count("common_entry_declined") == 1
     assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
     assert fast_reply == slow_reply
@@ -427,7 +428,7 @@ def test_issue14_ac_a5_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does(
     winning a collision, positions and ids ordering the rest: AC-A5, AC-E2), keyed byte for byte as
     `run_key`, run ids in that order; a seat without an agent leaves nothing written (AC-E2's failure is
     the per-action path's). Rows of another step, workflow or task never count."""
-    trio.run(play_seats, tmp_path_factory.mktemp("seats") / "db", seats, payload)
+    run_still(play_seats, tmp_path_factory.mktemp("seats") / "db", seats, payload)
 
 
 class Undo(Exception):

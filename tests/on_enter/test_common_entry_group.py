@@ -18,6 +18,7 @@ from typing import Any
 import trio
 import trio.testing
 from entry_support import add_decision, snapshot
+from hand_clock import run_still
 from helpers import FakeClock, ok, send
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -168,8 +169,8 @@ def test_issue14_a_group_of_common_entries_decides_each_as_one_after_another(
     tmp_path_factory: Any, scenario: dict[str, Any]
 ) -> None:
     folder = tmp_path_factory.mktemp("group")
-    together, ran = trio.run(batched, folder / "together.db", scenario)
-    separately = trio.run(one_by_one, folder / "separately.db", scenario)
+    together, ran = run_still(batched, folder / "together.db", scenario)
+    separately = run_still(one_by_one, folder / "separately.db", scenario)
     assert snapshot(folder / "together.db") == snapshot(folder / "separately.db")
     assert together == separately  # keys, cleared counts, run ids and idempotency keys
     assert len(ran) == 1  # the writer ran the group once
@@ -187,7 +188,7 @@ def admitted_by_one_group_run(db: Path | str) -> None:
         "cached": dict.fromkeys(TASKS, True),
         "order": ("T2", "T0", "T1", "T3"),
     }
-    together, ran = trio.run(batched, db, scenario)
+    together, ran = run_still(batched, db, scenario)
     assert ran[0] == together
     assert [entry.key.task_id for entry in together] == ["T2", "T0", "T1", "T3"]
     assert [entry.key.entry_seq for entry in together] == [2, 1, 1, 1]
@@ -207,7 +208,7 @@ def sent_back_one_at_a_time(db: Path | str) -> None:
         "order": TASKS,
     }
     with capture_logs() as logs:
-        together, ran = trio.run(batched, db, scenario)
+        together, ran = run_still(batched, db, scenario)
     assert ran == [None]
     assert [result is not None for result in together] == [True, False, True, True]
     declined = [log for log in logs if log["event"] == "common_entry_declined"]
@@ -261,7 +262,7 @@ def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp
 
     admission.admit_group = counted  # type: ignore[assignment]
     try:
-        replies = trio.run(moved_at_once, tmp_path / "moves.db")
+        replies = run_still(moved_at_once, tmp_path / "moves.db")
     finally:
         admission.admit_group = original
     assert sum(calls) >= 16 and 0 not in calls  # most entries went through groups, none declined
@@ -305,4 +306,4 @@ def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> 
             rows = await store.transact(lambda conn: conn.execute("SELECT v FROM marks").fetchall())
             return [value for (value,) in rows]
 
-    assert trio.run(main) == ["a", "b", "c"]
+    assert run_still(main) == ["a", "b", "c"]

@@ -32,6 +32,7 @@ from entry_support import (
     setup_entries,
     snapshot,
 )
+from hand_clock import run_still
 from helpers import START, FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -222,7 +223,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for task_id in TASKS:
                 await new_task(rt, task_id)
 
-    trio.run(prepare)
+    run_still(prepare)
     return db
 
 
@@ -241,11 +242,11 @@ def test_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_d
             async with open_store(db) as store:
                 await store.transact(lambda conn: write_state(conn, scenario))
 
-        trio.run(crash_state)
-    set_events, set_logs = trio.run(lambda: restart(dbs["set"], listening=True))
+        run_still(crash_state)
+    set_events, set_logs = run_still(lambda: restart(dbs["set"], listening=True))
     with per_entry_only():
-        slow_events, slow_logs = trio.run(lambda: restart(dbs["per_entry"], listening=True))
-    quiet_events, quiet_logs = trio.run(lambda: restart(dbs["quiet"], listening=False))
+        slow_events, slow_logs = run_still(lambda: restart(dbs["per_entry"], listening=True))
+    quiet_events, quiet_logs = run_still(lambda: restart(dbs["quiet"], listening=False))
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"]) == snapshot(dbs["quiet"])
     assert set_events == slow_events
     assert quiet_events == []
@@ -280,9 +281,9 @@ def test_issue14_the_set_path_takes_the_common_entries(
         async with open_store(db) as store:
             await store.transact(lambda conn: write_state(conn, scenario))
 
-    trio.run(crash_state)
+    run_still(crash_state)
     with counting_finishes() as calls:
-        events, logs = trio.run(lambda: restart(db, listening=listening))
+        events, logs = run_still(lambda: restart(db, listening=listening))
     assert calls == [3]
     assert same_for_both(logs) == logs  # not declined
     assert len([e for e in events if e.type == "run_queued"]) == (3 * 2 * len(REVIEWERS) if listening else 0)
@@ -351,21 +352,21 @@ def test_issue14_the_set_path_writes_the_per_entry_paths_keys_byte_for_byte(
             assert key.entry_seq >= 10
             add_decision(conn, task_id, "review")
 
-    trio.run(prepare)
+    run_still(prepare)
 
     async def crash() -> None:
         async with open_store(base) as store:
             await store.transact(crash_state)
 
-    trio.run(crash)
+    run_still(crash)
     dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
     for db in dbs.values():
         shutil.copy(base, db)
     with counting_finishes() as calls:
-        trio.run(lambda: restart(dbs["set"], listening=listening))
+        run_still(lambda: restart(dbs["set"], listening=listening))
     assert calls == [len(ODD_TASKS)]
     with per_entry_only():
-        trio.run(lambda: restart(dbs["per_entry"], listening=listening))
+        run_still(lambda: restart(dbs["per_entry"], listening=listening))
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
     keys = [row[6] for row in snapshot(dbs["set"])["runs"]]
     assert len(keys) == len(ODD_TASKS) * len(ODD_REVIEWERS)
@@ -401,7 +402,7 @@ def crash_with_trigger(prepared: Path, db: Path, trigger: str) -> None:
         async with open_store(db) as store:
             await store.transact(write)
 
-    trio.run(run)
+    run_still(run)
 
 
 def test_issue11_issue14_an_error_ending_the_transaction_in_the_set_path_fails_the_batch_whole(
@@ -416,14 +417,14 @@ def test_issue11_issue14_an_error_ending_the_transaction_in_the_set_path_fails_t
         "CREATE TRIGGER gone BEFORE INSERT ON runs BEGIN SELECT RAISE(ROLLBACK, 'transaction gone'); END",
     )
     before = snapshot(db)
-    _, logs = trio.run(lambda: restart(db, listening=False))
+    _, logs = run_still(lambda: restart(db, listening=False))
     assert snapshot(db) == before
     assert [log["task_id"] for log in logs if log["event"] == "recovery_entry_failed"] == list(TASKS[:3])
     conn = sqlite3.connect(db)
     conn.execute("DROP TRIGGER gone")
     conn.commit()
     conn.close()
-    trio.run(lambda: restart(db, listening=False))
+    run_still(lambda: restart(db, listening=False))
     state = snapshot(db)
     assert len(state["runs"]) == 3 * 2 * len(REVIEWERS)
     assert state["decisions"] == []
@@ -442,9 +443,9 @@ def test_issue14_a_statement_failing_in_the_set_path_leaves_the_entries_to_the_p
     dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry")}
     for db in dbs.values():
         crash_with_trigger(prepared, db, trigger)
-    set_events, set_logs = trio.run(lambda: restart(dbs["set"], listening=True))
+    set_events, set_logs = run_still(lambda: restart(dbs["set"], listening=True))
     with per_entry_only():
-        slow_events, slow_logs = trio.run(lambda: restart(dbs["per_entry"], listening=True))
+        slow_events, slow_logs = run_still(lambda: restart(dbs["per_entry"], listening=True))
     assert len(set_logs) == len(same_for_both(set_logs)) + 1  # the set path declined the run once
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
     assert set_events == slow_events
@@ -487,12 +488,12 @@ def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_o
             async with open_store(db) as store:
                 await store.transact(lambda conn: write_state(conn, scenario))
 
-        trio.run(crash_state)
+        run_still(crash_state)
     with small_batches(2) as requests:
-        trio.run(lambda: restart(dbs["set"], listening=False))
+        run_still(lambda: restart(dbs["set"], listening=False))
     assert requests == [(6, 6)]
     with small_batches(2) as requests, per_entry_only():
-        trio.run(lambda: restart(dbs["per_entry"], listening=False))
+        run_still(lambda: restart(dbs["per_entry"], listening=False))
     assert requests == [(6, 2), (4, 2), (2, 2)]
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
 
@@ -518,9 +519,9 @@ def test_issue11_issue14_a_request_failing_in_a_later_batch_fails_that_batch_onl
         async with open_store(db) as store:
             await store.transact(write)
 
-    trio.run(crash)
+    run_still(crash)
     with small_batches(2) as requests:
-        _, logs = trio.run(lambda: restart(db, listening=False))
+        _, logs = run_still(lambda: restart(db, listening=False))
     assert requests == [(2, 2), (2, 2)]  # the committed ones: T0-T1, then T2-T3, each after a failed try
     assert [log["task_id"] for log in logs if log["event"] == "recovery_entry_failed"] == ["T4", "T5"]
     state = snapshot(db)
@@ -530,7 +531,7 @@ def test_issue11_issue14_a_request_failing_in_a_later_batch_fails_that_batch_onl
     conn.execute("DROP TRIGGER gone")
     conn.commit()
     conn.close()
-    trio.run(lambda: restart(db, listening=False))
+    run_still(lambda: restart(db, listening=False))
     state = snapshot(db)
     assert len(state["runs"]) == 6 * 2 * len(REVIEWERS)
     assert all(row[6] == 1 for row in state["step_entries"])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import trio
+from hand_clock import run_still
 from hypothesis import HealthCheck, event, given, settings
 from pg_support import PostgresServer
 from test_pg_common_paths import fresh, run_ranks, snapshot
@@ -54,8 +54,8 @@ def test_pg_a_group_of_common_entries_decides_each_as_one_after_another_AC_B5_AC
     postgres_server: PostgresServer, scenario: dict[str, Any]
 ) -> None:
     together_url, separately_url = fresh(postgres_server), fresh(postgres_server)
-    together, ran = trio.run(group.batched, together_url, scenario)
-    separately = trio.run(group.one_by_one, separately_url, scenario)
+    together, ran = run_still(group.batched, together_url, scenario)
+    separately = run_still(group.one_by_one, separately_url, scenario)
     assert snapshot(together_url) == snapshot(separately_url)
     assert ranked(together, run_ranks(together_url)) == ranked(separately, run_ranks(separately_url))
     assert len(ran) == 1  # the writer ran the group once
@@ -100,7 +100,7 @@ def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
     admission.admit_group = counted_admit  # type: ignore[assignment]
     tasks.get_tasks = counted_read  # type: ignore[assignment]
     try:
-        replies = trio.run(group.moved_at_once, url)
+        replies = run_still(group.moved_at_once, url)
     finally:
         admission.admit_group = original_admit
         tasks.get_tasks = original_read

@@ -19,11 +19,11 @@ from typing import Any
 
 import psycopg
 import pytest
-import trio
-from helpers import FakeClock, send
+from hand_clock import run_still
+from helpers import START, FakeClock, send
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pg_support import PostgresServer
+from pg_support import PostgresServer, freeze_server_clock
 from structlog.testing import capture_logs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
@@ -88,13 +88,18 @@ def renumbered(value: Any, ranks: dict[int, int]) -> Any:
 
 
 def fresh(server: PostgresServer, template: str | None = None) -> str:
-    """A new database on `server` (a copy of database `template` when given); its URL."""
+    """A new database on `server` (a copy of database `template` when given); its URL. Its server clock
+    stands at `START` (pg_support.freeze_server_clock), so two runs on Trio's still clock (`run_still`) stamp
+    the same times."""
     name = f"cp{next(_names)}"
     if template is None:
-        return server.create_database(name)
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return server.url(name)
+        url = server.create_database(name)
+    else:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        url = server.url(name)
+    freeze_server_clock(url, START)
+    return url
 
 
 # --- the common entry ---------------------------------------------------------------------------------
@@ -102,9 +107,9 @@ def fresh(server: PostgresServer, template: str | None = None) -> str:
 
 def same_outcome(server: PostgresServer, scenario: dict[str, Any]) -> list[Any]:
     fast, slow = fresh(server), fresh(server)
-    fast_replies, fast_logs = trio.run(common.play, fast, scenario)
+    fast_replies, fast_logs = run_still(common.play, fast, scenario)
     with common.per_action_only():
-        slow_replies, slow_logs = trio.run(common.play, slow, scenario)
+        slow_replies, slow_logs = run_still(common.play, slow, scenario)
     assert snapshot(fast) == snapshot(slow)
     fast_ranks, slow_ranks = run_ranks(fast), run_ranks(slow)
     assert renumbered(fast_replies, fast_ranks) == renumbered(slow_replies, slow_ranks)
@@ -143,7 +148,7 @@ def test_issue15_issue14_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does
     """The common path's SQL-built runs (participants read, deduplicated, keyed and ordered by the database)
     are the per-action path's seats on PostgreSQL too (AC-A5, AC-E2): test_common_entry's examples, each in
     one writer request rolled back at its end, on one database."""
-    trio.run(common.play_seats, seats_database(postgres_server), seats, payload)
+    run_still(common.play_seats, seats_database(postgres_server), seats, payload)
 
 
 _seats_url: list[str] = []
@@ -180,7 +185,7 @@ def test_issue15_the_common_entry_path_is_taken_on_postgres(pg_url: str) -> None
             "seats": ["rev-a", "rev-b"],
             "commands": [("decide", "T0"), ("move_review", "T0")],
         }
-        replies = trio.run(common.play, pg_url, scenario)[0]
+        replies = run_still(common.play, pg_url, scenario)[0]
     finally:
         undo()
     assert [admitted is not None for admitted in calls] == [True]
@@ -211,9 +216,9 @@ def test_issue15_issue14_a_database_error_in_the_common_path_rolls_back_to_the_p
                 reply = await send(rt, {"type": "move_task", "task_id": "T0", "step_id": "review"})
         return reply.model_dump(), logs, snapshot(url)
 
-    fast_reply, fast_logs, fast_state = trio.run(run, fresh(postgres_server))
+    fast_reply, fast_logs, fast_state = run_still(run, fresh(postgres_server))
     with common.per_action_only():
-        slow_reply, slow_logs, slow_state = trio.run(run, fresh(postgres_server))
+        slow_reply, slow_logs, slow_state = run_still(run, fresh(postgres_server))
     assert [log["event"] for log in fast_logs].count("common_entry_declined") == 1
     assert [log for log in fast_logs if log["event"] != "common_entry_declined"] == slow_logs
     assert fast_reply == slow_reply
@@ -238,7 +243,7 @@ def prepared(postgres_server: PostgresServer) -> str:
             for task_id in recovery_set.TASKS:
                 await new_task(rt, task_id)
 
-    trio.run(prepare)
+    run_still(prepare)
     return url.rsplit("/", 1)[1]
 
 
@@ -254,7 +259,7 @@ def crashed(server: PostgresServer, prepared: str, scenario: dict[str, Any]) -> 
         async with open_store(url) as store:
             await store.transact(lambda conn: recovery_set.write_state(conn, scenario))
 
-    trio.run(crash_state)
+    run_still(crash_state)
     return url
 
 
@@ -264,10 +269,10 @@ def test_issue15_issue14_the_set_path_recovers_every_crash_state_as_the_per_entr
     postgres_server: PostgresServer, prepared: str, scenario: dict[str, Any]
 ) -> None:
     dbs = {name: crashed(postgres_server, prepared, scenario) for name in ("set", "per_entry", "quiet")}
-    set_events, set_logs = trio.run(lambda: restart(dbs["set"], listening=True))
+    set_events, set_logs = run_still(lambda: restart(dbs["set"], listening=True))
     with recovery_set.per_entry_only():
-        slow_events, slow_logs = trio.run(lambda: restart(dbs["per_entry"], listening=True))
-    quiet_events, quiet_logs = trio.run(lambda: restart(dbs["quiet"], listening=False))
+        slow_events, slow_logs = run_still(lambda: restart(dbs["per_entry"], listening=True))
+    quiet_events, quiet_logs = run_still(lambda: restart(dbs["quiet"], listening=False))
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"]) == snapshot(dbs["quiet"])
     ranks = {name: run_ranks(url) for name, url in dbs.items()}
     set_dumped = renumbered([event.model_dump() for event in set_events], ranks["set"])
@@ -287,7 +292,7 @@ def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
     url = crashed(postgres_server, prepared, recovery_set.COMMON)
     calls, undo = counting("finish_common", recovery)
     try:
-        trio.run(lambda: restart(url, listening=False))
+        run_still(lambda: restart(url, listening=False))
     finally:
         undo()
     assert [len(done.entries) if done is not None else 0 for done in calls] == [3]
@@ -297,5 +302,5 @@ def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
     assert state["decisions"] == []
     slow = crashed(postgres_server, prepared, recovery_set.COMMON)
     with recovery_set.per_entry_only():
-        trio.run(lambda: restart(slow, listening=False))
+        run_still(lambda: restart(slow, listening=False))
     assert snapshot(url) == snapshot(slow)

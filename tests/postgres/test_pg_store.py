@@ -76,7 +76,10 @@ async def test_issue15_postgres_schema_has_sqlites_tables_and_columns(pg_url: st
                 " WHERE table_schema = current_schema()"
             ).fetchall()
         )
-    on_postgres = {(table, column) for table, column in rows if table != "onceflow_meta"}
+    # onceflow_test_clock: the tests' settable server clock (pg_support.TEST_SERVER_CLOCK), not the schema's
+    on_postgres = {
+        (table, column) for table, column in rows if table not in ("onceflow_meta", "onceflow_test_clock")
+    }
     assert on_postgres - on_sqlite == {("step_entries", "rowid"), ("outcomes", "rowid")}
     assert on_sqlite - on_postgres == set()
 

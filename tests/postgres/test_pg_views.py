@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from helpers import FakeClock, decide, ok, register, setup_office, to_review
-from pg_support import PostgresServer
+from helpers import START, FakeClock, decide, ok, register, setup_office, to_review
+from pg_support import PostgresServer, freeze_server_clock
+from trio.testing import MockClock
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -77,8 +78,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_issue15_every_view_on_postgres_shows_the_rows_and_table_it_shows_on_sqlite(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, mock_clock: MockClock
 ) -> None:
+    """Trio's clock stands still and the server's stands at `START`, the wall clock's reading: both
+    databases get the same times."""
+    freeze_server_clock(pg_url, START)
     sqlite_db = tmp_path / "board.db"
     await _filled(sqlite_db)
     await _filled(pg_url)

@@ -4,12 +4,13 @@ Each test is named after the Kandev rule it pins; where onceflow is stricter the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
+from hand_clock import HandClock
 from helpers import (
-    FakeClock,
     events,
     list_runs,
     move,
@@ -25,6 +26,13 @@ from onceflow.protocol.times import rfc3339, unix_seconds
 from onceflow.testing import RecordingHost
 
 MINUTE, HOUR = 60.0, 3600.0
+
+
+@pytest.fixture
+def clock(hand_clock: HandClock) -> Callable[[], float]:
+    """The wall clock the `runtime` and `office` fixtures open with: the hand-moved clock's
+    (tests/hand_clock.py), so `hand_clock.advance` moves every time they stamp and judge, on both backends."""
+    return hand_clock.wall
 
 
 async def claim(rt: Runtime, agent: str, **extra: Any) -> dict[str, Any] | None:
@@ -69,34 +77,36 @@ async def worker_run(rt: Runtime, task_id: str = "T1", **task: Any) -> dict[str,
 
 
 async def test_kandev_claim_takes_the_oldest_eligible_queued_run_of_the_agent(
-    office: Runtime, clock: FakeClock
+    office: Runtime, hand_clock: HandClock
 ) -> None:
     await to_review(office, "T1")
-    clock.advance(60)
+    hand_clock.advance(60)
     await to_review(office, "T2")
     first = await claimed(office, "rev-a")
     assert (first["task_id"], first["status"], first["attempt"]) == ("T1", "claimed", 1)
-    assert unix_seconds(first["lease_expires_at"]) == pytest.approx(clock.now + RunPolicy().lease, abs=1e-6)
+    assert unix_seconds(first["lease_expires_at"]) == pytest.approx(
+        hand_clock.now + RunPolicy().lease, abs=1e-6
+    )
     assert first["trigger"] == "on_enter" and first["entry_seq"] == 1 and first["admission_seq"] == 2
     second = await claimed(office, "rev-a")
     assert second["task_id"] == "T2" and second["claim_token"] != first["claim_token"]
     assert await claim(office, "rev-a") is None
     # a run waiting for its retry time is not eligible before it
-    await fail(office, first, retry_at=clock.now + 600)
+    await fail(office, first, retry_at=hand_clock.now + 600)
     assert await claim(office, "rev-a") is None
-    clock.advance(600)
+    hand_clock.advance(600)
     again = await claimed(office, "rev-a")
     assert (again["id"], again["attempt"], again["retries"]) == (first["id"], 2, 1)
 
 
 async def test_kandev_backoff_is_2m_10m_30m_2h_plus_up_to_25_percent_jitter_at_most_4_retries(
-    runtime: Runtime, clock: FakeClock
+    runtime: Runtime, hand_clock: HandClock
 ) -> None:
     run = await worker_run(runtime)
     for retry, base in enumerate((2 * MINUTE, 10 * MINUTE, 30 * MINUTE, 2 * HOUR), start=1):
         reply = await fail(runtime, run)
         assert reply.result["status"] == "queued"
-        delay = unix_seconds(reply.result["retry_at"]) - clock.now
+        delay = unix_seconds(reply.result["retry_at"]) - hand_clock.now
         assert base <= delay <= base * 1.25, (retry, delay)
         [scheduled] = events(reply, "run_retry_scheduled")
         assert (scheduled.retries, scheduled.error, scheduled.retry_at) == (
@@ -104,7 +114,7 @@ async def test_kandev_backoff_is_2m_10m_30m_2h_plus_up_to_25_percent_jitter_at_m
             "boom",
             reply.result["retry_at"],
         )
-        clock.advance(delay + 1e-6)  # past the time shown, rounded to the microsecond
+        hand_clock.advance(delay + 1e-6)  # past the time shown, rounded to the microsecond
         run = await claimed(runtime, "worker")
         assert (run["attempt"], run["retries"]) == (retry + 1, retry)
     last = await fail(runtime, run)
@@ -120,41 +130,41 @@ async def test_kandev_backoff_is_2m_10m_30m_2h_plus_up_to_25_percent_jitter_at_m
 
 
 async def test_kandev_backoff_clamps_at_its_last_delay_and_jitter_spreads_retries(
-    db_path: Any, host: RecordingHost, clock: FakeClock
+    db_path: Any, host: RecordingHost, hand_clock: HandClock
 ) -> None:
     policy = RunPolicy(backoff=(10.0, 20.0), max_retries=6)
-    async with open_runtime(db_path, host=host, clock=clock, run_policy=policy) as rt:
+    async with open_runtime(db_path, host=host, clock=hand_clock.wall, run_policy=policy) as rt:
         run = await worker_run(rt)
         delays = []
         for _ in range(6):
             reply = await fail(rt, run)
-            delays.append(unix_seconds(reply.result["retry_at"]) - clock.now)
-            clock.advance(delays[-1] + 1e-6)
+            delays.append(unix_seconds(reply.result["retry_at"]) - hand_clock.now)
+            hand_clock.advance(delays[-1] + 1e-6)
             run = await claimed(rt, "worker")
         assert 10 <= delays[0] <= 12.5 and all(20 <= d <= 25 for d in delays[1:])
         assert len(set(delays[1:])) > 1  # the jitter is drawn per retry
 
 
 async def test_kandev_rate_limit_reset_time_from_the_host_wins_over_the_backoff(
-    runtime: Runtime, clock: FakeClock
+    runtime: Runtime, hand_clock: HandClock
 ) -> None:
     run = await worker_run(runtime)
-    reset = clock.now + 5 * HOUR + 30  # the host read the reset time (+30 s) off a rate-limit error
+    reset = hand_clock.now + 5 * HOUR + 30  # the host read the reset time (+30 s) off a rate-limit error
     reply = await fail(runtime, run, retry_at=reset)
     assert (reply.result["status"], reply.result["retry_at"]) == ("queued", rfc3339(reset))
-    clock.advance(5 * HOUR)
+    hand_clock.advance(5 * HOUR)
     assert await claim(runtime, "worker") is None
-    clock.advance(30)
+    hand_clock.advance(30)
     assert (await claimed(runtime, "worker"))["id"] == run["id"]
 
 
 async def test_kandev_after_the_last_retry_the_run_fails_and_an_agent_error_run_goes_to_the_ceo_agent(
-    runtime: Runtime, clock: FakeClock
+    runtime: Runtime, hand_clock: HandClock
 ) -> None:
     run = await worker_run(runtime, ceo_agent_id="ceo")
     for _ in range(4):
         reply = await fail(runtime, run, error="quota")
-        clock.advance(unix_seconds(reply.result["retry_at"]) - clock.now + 1e-6)
+        hand_clock.advance(unix_seconds(reply.result["retry_at"]) - hand_clock.now + 1e-6)
         run = await claimed(runtime, "worker")
     last = await fail(runtime, run, error="quota")
     [failed] = events(last, "run_failed")
@@ -182,16 +192,16 @@ async def test_kandev_an_agents_own_failure_is_terminal_a_launch_error_retries(r
 
 
 async def test_kandev_run_too_old_a_run_requested_over_24h_ago_is_not_retried_nor_handed_out(
-    runtime: Runtime, clock: FakeClock
+    runtime: Runtime, hand_clock: HandClock
 ) -> None:
     run = await worker_run(runtime)
-    clock.advance(23.99 * HOUR)
+    hand_clock.advance(23.99 * HOUR)
     reply = await fail(runtime, run)  # its retry would fall past the 24 h age limit
     assert reply.result["status"] == "cancelled"
     [cancelled] = events(reply, "run_cancelled")
     assert cancelled.reason == "run_too_old"
     await comment(runtime, "T1", "c-2")
-    clock.advance(24 * HOUR)
+    hand_clock.advance(24 * HOUR)
     claimed_late = await ok(runtime, {"type": "claim_run", "agent_profile_id": "worker"})
     assert claimed_late.result is None
     assert [(e.run_id, e.reason) for e in events(claimed_late, "run_cancelled")] == [
@@ -200,16 +210,16 @@ async def test_kandev_run_too_old_a_run_requested_over_24h_ago_is_not_retried_no
 
 
 async def test_kandev_execution_too_old_is_one_age_limit_so_the_fourth_retry_is_reachable(
-    runtime: Runtime, clock: FakeClock
+    runtime: Runtime, hand_clock: HandClock
 ) -> None:
     """Kandev cancels a retried run older than 2 h at claim (`execution_too_old`), so its own 4th retry
     (2 + 10 + 30 min + 2 h of backoff) can never run; here one 24 h limit governs, and it runs."""
     run = await worker_run(runtime)
     for _ in range(4):
         reply = await fail(runtime, run)
-        clock.advance(unix_seconds(reply.result["retry_at"]) - clock.now + 1e-6)
+        hand_clock.advance(unix_seconds(reply.result["retry_at"]) - hand_clock.now + 1e-6)
         run = await claimed(runtime, "worker")
-    assert clock.now - unix_seconds(run["requested_at"]) > 2 * HOUR + 42 * MINUTE
+    assert hand_clock.now - unix_seconds(run["requested_at"]) > 2 * HOUR + 42 * MINUTE
     assert (run["retries"], run["attempt"]) == (4, 5)
 
 
@@ -248,26 +258,26 @@ async def test_kandev_cancel_is_a_compare_and_set_on_queued_or_claimed(runtime: 
 
 
 async def test_kandev_idempotency_key_is_a_noop_while_unresolved_and_24h_after_it_resolves(
-    db_path: Any, clock: FakeClock
+    db_path: Any, hand_clock: HandClock
 ) -> None:
     """Kandev honours a key 24 h after it was seen; here while its run is unresolved, whatever its age, and
     24 h after it resolves (stricter: never more runs)."""
-    async with open_runtime(db_path, clock=clock) as rt:
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         await ok(rt, {"type": "register_workflow", "yaml": MINIMAL, "source": "m.yml"})
         await ok(
             rt, {"type": "create_task", "task_id": "T1", "workflow_id": "m", "primary_agent_id": "worker"}
         )
         assert _run_events(await comment(rt, "T1", "c-1")) == ["run_queued"]
-        clock.advance(25 * HOUR)
-    async with open_runtime(db_path, clock=clock) as rt:  # a restart: the ledger starts empty
+        hand_clock.advance(25 * HOUR)
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:  # a restart: the ledger starts empty
         assert _run_events(await comment(rt, "T1", "c-1")) == ["run_suppressed"]  # still queued
         cancelled = await ok(rt, {"type": "claim_run", "agent_profile_id": "worker"})
         assert [e.reason for e in events(cancelled, "run_cancelled")] == ["run_too_old"]
-        clock.advance(24 * HOUR - 1)
-    async with open_runtime(db_path, clock=clock) as rt:
+        hand_clock.advance(24 * HOUR - 1)
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         assert _run_events(await comment(rt, "T1", "c-1")) == ["run_suppressed"]
-        clock.advance(2)
-    async with open_runtime(db_path, clock=clock) as rt:
+        hand_clock.advance(2)
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         assert _run_events(await comment(rt, "T1", "c-1")) == ["run_queued"]
 
 

@@ -8,12 +8,14 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from hand_clock import HandClock
 from helpers import (
     FakeClock,
     decide,
@@ -39,6 +41,13 @@ DAY = 24 * 3600.0
 WEEK = 7 * DAY
 
 
+@pytest.fixture
+def clock(hand_clock: HandClock) -> Callable[[], float]:
+    """The wall clock the `runtime` and `office` fixtures open with: the hand-moved clock's
+    (tests/hand_clock.py), so `hand_clock.advance` ages what they stamp, on both backends."""
+    return hand_clock.wall
+
+
 async def _prune(rt: Runtime, seconds: float = WEEK) -> dict[str, int]:
     return await prune(rt.services.store, rt.services.clock, seconds)
 
@@ -52,13 +61,13 @@ async def _finish_all(rt: Runtime, agent: str) -> int:
 
 
 async def test_resolved_runs_go_after_the_retention_unresolved_ones_never(
-    office: Runtime, clock: FakeClock
+    office: Runtime, hand_clock: HandClock
 ) -> None:
     await to_review(office, "T1")
     assert await _finish_all(office, "rev-a") == 1
-    clock.advance(WEEK - 1)
+    hand_clock.advance(WEEK - 1)
     assert (await _prune(office))["runs"] == 0
-    clock.advance(2)
+    hand_clock.advance(2)
     assert (await _prune(office))["runs"] == 1
     left = await list_runs(office, task_id="T1")
     assert [(r["agent_profile_id"], r["status"]) for r in left] == [
@@ -67,7 +76,7 @@ async def test_resolved_runs_go_after_the_retention_unresolved_ones_never(
 
 
 async def test_old_entries_go_but_the_latest_of_each_step_and_every_open_one_stay(
-    office: Runtime, clock: FakeClock
+    office: Runtime, hand_clock: HandClock
 ) -> None:
     await to_review(office, "T1")
     for _ in range(3):  # three more rounds Review -> Work -> Review
@@ -75,7 +84,7 @@ async def test_old_entries_go_but_the_latest_of_each_step_and_every_open_one_sta
         await turn_complete(office, "T1")
     before = [(e["step_id"], e["entry_seq"]) for e in await list_entries(office, "T1")]
     assert sorted(before) == [("review", n) for n in (1, 2, 3, 4)]
-    clock.advance(WEEK + 1)
+    hand_clock.advance(WEEK + 1)
     deleted = await _prune(office)
     assert deleted["step_entries"] == 3
     assert [(e["step_id"], e["entry_seq"]) for e in await list_entries(office, "T1")] == [("review", 4)]
@@ -86,13 +95,13 @@ async def test_old_entries_go_but_the_latest_of_each_step_and_every_open_one_sta
 
 
 async def test_superseded_decisions_go_the_latest_of_each_seat_stays(
-    office: Runtime, clock: FakeClock
+    office: Runtime, hand_clock: HandClock
 ) -> None:
     await to_review(office, "T1")
     for verdict in ("approved", "changes_requested", "approved"):
-        await decide(office, "T1", "review", "rev-a", verdict, decision_id=f"d-{verdict}-{clock.now}")
-        clock.advance(1)
-    clock.advance(WEEK)
+        await decide(office, "T1", "review", "rev-a", verdict, decision_id=f"d-{verdict}-{hand_clock.now}")
+        hand_clock.advance(1)
+    hand_clock.advance(WEEK)
     deleted = await _prune(office)
     assert (deleted["decisions"], deleted["decision_receipts"]) == (2, 3)
     rows = (await ok(office, {"type": "list_decisions", "task_id": "T1", "step_id": "review"})).result[
@@ -101,23 +110,22 @@ async def test_superseded_decisions_go_the_latest_of_each_seat_stays(
     assert [row["decision"] for row in rows] == ["approved"]
 
 
-async def test_a_batch_never_deletes_more_than_its_limit(db_path: Path | str, clock: FakeClock) -> None:
-    async with open_runtime(db_path, clock=clock) as rt:
+async def test_a_batch_never_deletes_more_than_its_limit(db_path: Path | str, hand_clock: HandClock) -> None:
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         await _queue_and_finish(rt, 25)
-        clock.advance(WEEK + 1)
-        pruned = await rt.services.store.transact(retention.prune_batch, clock.now, WEEK, 10)
+        hand_clock.advance(WEEK + 1)
+        pruned = await rt.services.store.transact(retention.prune_batch, hand_clock.now, WEEK, 10)
         assert (pruned.deleted["runs"], pruned.full) == (10, True)
-        rest = await prune(rt.services.store, clock, WEEK, batch=10)
+        rest = await prune(rt.services.store, rt.services.clock, WEEK, batch=10)
         assert rest["runs"] == 15
 
 
 async def test_the_runtime_prunes_at_start_and_after_every_so_many_history_events(
-    db_path: Path | str, metric_reader: Any
+    db_path: Path | str, metric_reader: Any, hand_clock: HandClock
 ) -> None:
-    clock = FakeClock()
-    async with open_runtime(db_path, clock=clock, retention=DAY, retention_every=4) as rt:
+    async with open_runtime(db_path, clock=hand_clock.wall, retention=DAY, retention_every=4) as rt:
         await _queue_and_finish(rt, 3)  # 3 finished runs: not yet due
-        clock.advance(DAY + 1)
+        hand_clock.advance(DAY + 1)
         await trio.testing.wait_all_tasks_blocked()
         assert len(await list_runs(rt)) == 3
         before = metric_points(metric_reader).get(("onceflow.retention.deleted", (("kind", "runs"),)), 0)
@@ -126,8 +134,8 @@ async def test_the_runtime_prunes_at_start_and_after_every_so_many_history_event
         await trio.testing.wait_all_tasks_blocked()  # the pass counts what it deleted once its batch returns
         after = metric_points(metric_reader)[("onceflow.retention.deleted", (("kind", "runs"),))]
         assert after - before == 3
-    clock.advance(DAY + 1)
-    async with open_runtime(db_path, clock=clock, retention=DAY) as rt:  # the pass at start-up
+    hand_clock.advance(DAY + 1)
+    async with open_runtime(db_path, clock=hand_clock.wall, retention=DAY) as rt:  # the pass at start-up
         assert await _settled(rt, lambda rows: rows == [])
 
 
@@ -265,7 +273,7 @@ def _columns(rows: list[dict[str, Any]], *names: str) -> list[tuple[Any, ...]]:
 
 
 async def test_an_approval_round_trip_leaves_nothing_unpruned_behind(
-    office: Runtime, clock: FakeClock
+    office: Runtime, hand_clock: HandClock
 ) -> None:
     """Everything a resolved cycle leaves is retention's to delete once old: what stays is each task's
     latest entry per step and its current state."""
@@ -274,7 +282,7 @@ async def test_an_approval_round_trip_leaves_nothing_unpruned_behind(
     await turn_complete(office, "T1")
     for agent in ("rev-a", "rev-b"):
         await _finish_all(office, agent)
-    clock.advance(WEEK + 1)
+    hand_clock.advance(WEEK + 1)
     deleted = await _prune(office)
     assert deleted["runs"] == 4  # two entries' fan-outs: the first pair cancelled on leaving, then finished
     assert _columns(await list_runs(office, task_id="T1"), "status") == []

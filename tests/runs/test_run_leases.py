@@ -1,6 +1,6 @@
-"""Leases, fencing tokens, superseded claims and waiting claims, on Trio's mock clock: the runtime's wall
-clock follows it (`onceflow.testing.TrioWallClock`), so lease ends, retry times and Trio's timers (the
-lease sweep, a waiting claim) move together."""
+"""Leases, fencing tokens, superseded claims and waiting claims, on a clock moved by hand
+(tests/hand_clock.py): the runtime's clock follows Trio's, and on PostgreSQL the server's clock moves with it,
+so lease ends, retry times and Trio's timers (the lease sweep, a waiting claim) move together."""
 
 from __future__ import annotations
 
@@ -11,37 +11,22 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hand_clock import HandClock
 from helpers import COMMENT_QUEUES_RUN, events, list_runs, move, ok, send, setup_office, to_review
+from pg_support import freeze_server_clock
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import unix_seconds
 from onceflow.store import run_claims
-from onceflow.testing import FakeClock, TrioWallClock
 
 
 @pytest.fixture
-async def rt(db_path: Path | str, mock_clock: trio.testing.MockClock) -> AsyncIterator[Runtime]:
-    async with open_runtime(db_path, clock=TrioWallClock(), lease_sweep_interval=1.0) as runtime:
+async def rt(db_path: Path | str, hand_clock: HandClock) -> AsyncIterator[Runtime]:
+    async with open_runtime(db_path, clock=hand_clock.wall, lease_sweep_interval=1.0) as runtime:
         await ok(runtime, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         yield runtime
-
-
-async def elapse(rt: Runtime, clock: trio.testing.MockClock, seconds: float) -> None:
-    """Move Trio's clock by hand (the store's thread is real: an autojump clock would jump while a store
-    reply is pending), then let every timer that expired run to its end: a store request queued behind
-    theirs answers once they committed."""
-    await trio.testing.wait_all_tasks_blocked()
-    clock.jump(seconds)
-    for _ in range(2):  # twice: the writer may answer a timer's request and ours in one batch
-        await trio.testing.wait_all_tasks_blocked()
-        await rt.services.store.transact(_nothing)
-    await trio.testing.wait_all_tasks_blocked()
-
-
-def _nothing(conn: object) -> None:
-    return None
 
 
 async def queue(rt: Runtime, task_id: str, comment: str = "c-1") -> None:
@@ -58,12 +43,12 @@ async def claim(rt: Runtime, **extra: Any) -> Any:
 
 
 async def test_an_expired_lease_hands_the_run_out_again_once_and_fences_the_old_token(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     await queue(rt, "T1")
     first = (await claim(rt, lease_seconds=10)).result
     watch = rt.subscribe()
-    await elapse(rt, mock_clock, 11)  # the sweep runs every second
+    await hand_clock.elapse(rt, 11)  # the sweep runs every second
     expired = [e for e in _drain(watch) if e.type == "run_lease_expired"]
     assert [(e.run_id, e.attempt) for e in expired] == [(first["id"], 1)]
     [row] = await list_runs(rt, task_id="T1")
@@ -101,13 +86,11 @@ async def test_an_expired_lease_hands_the_run_out_again_once_and_fences_the_old_
     assert (other.error.code, other.error.field) == ("conflict", "status")
 
 
-async def test_renewing_keeps_the_claim_past_its_first_lease(
-    rt: Runtime, mock_clock: trio.testing.MockClock
-) -> None:
+async def test_renewing_keeps_the_claim_past_its_first_lease(rt: Runtime, hand_clock: HandClock) -> None:
     await queue(rt, "T1")
     run = (await claim(rt, lease_seconds=10)).result
     for _ in range(3):
-        await elapse(rt, mock_clock, 8)
+        await hand_clock.elapse(rt, 8)
         renewed = await ok(
             rt,
             {
@@ -117,39 +100,38 @@ async def test_renewing_keeps_the_claim_past_its_first_lease(
                 "lease_seconds": 10,
             },
         )
-        assert unix_seconds(renewed.result["lease_expires_at"]) == pytest.approx(TrioWallClock()() + 10)
+        assert unix_seconds(renewed.result["lease_expires_at"]) == pytest.approx(hand_clock.now + 10)
         assert renewed.result["superseded"] is False
     [row] = await list_runs(rt, task_id="T1")
     assert (row["status"], row["attempt"]) == ("claimed", 1)
-    await elapse(rt, mock_clock, 11)
+    await hand_clock.elapse(rt, 11)
     [row] = await list_runs(rt, task_id="T1")
     assert (row["status"], row["outcome_reason"]) == ("queued", "lease_expired")
 
 
 async def test_a_claim_takes_over_an_expired_lease_itself_before_any_sweep(
-    db_path: Path | str, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
-    clock = FakeClock()  # the wall clock moves, Trio's does not: the sweep never wakes
-    async with open_runtime(db_path, clock=clock) as rt:
-        await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
-        await queue(rt, "T1")
-        first = (await claim(rt, lease_seconds=5)).result
-        clock.advance(6)
-        again = await claim(rt)
-        assert [e.type for e in again.events] == ["run_lease_expired", "run_claimed"]
-        assert (again.result["id"], again.result["attempt"]) == (first["id"], 2)
+    """The claim is judged 6 s after the claim before it, with Trio's clock still: no sweep wakes (on SQLite
+    the claim's `now` is its caller's; on PostgreSQL the server's clock alone moves)."""
+    await queue(rt, "T1")
+    first = (await claim(rt, lease_seconds=5)).result
+    later = hand_clock.now + 6
+    if hand_clock.postgres:
+        freeze_server_clock(str(hand_clock.db), later)
+    again = await rt.services.store.transact(run_claims.claim, "worker", later, 300.0, RunPolicy())
+    assert [c.kind for c in again.changes] == ["lease_expired", "claimed"]
+    assert again.run is not None and (again.run.id, again.run.attempt) == (first["id"], 2)
 
 
-async def test_a_lease_expires_across_a_restart(
-    db_path: Path | str, mock_clock: trio.testing.MockClock
-) -> None:
-    async with open_runtime(db_path, clock=TrioWallClock()) as rt:
+async def test_a_lease_expires_across_a_restart(db_path: Path | str, hand_clock: HandClock) -> None:
+    async with open_runtime(db_path, clock=hand_clock.wall) as rt:
         await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
         first = (await claim(rt, lease_seconds=30)).result
-    mock_clock.jump(60)  # the runtime is down when the lease ends
-    async with open_runtime(db_path, clock=TrioWallClock(), lease_sweep_interval=1.0) as rt:
-        await elapse(rt, mock_clock, 0)  # its first sweep runs at start
+    hand_clock.advance(60)  # the runtime is down when the lease ends
+    async with open_runtime(db_path, clock=hand_clock.wall, lease_sweep_interval=1.0) as rt:
+        await hand_clock.elapse(rt, 0)  # its first sweep runs at start
         [row] = await list_runs(rt, task_id="T1")
         assert (row["status"], row["outcome_reason"]) == ("queued", "lease_expired")
         again = (await claim(rt)).result
@@ -157,18 +139,18 @@ async def test_a_lease_expires_across_a_restart(
 
 
 async def test_a_run_whose_leases_keep_expiring_fails_after_max_attempts(
-    db_path: Path | str, mock_clock: trio.testing.MockClock
+    db_path: Path | str, hand_clock: HandClock
 ) -> None:
     policy = RunPolicy(max_attempts=2)
     async with open_runtime(
-        db_path, clock=TrioWallClock(), run_policy=policy, lease_sweep_interval=1.0
+        db_path, clock=hand_clock.wall, run_policy=policy, lease_sweep_interval=1.0
     ) as rt:
         await ok(rt, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         await queue(rt, "T1")
         watch = rt.subscribe()
         for _ in range(2):
             assert (await claim(rt, lease_seconds=5)).result is not None
-            await elapse(rt, mock_clock, 7)
+            await hand_clock.elapse(rt, 7)
         failed = [e for e in _drain(watch) if e.type == "run_failed"]
         assert [(e.reason, e.attempt) for e in failed] == [("too_many_attempts", 2)]
         assert (await claim(rt)).result is None
@@ -214,7 +196,7 @@ async def test_a_superseded_run_that_finishes_counts_as_finished(
 
 
 async def test_a_waiting_claim_sleeps_until_a_run_is_queued_without_polling(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     submitted = _count_transactions(rt)
     got: list[Any] = []
@@ -224,43 +206,41 @@ async def test_a_waiting_claim_sleeps_until_a_run_is_queued_without_polling(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
-        await elapse(rt, mock_clock, 10)
+        await hand_clock.elapse(rt, 10)
         assert got == [] and submitted() == 1  # one look, then asleep: no busy polling
         await queue(rt, "T1")
     [reply] = got
     assert reply.result["task_id"] == "T1"
 
 
-async def test_a_waiting_claim_answers_null_once_its_wait_is_over(
-    rt: Runtime, mock_clock: trio.testing.MockClock
-) -> None:
+async def test_a_waiting_claim_answers_null_once_its_wait_is_over(rt: Runtime, hand_clock: HandClock) -> None:
     submitted = _count_transactions(rt)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_claim_into, rt, got, 20.0)
-        await elapse(rt, mock_clock, 19.9)
+        await hand_clock.elapse(rt, 19.9)
         assert got == []
-        await elapse(rt, mock_clock, 0.1)
+        await hand_clock.elapse(rt, 0.1)
     assert [reply.result for reply in got] == [None]
     assert submitted() == 2  # the first look, and the last at the deadline
 
 
 async def test_a_waiting_claim_wakes_for_a_retry_time_it_was_told_of(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     await queue(rt, "T1")
     run = (await claim(rt)).result
     await ok(
         rt,
         {"type": "finish_run", "run_id": run["id"], "claim_token": run["claim_token"], "status": "failed",
-         "retry_at": TrioWallClock()() + 15},
+         "retry_at": hand_clock.now + 15},
     )  # fmt: skip
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_claim_into, rt, got, 60.0)
-        await elapse(rt, mock_clock, 14.9)
+        await hand_clock.elapse(rt, 14.9)
         assert got == []
-        await elapse(rt, mock_clock, 0.1)
+        await hand_clock.elapse(rt, 0.1)
     assert [reply.result["id"] for reply in got] == [run["id"]]
 
 
@@ -268,7 +248,7 @@ async def _claim_into(rt: Runtime, got: list[Any], wait: float) -> None:
     got.append(await claim(rt, wait_seconds=wait))
 
 
-async def test_a_cancelled_wait_claims_nothing(rt: Runtime, mock_clock: trio.testing.MockClock) -> None:
+async def test_a_cancelled_wait_claims_nothing(rt: Runtime, hand_clock: HandClock) -> None:
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_claim_into, rt, [], 30.0)
@@ -279,9 +259,7 @@ async def test_a_cancelled_wait_claims_nothing(rt: Runtime, mock_clock: trio.tes
     assert (row["status"], row["attempt"]) == ("queued", 0)
 
 
-async def test_a_claim_cancelled_once_it_committed_is_released(
-    rt: Runtime, mock_clock: trio.testing.MockClock
-) -> None:
+async def test_a_claim_cancelled_once_it_committed_is_released(rt: Runtime, hand_clock: HandClock) -> None:
     await queue(rt, "T1")
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:

@@ -1,7 +1,7 @@
 """The runs worker (`rt.runs(agent)`, actors/runtime/worker.py) under Trio: it claims, renews while a slow
 body runs, finishes from the body's outcome, cancels a body whose claim is lost, and hands back a run its
-consumer stops working on. Real SQLite, real Trio scheduling; Trio's mock clock drives the leases
-(`TrioWallClock`: persisted lease ends follow it)."""
+consumer stops working on. Real SQLite, real Trio scheduling; a clock moved by hand drives the leases
+(tests/hand_clock.py: the runtime's clock follows Trio's, and on PostgreSQL the server's moves with it)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hand_clock import HandClock
 from helpers import COMMENT_QUEUES_RUN, list_runs, ok, send
 
 from onceflow.actors.runtime.startup import open_runtime
@@ -22,33 +23,14 @@ from onceflow.protocol.events import Event
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import rfc3339
 from onceflow.store import run_claims
-from onceflow.testing import TrioWallClock
 
 
 @pytest.fixture
-async def rt(db_path: Path | str, mock_clock: trio.testing.MockClock) -> AsyncIterator[Runtime]:
+async def rt(db_path: Path | str, hand_clock: HandClock) -> AsyncIterator[Runtime]:
     policy = RunPolicy(backoff=(60.0,), jitter=0.0)
-    async with open_runtime(db_path, clock=TrioWallClock(), run_policy=policy) as runtime:
+    async with open_runtime(db_path, clock=hand_clock.wall, run_policy=policy) as runtime:
         await ok(runtime, {"type": "register_workflow", "yaml": COMMENT_QUEUES_RUN, "source": "m.yml"})
         yield runtime
-
-
-async def elapse(rt: Runtime, clock: trio.testing.MockClock, seconds: float, step: float = 1.0) -> None:
-    """Move Trio's clock by hand, `step` seconds at a time (the store's thread is real: an autojump clock
-    would jump while a store reply is pending), letting every timer that expired run to its end."""
-    moved = 0.0
-    while moved < seconds:
-        await trio.testing.wait_all_tasks_blocked()
-        clock.jump(step)
-        moved += step
-        for _ in range(2):  # twice: the writer may answer a timer's request and ours in one batch
-            await trio.testing.wait_all_tasks_blocked()
-            await rt.services.store.transact(_nothing)
-        await trio.testing.wait_all_tasks_blocked()
-
-
-def _nothing(conn: object) -> None:
-    return None
 
 
 async def queue(rt: Runtime, task_id: str, comment: str = "1") -> None:
@@ -57,6 +39,10 @@ async def queue(rt: Runtime, task_id: str, comment: str = "1") -> None:
         task = {"type": "create_task", "task_id": task_id, "workflow_id": "m", "primary_agent_id": "worker"}
         await ok(rt, task)
     await ok(rt, {"type": "task_comment", "task_id": task_id, "comment_id": f"{task_id}-{comment}"})
+
+
+def _nothing(conn: object) -> None:
+    return None
 
 
 def drain(events: trio.MemoryReceiveChannel[Event]) -> list[Event]:
@@ -93,9 +79,7 @@ async def test_a_completed_body_finishes_its_run_and_the_loop_waits_for_the_next
     assert types == ["run_claimed", "run_finished", "run_queued", "run_claimed", "run_finished"]
 
 
-async def test_a_slow_body_keeps_its_claim_through_renewals(
-    rt: Runtime, mock_clock: trio.testing.MockClock
-) -> None:
+async def test_a_slow_body_keeps_its_claim_through_renewals(rt: Runtime, hand_clock: HandClock) -> None:
     """Lease 30 s, a body of 100 s: renewed every 10 s, never expired, one attempt."""
     await queue(rt, "T1")
     watch = rt.subscribe()
@@ -112,7 +96,7 @@ async def test_a_slow_body_keeps_its_claim_through_renewals(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(work)
-        await elapse(rt, mock_clock, 101)
+        await hand_clock.elapse(rt, 101, step=1.0)
     [row] = await list_runs(rt, task_id="T1")
     assert (row["status"], row["attempt"]) == ("finished", 1)
     assert len(set(seen_leases)) >= 9  # each renewal moved the lease's end
@@ -121,13 +105,13 @@ async def test_a_slow_body_keeps_its_claim_through_renewals(
 
 
 async def test_without_renewals_the_same_body_would_lose_its_lease(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     """The control for the test above: a claim held 100 s without the worker expires (the test can fail)."""
     await queue(rt, "T1")
     watch = rt.subscribe()
     await ok(rt, {"type": "claim_run", "agent_profile_id": "worker", "lease_seconds": 30})
-    await elapse(rt, mock_clock, 40)
+    await hand_clock.elapse(rt, 40, step=1.0)
     assert [e.type for e in drain(watch) if e.type == "run_lease_expired"] == ["run_lease_expired"]
 
 
@@ -186,7 +170,7 @@ async def test_run_error_retry_at_schedules_the_retry_then(rt: Runtime) -> None:
 
 
 async def test_a_cancelled_run_cancels_its_body_at_once_and_the_loop_goes_on(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     await queue(rt, "T1")
     watch = rt.subscribe()
@@ -210,7 +194,7 @@ async def test_a_cancelled_run_cancels_its_body_at_once_and_the_loop_goes_on(
 
 
 async def test_a_claim_taken_over_is_found_at_the_next_renewal_and_cancels_the_body(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     """No event tells this runtime (as when another PostgreSQL runtime took the run over): the renewal's
     conflict does."""
@@ -230,7 +214,7 @@ async def test_a_claim_taken_over_is_found_at_the_next_renewal_and_cancels_the_b
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(work)
-        await elapse(rt, mock_clock, 11)
+        await hand_clock.elapse(rt, 11, step=1.0)
     [run] = outcome
     assert (run.lost, run.outcome) == ("claim_lost", None)
     [lost] = diagnostics(drain(watch), "run_lost")
@@ -240,7 +224,7 @@ async def test_a_claim_taken_over_is_found_at_the_next_renewal_and_cancels_the_b
 
 
 async def test_a_superseded_run_cancels_its_body_and_is_not_retried(
-    rt: Runtime, mock_clock: trio.testing.MockClock
+    rt: Runtime, hand_clock: HandClock
 ) -> None:
     await queue(rt, "T1")
     outcome: list[Run] = []
@@ -256,7 +240,7 @@ async def test_a_superseded_run_cancels_its_body_and_is_not_retried(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(work)
-        await elapse(rt, mock_clock, 11)
+        await hand_clock.elapse(rt, 11, step=1.0)
     [run] = outcome
     assert (run.lost, run.superseded) == ("superseded", True)
     [row] = await list_runs(rt, task_id="T1")
@@ -305,9 +289,7 @@ async def test_cancelling_the_consumer_hands_its_run_back(rt: Runtime) -> None:
     assert (again.result["id"], again.result["attempt"]) == (run.id, 1)  # at once, not after a lease
 
 
-async def test_a_waiting_claim_wakes_for_a_released_run(
-    rt: Runtime, mock_clock: trio.testing.MockClock
-) -> None:
+async def test_a_waiting_claim_wakes_for_a_released_run(rt: Runtime, hand_clock: HandClock) -> None:
     """A second worker of the agent, long-polling, takes the run the first hands back at once (the mock
     clock does not move: without the wake-up it would wait its 60 s)."""
     await queue(rt, "T1")

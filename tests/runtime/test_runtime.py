@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -62,16 +63,19 @@ class GatedHost(RecordingHost):
 
 
 @attrs.define
-class BreakingClock(FakeClock):
-    """A clock that raises once when armed: a fault outside onceflow's error types, inside a task actor."""
+@attrs.define
+class BreakingClock:
+    """The runtime's clock, raising once when armed: a fault outside onceflow's error types, inside a task
+    actor. Put in place of `rt.services.clock` (the runtime reads the wall clock only at open)."""
 
+    clock: Callable[[], float]
     armed: bool = False
 
     def __call__(self) -> float:
         if self.armed:
             self.armed = False
             raise RuntimeError("clock hardware fault")
-        return self.now
+        return self.clock()
 
 
 async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, clock: FakeClock) -> None:
@@ -194,8 +198,8 @@ async def test_failing_session_action_is_a_diagnostic_and_the_transition_stays(
 async def test_crashed_task_actor_is_restarted_and_other_tasks_keep_serving(
     db_path: Path, kandev_templates: Path
 ) -> None:
-    clock = BreakingClock()
-    async with open_runtime(db_path, clock=clock) as rt:
+    async with open_runtime(db_path) as rt:
+        clock = rt.services.clock = BreakingClock(rt.services.clock)
         await setup_office(rt, kandev_templates / "office-default.yml")
         await create_task(rt, "T1")
         await create_task(rt, "T2")

@@ -1,6 +1,6 @@
 """A task's history (`task_history`, `onceflow history`): the office cycle's story in order across a runtime
 restart, paged without repeats or gaps, printed by the CLI, bounded by retention. Real databases (SQLite,
-and PostgreSQL with --backend=postgres), real Trio scheduling, a settable wall clock."""
+and PostgreSQL with --backend=postgres), real Trio scheduling, a clock moved by hand (tests/hand_clock.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FakeClock, create_task, decide, move, ok, send, setup_office, turn_complete
+from hand_clock import HandClock
+from helpers import START, FakeClock, create_task, decide, move, ok, send, setup_office, turn_complete
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -69,7 +70,7 @@ def story(items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return out
 
 
-async def first_part(rt: Runtime, clock: FakeClock, templates: Path) -> None:
+async def first_part(rt: Runtime, clock: HandClock, templates: Path) -> None:
     """Backlog → Work → Review; rev-a claims and finishes its review run and approves."""
     await setup_office(rt, templates / "office-default.yml")
     await create_task(rt, "T1")
@@ -86,7 +87,7 @@ async def first_part(rt: Runtime, clock: FakeClock, templates: Path) -> None:
     clock.advance(1)
 
 
-async def second_part(rt: Runtime, clock: FakeClock) -> None:
+async def second_part(rt: Runtime, clock: HandClock) -> None:
     """After the restart: rev-b approves (→ Approval), the boss approves (→ Done)."""
     await decide(rt, "T1", "review", "rev-b", "approved", decision_id="b1")
     clock.advance(1)
@@ -115,13 +116,13 @@ EXPECTED = [
 
 
 async def test_the_office_cycle_is_told_in_order_across_a_restart(
-    db_path: Path | str, kandev_templates: Path
+    db_path: Path | str, kandev_templates: Path, hand_clock: HandClock
 ) -> None:
-    clock = FakeClock()
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    clock = hand_clock
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         await first_part(rt, clock, kandev_templates)
         before = (await history(rt, "T1"))["items"]
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         await second_part(rt, clock)
         page = await history(rt, "T1")
         assert page["next"] is None
@@ -131,7 +132,7 @@ async def test_the_office_cycle_is_told_in_order_across_a_restart(
         paged = [await all_items(rt, "T1", limit) for limit in (1, 2, 3, 7)]
         assert all(p == items for p in paged)
     times = [item["at"] for item in items]
-    assert times == sorted(times) and times[0] == rfc3339(FakeClock().now)
+    assert times == sorted(times) and times[0] == rfc3339(START)
     assert all(t.endswith("Z") and "T" in t for t in times)
     moved = items[2]["detail"]
     assert (moved["entry_seq"], moved["workflow_id"], moved["queued"]) == (1, "office-default", False)
@@ -195,19 +196,23 @@ steps:
     ]
 
 
-async def test_retention_prunes_old_history_but_each_tasks_latest(office: Runtime, clock: FakeClock) -> None:
-    await create_task(office, "T1")
-    await move(office, "T1", "work")
-    await move(office, "T1", "backlog")
-    clock.advance(WEEK + 1)
-    pruned = await office.services.store.transact(retention.prune_batch, clock.now, WEEK, 1)
-    assert (pruned.deleted["history"], pruned.full) == (1, True)
-    pruned = await office.services.store.transact(retention.prune_batch, clock.now, WEEK, 100)
-    assert pruned.deleted["history"] == 1
-    [kept] = (await history(office, "T1"))["items"]
-    assert (kept["seq"], kept["detail"]["to_step"]) == (3, "backlog")
-    await move(office, "T1", "work")  # the numbering goes on past the kept item
-    assert [i["seq"] for i in (await history(office, "T1"))["items"]] == [3, 4]
+async def test_retention_prunes_old_history_but_each_tasks_latest(
+    db_path: Path | str, kandev_templates: Path, hand_clock: HandClock
+) -> None:
+    async with open_runtime(db_path, clock=hand_clock.wall) as office:
+        await setup_office(office, kandev_templates / "office-default.yml")
+        await create_task(office, "T1")
+        await move(office, "T1", "work")
+        await move(office, "T1", "backlog")
+        hand_clock.advance(WEEK + 1)
+        pruned = await office.services.store.transact(retention.prune_batch, hand_clock.now, WEEK, 1)
+        assert (pruned.deleted["history"], pruned.full) == (1, True)
+        pruned = await office.services.store.transact(retention.prune_batch, hand_clock.now, WEEK, 100)
+        assert pruned.deleted["history"] == 1
+        [kept] = (await history(office, "T1"))["items"]
+        assert (kept["seq"], kept["detail"]["to_step"]) == (3, "backlog")
+        await move(office, "T1", "work")  # the numbering goes on past the kept item
+        assert [i["seq"] for i in (await history(office, "T1"))["items"]] == [3, 4]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hand_clock import HandClock
 from helpers import FakeClock, add_participant, events, ok, register, send
 
 from onceflow import RecordingHost, open_runtime
@@ -95,27 +96,28 @@ async def _comment(rt: Runtime, comment_id: str) -> list[str]:
 
 
 async def test_ac_h6_a_comment_key_is_honoured_while_its_run_is_unresolved_across_restarts(
-    db_path: Path,
+    db_path: Path, hand_clock: HandClock
 ) -> None:
     """Comment c-1's run stays queued for 25 h: redelivered after restarts (the ledger starts empty) it
     queues nothing; past its 24 h age limit it is never handed out (cancelled `run_too_old` when claimed),
-    and 24 h after that a redelivery queues a new one."""
-    clock = FakeClock()
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    and 24 h after that a redelivery queues a new one. Time stands still but where it is moved by hand, so
+    the window's edge is exact."""
+    clock = hand_clock
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         await register(rt, AGENT_ERROR_TO_CEO)
         await _task(rt, "T1")
         assert await _comment(rt, "c-1") == ["run_queued"]
     clock.advance(25 * 3600)
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         assert await _comment(rt, "c-1") == ["run_suppressed"]  # still queued after 25 h
         claimed = await ok(rt, {"type": "claim_run", "agent_profile_id": "worker"})
         assert claimed.result is None
         assert [e.reason for e in claimed.events if e.type == "run_cancelled"] == ["run_too_old"]
         clock.advance(24 * 3600 - 1)
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         assert await _comment(rt, "c-1") == ["run_suppressed"]  # within 24 h of resolving
         clock.advance(1)
-    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock.wall) as rt:
         assert await _comment(rt, "c-1") == ["run_queued"]
         assert len((await ok(rt, {"type": "list_runs", "task_id": "T1"})).result["runs"]) == 2
 

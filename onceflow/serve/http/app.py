@@ -46,7 +46,7 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (
         b"content-security-policy",
-        b"default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'",
+        b"default-src 'self'; img-src 'self' data: blob:; style-src 'self'; frame-ancestors 'none'",
     ),
 ]
 

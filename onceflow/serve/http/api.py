@@ -5,7 +5,7 @@ ASGI app runs in the server's Trio run).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import trio
@@ -17,6 +17,10 @@ from onceflow.protocol.codec import command_type, encode, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.serve.wire import refusal
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 READ_COMMANDS = frozenset(
     {
@@ -141,18 +145,23 @@ class Commands:
         return box[0]
 
 
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None when it is longer than `limit` bytes (read no further than that)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+async def read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit: int) -> bytes | None:
+    """An ASGI request's body, or None when it is longer than `limit` bytes (read no further than that)."""
+    for name, value in headers:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            return None
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             return None
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def allowed(role: str, command: str) -> bool:
@@ -160,33 +169,43 @@ def allowed(role: str, command: str) -> bool:
     return role == "write" or command in READ_COMMANDS
 
 
-async def post_command(
-    request: Request, commands: Commands, max_body: int, role: str, path_type: str | None = None
-) -> Response:
-    """`POST /v1/commands` (and `/v1/commands/{type}`, whose path names the type the body may omit): the
-    body is one command object, the response its `Reply`. Refused before the runtime sees it: a body over
-    `max_body` (413 `too_large`), not JSON or not an object (400), a socket-only request (400), a command a
-    read token may not send (403 `forbidden`), a path type the body contradicts (400, field `type`)."""
-    body = await read_body(request, max_body)
+async def command_reply(
+    body: bytes | None, commands: Commands, max_body: int, role: str, path_type: str | None = None
+) -> Reply:
+    """The reply to `POST /v1/commands` (and `/v1/commands/{type}`, whose path names the type the body may
+    omit): `body` is one command object (None: it was longer than `max_body`). Refused before the runtime
+    sees it: a body over `max_body` (`too_large`), not JSON or not an object, a socket-only request
+    (`invalid_message`, field `type`), a command a read token may not send (`forbidden`), a path type the
+    body contradicts (`invalid_message`, field `type`)."""
     command = path_type or "unknown"
     if body is None:
-        return refused(command, TooLargeError(f"request body longer than {max_body} bytes"))
+        return refusal(command, TooLargeError(f"request body longer than {max_body} bytes"))
     try:
         data = parse_json(body)
     except ProtocolError as exc:
-        return reply_response(refusal(command, exc))
+        return refusal(command, exc)
     if not isinstance(data, dict):
-        return refused(command, ProtocolError("a command must be a JSON object"))
+        return refusal(command, ProtocolError("a command must be a JSON object"))
     if path_type is not None and data.setdefault("type", path_type) != path_type:
-        return refused(path_type, ProtocolError(f"type must be {path_type} on this path", field="type"))
+        return refusal(path_type, ProtocolError(f"type must be {path_type} on this path", field="type"))
     command = command_type(data)
     if command in SOCKET_ONLY:
-        return refused(
+        return refusal(
             command, ProtocolError(f"{command} is not over HTTP: {SOCKET_ONLY[command]}", field="type")
         )
     if not allowed(role, command):
-        return refused(command, ForbiddenError(f"a read-only token may not send {command}", field="type"))
-    return reply_response(await commands.send(data))
+        return refusal(command, ForbiddenError(f"a read-only token may not send {command}", field="type"))
+    return await commands.send(data)
+
+
+async def send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+    """Write `reply` as a whole ASGI response (status per `status_of`, `Retry-After: 1` when retryable)."""
+    body = encode(reply).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
+    if reply.error is not None and reply.error.retryable:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status_of(reply), "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 Query = Mapping[str, str]

@@ -19,16 +19,21 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.serve.http.api import (
     ROUTES,
     Commands,
+    Receive,
+    Scope,
+    Send,
     UnauthorizedError,
+    command_reply,
     get_route,
-    post_command,
+    read_body,
     refused,
     reply_response,
+    send_reply,
 )
 from onceflow.serve.http.graph import graph_svg, workflow_of
 from onceflow.serve.http.openapi import openapi_bytes
 from onceflow.serve.http.options import HttpOptions, Role
-from onceflow.serve.http.sse import EventsEndpoint, Receive, Scope, Send
+from onceflow.serve.http.sse import EventsEndpoint
 
 ROLE_KEY = "onceflow.role"
 """Where the token check leaves the request's role in the ASGI scope."""
@@ -51,13 +56,15 @@ SECURITY_HEADERS = [
 ]
 
 
-class TokenCheck:
-    """ASGI middleware: a request under /v1/ needs `Authorization: Bearer <token>` of a known token when
-    the server has tokens (401 `unauthorized` otherwise); its role goes into the scope (`write` when the
-    server has none). Every response gets the security headers."""
+class Gate:
+    """The ASGI app's front: a request under /v1/ needs `Authorization: Bearer <token>` of a known token
+    when the server has tokens (401 `unauthorized` otherwise); its role goes into the scope (`write` when
+    the server has none). `POST /v1/commands[/{type}]` is answered here, the hot path, without the router;
+    the rest goes to `app`. Every response gets the security headers."""
 
-    def __init__(self, app: Any, options: HttpOptions) -> None:
-        self._app, self._tokens = app, options.tokens
+    def __init__(self, app: Any, options: HttpOptions, commands: Commands) -> None:
+        self._app, self._tokens, self._commands = app, options.tokens, commands
+        self._max_body = options.max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,6 +90,13 @@ class TokenCheck:
                 await response(scope, receive, secured)
                 return
         scope[ROLE_KEY] = role
+        path = scope["path"]
+        if scope["method"] == "POST" and (path == "/v1/commands" or path.startswith("/v1/commands/")):
+            kind = path.removeprefix("/v1/commands/") if path != "/v1/commands" else None
+            body = await read_body(receive, scope["headers"], self._max_body)
+            reply = await command_reply(body, self._commands, self._max_body, role, kind or None)
+            await send_reply(send, reply, SECURITY_HEADERS)
+            return
         await self._app(scope, receive, secured)
 
 
@@ -110,13 +124,6 @@ def build_app(
     async def session(request: Request) -> Response:
         return JSONResponse({"role": request.scope[ROLE_KEY], "tokens": options.tokens.required})
 
-    async def commands_route(request: Request) -> Response:
-        return await post_command(request, sender, options.max_body, request.scope[ROLE_KEY])
-
-    async def command_route(request: Request) -> Response:
-        kind = request.path_params["type"]
-        return await post_command(request, sender, options.max_body, request.scope[ROLE_KEY], kind)
-
     async def graph(request: Request) -> Response:
         data: dict[str, Any] = {"type": "get_workflow", "workflow_id": request.path_params["workflow_id"]}
         if "version" in request.query_params:
@@ -132,13 +139,11 @@ def build_app(
     routes += [
         Route("/openapi.json", openapi),
         Route("/v1/session", session),
-        Route("/v1/commands", commands_route, methods=["POST"]),
-        Route("/v1/commands/{type}", command_route, methods=["POST"]),
         Route("/v1/events", EventsEndpoint(runtime, stopping, options.heartbeat, grace)),
         Route("/v1/workflows/{workflow_id}/graph.svg", graph),
     ]
     routes += [Route(path, get_route(sender, build)) for path, (_, build) in ROUTES.items()]
-    app: Any = TokenCheck(Starlette(routes=routes), options)
+    app: Any = Gate(Starlette(routes=routes), options, sender)
     if options.cors_origins:  # outside the token check: a preflight carries no token
         app = CORSMiddleware(
             app,

@@ -45,6 +45,15 @@ def hypercorn_config(options: HttpOptions, grace: float) -> Config:
     return config
 
 
+class _TCPServer(TCPServer):
+    """Hypercorn's connection server, ending as soon as its client has gone: its own keeps the
+    connection's task group (so its slot) open until the keep-alive timer runs out."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()
+
+
 class HttpListener:
     """Accepts HTTP clients up to `cap` connections at once; past it a new client gets one `503 busy`
     response and is closed (a kept-alive idle connection times out within `keep_alive` seconds, freeing its
@@ -96,7 +105,7 @@ class HttpListener:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            await TCPServer(self._app, self._config, self._context, {}, stream)  # type: ignore[arg-type]
+            await _TCPServer(self._app, self._config, self._context, {}, stream)  # type: ignore[arg-type]
         finally:
             self._open -= 1
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import trio
@@ -16,12 +16,10 @@ from onceflow.protocol.codec import encode
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.event_stream import EventGap, check_after
 from onceflow.protocol.events import Reply
+from onceflow.serve.http.api import Receive, Scope, Send
 
 log = get_logger("onceflow.serve.http")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 BATCH = 256
 """Events taken from the window at a time; each batch is one write."""

@@ -150,7 +150,8 @@ async def read_body(receive: Receive, headers: list[tuple[bytes, bytes]], limit:
     for name, value in headers:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
             return None
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

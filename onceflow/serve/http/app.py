@@ -89,12 +89,13 @@ class Gate:
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, secured)
                 return
-        scope[ROLE_KEY] = role
+        granted: Role = role or "write"  # None returned above
+        scope[ROLE_KEY] = granted
         path = scope["path"]
         if scope["method"] == "POST" and (path == "/v1/commands" or path.startswith("/v1/commands/")):
             kind = path.removeprefix("/v1/commands/") if path != "/v1/commands" else None
             body = await read_body(receive, scope["headers"], self._max_body)
-            reply = await command_reply(body, self._commands, self._max_body, role, kind or None)
+            reply = await command_reply(body, self._commands, self._max_body, granted, kind or None)
             await send_reply(send, reply, SECURITY_HEADERS)
             return
         await self._app(scope, receive, secured)

@@ -299,3 +299,19 @@ def test_the_status_follows_the_error_code(code: str, retryable: bool, status: i
     reply = Reply(command="x", ok=False, error=ErrorInfo(code=code, message="m", retryable=retryable))
     assert status_of(reply) == status
     assert STATUS.get("not_found") == 404
+
+
+def test_a_workflow_graph_draws_every_step_and_transition() -> None:
+    from onceflow.protocol.workflow import load_workflow_file
+    from onceflow.serve.http.graph import graph_svg, transitions, workflow_of
+
+    workflow = load_workflow_file(WORKFLOW)
+    assert transitions(workflow) == [
+        ("work", "review", "turn_complete"),
+        ("review", "done", "turn_complete"),
+        ("review", "work", "turn_complete"),
+    ]
+    svg = graph_svg(workflow)
+    assert svg.startswith("<svg") and svg.count("<g data-step=") == 4
+    assert svg.count('data-from="review"') == 2 and "http" not in svg.replace("http://www.w3.org", "")
+    assert workflow_of({"yaml": WORKFLOW.read_text()}) == workflow

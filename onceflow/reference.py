@@ -676,12 +676,13 @@ def _result_models() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _error_classes() -> list[type[errors.OnceflowError]]:
-    """Every error class with a code of its own, in definition order (storage errors are per kind)."""
+    """Every error class with a code of its own, in definition order (storage errors are per kind; a
+    `RefusedError` carries the code of the reply it raises)."""
     found = [
         cls
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
-        if cls not in (errors.OnceflowError, errors.StorageError)
+        if cls not in (errors.OnceflowError, errors.StorageError, errors.RefusedError)
     ]
     return [*found, SlowConsumerError, IdleTimeoutError, EvictedError]
 

@@ -24,11 +24,12 @@ a database, a database another runtime owns, a --db whose folder does not exist:
 a `postgresql://` --db that cannot be used (a bad URL, a server that does not answer, credentials refused,
 no such database, no onceflow schema). Such a file or URL gets one `error:` line on stderr naming it
 (password redacted), never a traceback. A closed stdout (`onceflow runs --json | head -1`) ends the command
-quietly with 141. SIGINT or SIGTERM during `run` or
-`demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
-143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
+quietly with 141. SIGINT or SIGTERM during `run` or `demo` finishes the command under way, closes the
+runtime (releasing the database) and exits with 130 or 143 after one line on stderr saying what was
+finished and how to resume; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
---verbose), coloured only when stderr is a terminal and NO_COLOR is unset.
+--verbose), coloured only when stderr is a terminal and NO_COLOR is unset; --log-json writes them as one
+JSON object per line.
 """
 
 from __future__ import annotations
@@ -74,32 +75,39 @@ CLOSED_PIPE = 128 + signal.SIGPIPE
 tool killed by SIGPIPE, with nothing on stderr."""
 
 
-def configure_logging(verbose: bool) -> None:
+def configure_logging(verbose: bool, as_json: bool = False) -> None:
     """Structured logs to stderr; identifying fields stay discrete keys, control characters escaped.
 
-    Coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset or empty: a pipe, a file
-    or a supervisor's log gets plain text, tracebacks included.
+    With `as_json` (`--log-json`) one JSON object per record (`event`, its fields, `level`, `timestamp` in
+    RFC 3339 UTC); otherwise coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset
+    or empty: a pipe, a file or a supervisor's log gets plain text, tracebacks included.
     """
     colors = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
-    renderer = (
-        structlog.dev.ConsoleRenderer(colors=True)
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if as_json
+        else structlog.dev.ConsoleRenderer(colors=True)
         if colors
         else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True) if as_json else _LOCAL_TIME
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.StackInfoRenderer(),
             structlog.dev.set_exc_info,
-            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
-            _escape_values,
+            stamp,
+            *([structlog.processors.format_exc_info] if as_json else [_escape_values]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call
         cache_logger_on_first_use=False,
     )
+
+
+_LOCAL_TIME = structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False)
 
 
 def _escape_values(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -293,10 +301,14 @@ def _os_error(exc: OSError) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="onceflow", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="onceflow",
+        description="onceflow: workflow-step triggers dispatched exactly once, from the command line.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"onceflow {metadata.version('onceflow')}")
     parser.add_argument("--verbose", action="store_true", help="debug logs on stderr")
+    parser.add_argument("--log-json", action="store_true", help="logs as one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled office example end to end")
     demo.add_argument(
@@ -305,7 +317,7 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
     run = sub.add_parser("run", help="replay a script of protocol commands against a workflow")
-    run.add_argument("--workflow", type=Path, required=True)
+    run.add_argument("--workflow", type=Path, required=True, help="the template to register first (YAML)")
     run.add_argument("--script", type=Path, required=True, help="JSON lines or a YAML list of commands")
     run.add_argument(
         "--db",
@@ -317,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
     )
     check = sub.add_parser("validate", help="check workflow template files")
-    check.add_argument("files", type=Path, nargs="+")
+    check.add_argument("files", type=Path, nargs="+", help="template YAML files")
     schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
     shown = schema.add_mutually_exclusive_group()
     shown.add_argument(
@@ -332,7 +344,17 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)
+    for action in sub._choices_actions:  # `onceflow X --help` says what X does, in full
+        chosen = sub.choices[action.dest]
+        if chosen.description is None and action.help:
+            chosen.description = f"onceflow {action.dest}: {action.help}."
     return parser
+
+
+def _epilog() -> str:
+    """The module docstring from its command synopsis on (commands, exit status), for `--help`."""
+    text = __doc__ or ""
+    return "commands:\n" + text.split("\n\n", 1)[1] if "\n\n" in text else text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,7 +378,7 @@ def _discard_stdout() -> None:
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, args.log_json)
     if hasattr(args, "handler"):  # the subcommands defined in their own modules
         return int(args.handler(args))
     if args.command == "validate":

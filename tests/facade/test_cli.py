@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -370,3 +371,23 @@ def test_run_stops_at_a_refused_register_workflow_unless_keep_going(tmp_path: Pa
     assert going.returncode == 1
     sent = [line.split(" [")[0] for line in going.stdout.splitlines() if line.startswith(">")]
     assert sent == ["> register_workflow", "> create_task"] and "stopped" not in going.stderr
+
+
+def test_help_is_complete_for_the_command_and_each_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """`onceflow --help` names every subcommand with its synopsis and the exit statuses, its description is
+    a whole sentence; `onceflow X --help` says what X does."""
+    from onceflow.cli import _parser
+
+    parser = _parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    shown = capsys.readouterr().out
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "Exit status: 0 on success" in shown and "--log-json" in shown
+    assert parser.description and parser.description.endswith(".")
+    for name, sub in subcommands.items():
+        assert f"onceflow {name}" in shown or name in ("runs", "entries", "decisions", "outcomes"), name
+        assert sub.description and sub.description.startswith(f"onceflow {name}: "), name
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        assert sub.description.split(": ", 1)[1] in capsys.readouterr().out.replace("\n", " ")

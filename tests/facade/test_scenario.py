@@ -186,7 +186,14 @@ def test_issue13_advance_reaches_the_5_second_coalescing_window(tmp_path: Path) 
             "not a field",
         ),
         ([{"advance": 1, "event_types": ["x"]}], "steps[0].event_types[0]", "unknown event type"),
-        ([{"advance": 1, "colour": "red"}], "steps[0].colour", "Extra inputs"),
+        ([{"advance": 1, "colour": "red"}], "steps[0].colour", "unknown key"),
+        ([{"advance": 1, "evnts": []}], "steps[0].evnts", "unknown key (did you mean 'events'?)"),
+        ([{"send": {"type": "move_tsk"}}], "steps[0].send.type", "(did you mean 'move_task'?)"),
+        (
+            [{"advance": 1, "events": [{"type": "transition", "to_stp": "x"}]}],
+            "steps[0].events[0].to_stp",
+            "not a field of event transition (did you mean 'to_step'?)",
+        ),
         ([], "steps", "at least 1"),
     ],
 )

@@ -261,3 +261,27 @@ def test_issue13_readme_scenario_command_and_example_hold(tmp_path: Path) -> Non
     example["template"] = str(HERE.parent / "onceflow" / "examples" / "office-example.yml")
     lines: list[str] = []
     assert run_files([write(tmp_path, example)], lines.append) == 0, "\n".join(lines)
+
+
+def test_a_difference_deep_inside_a_result_names_its_path_and_both_values(tmp_path: Path) -> None:
+    listed = {"send": {"type": "list_tasks"}, "result": {"tasks": [{"step_id": "work", "colour": "red"}]}}
+    lines: list[str] = []
+    assert run_files([write(tmp_path, office(listed))], lines.append) == 1
+    report = "\n".join(lines)
+    assert 'result.tasks[0].step_id: expected "work", got "backlog"' in report
+    assert 'result.tasks[0].colour: expected "red", got (missing)' in report
+
+
+def test_an_event_difference_names_the_event_field_and_both_values(tmp_path: Path) -> None:
+    wrong = [
+        {"type": "run_queued", "agent_profile_id": "r1"},
+        {"type": "run_queued", "agent_profile_id": "r3"},
+    ]
+    lines: list[str] = []
+    assert run_files([write(tmp_path, office(MOVE, to_review(events=wrong)))], lines.append) == 1
+    report = "\n".join(lines)
+    assert 'events[1].agent_profile_id: expected "r3", got "r2"' in report
+    assert "events[0]" not in report
+    lines.clear()
+    assert run_files([write(tmp_path, office(MOVE, to_review(events=wrong[:1])))], lines.append) == 1
+    assert "expected 1 events, got 2" in "\n".join(lines)

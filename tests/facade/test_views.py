@@ -49,7 +49,11 @@ async def test_issue13_views_read_a_database_while_a_runtime_owns_it(office: Run
     decisions = await _cli("decisions", "--db", str(db_path), "--json")
     assert [json.loads(line)["decider_id"] for line in decisions.stdout.decode().splitlines()] == ["rev-a"]
     entries = await _cli("entries", "--db", str(db_path), "--task", "T1", "--json")
-    assert [json.loads(line)["step_id"] for line in entries.stdout.decode().splitlines()] == ["review"]
+    shown = [json.loads(line) for line in entries.stdout.decode().splitlines()]
+    assert [(e["step_id"], e["entry_seq"]) for e in shown] == [
+        ("review", 1),
+        ("work", None),
+    ]  # work: no record
 
     # The runtime still owns the file and keeps serving: the views took no lock and wrote nothing.
     with pytest.raises(DatabaseOwnedError):
@@ -213,7 +217,10 @@ def test_views_read_page_by_page_never_everything_first(tmp_path: Path) -> None:
             rows = views.stream(conn, view)
             next(rows, None)
             assert statements and all("LIMIT" in sql for sql in statements if "step_entry_markers" not in sql)
-            assert len(statements) <= 2, (view, statements)
+            assert len(statements) <= (3 if view == "entries" else 2), (
+                view,
+                statements,
+            )  # entries: +recordless
 
 
 def test_views_exit_quietly_when_the_reader_goes_away(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 subcommand runs its own Trio run.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
-  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going]
+  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going] [--from-line N]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
@@ -50,6 +50,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 import trio
 import yaml
@@ -161,8 +162,31 @@ def load_script(path: Path) -> list[tuple[int, Any]]:
     ]
 
 
+@attrs.define
+class Progress:
+    """How far a `run` got, for the line an interrupt prints: commands of the script sent (each answered)
+    and the script line of the last one."""
+
+    sent: int = 0
+    last_line: int | None = None
+
+
+def say_database(db: Path | str) -> None:
+    """The one line saying where a command's state is, on stderr: `database: PATH` (a URL with its
+    password redacted). `run` and `demo` print it once the runtime is open, also when the CLI picked a
+    fresh file."""
+    say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
+
+
 async def replay(
-    workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event, keep_going: bool = False
+    workflow: Path,
+    script: Path,
+    db: Path | str,
+    as_json: bool,
+    stop: trio.Event,
+    keep_going: bool = False,
+    from_line: int = 1,
+    progress: Progress | None = None,
 ) -> int:
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
@@ -173,17 +197,23 @@ async def replay(
     `register_workflow` (the workflow's or one in the script) stops the run there, since the commands
     after it would be refused in a cascade: one `stopped: ...` line on stderr, exit 1; with `keep_going`
     the run goes on. Stops before the next command once `stop` is set; the command under way finishes and
-    is printed.
+    is printed. Only the script's commands on line `from_line` or later are sent (resuming an interrupted
+    run; the workflow is registered again, which changes nothing when it is the same). `progress` counts
+    the script's commands sent.
     """
-    commands = load_script(script)
+    commands = [(n, c) for n, c in load_script(script) if n >= from_line]
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
+    progress = Progress() if progress is None else progress
     async with open_runtime(db) as runtime:
-        say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
-        for where, command in [(str(workflow), register), *((f"{script}:{n}", c) for n, c in commands)]:
+        say_database(db)
+        for line, command in [(None, register), *commands]:
             if stop.is_set():
                 break
+            where = str(workflow) if line is None else f"{script}:{line}"
             reply = await runtime.send(command)
+            if line is not None:
+                progress.sent, progress.last_line = progress.sent + 1, line
             refused += not reply.ok
             kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
             error = f"{reply.error.code}: {reply.error.message}" if reply.error else ""
@@ -214,7 +244,7 @@ async def replay(
 
 async def demo(db: Path | str, stop: trio.Event) -> int:
     """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
-    return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
+    return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
 
 def validate(paths: list[Path]) -> int:
@@ -295,6 +325,13 @@ def _db_path(given: Path | str | None, name: str) -> Path | str:
     return given
 
 
+def _line_number(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a line number (1 or more)")
+    return value
+
+
 def _os_error(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
 
@@ -325,6 +362,13 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
+    run.add_argument(
+        "--from-line",
+        type=_line_number,
+        default=1,
+        metavar="N",
+        help="send only the script's commands from line N on (to resume an interrupted run)",
+    )
     run.add_argument(
         "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
     )
@@ -386,6 +430,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "schema":
         return print_schema(args)
     signalled: list[int] = []
+    progress = Progress()
     db: Path | str | None = args.db
     try:
         if args.command == "serve":  # handles its own signals: drains, removes the socket, exits 0
@@ -395,7 +440,14 @@ def _main(argv: list[str] | None) -> int:
             work = functools.partial(demo, db)
         else:
             work = functools.partial(
-                replay, args.workflow, args.script, db, args.json, keep_going=args.keep_going
+                replay,
+                args.workflow,
+                args.script,
+                db,
+                args.json,
+                keep_going=args.keep_going,
+                from_line=args.from_line,
+                progress=progress,
             )
         status = trio.run(until_signalled, work, signalled)
     except DatabaseOwnedError as exc:
@@ -413,10 +465,32 @@ def _main(argv: list[str] | None) -> int:
         say(f"error: {exc}", err=True)
         return CANNOT_RUN
     if signalled:
-        name = signal.Signals(signalled[0]).name
-        say(f"onceflow: interrupted by {name}: the runtime shut down and released {db}", err=True)
+        say(_interrupted(args, signal.Signals(signalled[0]).name, db, progress), err=True)
         return 128 + signalled[0]
     return status
+
+
+def _interrupted(args: argparse.Namespace, name: str, db: Path | str | None, progress: Progress) -> str:
+    """The one line an interrupted `run` or `demo` prints: what was finished, that the database was
+    released, and the command that resumes."""
+    shown = redacted(db) if isinstance(db, str) else str(db)
+    if args.command == "demo":
+        return (
+            f"onceflow: interrupted by {name}: the runtime shut down and released {shown}; what the demo"
+            f" did is there (onceflow history --db {shown} --task DEMO-1); to walk it through, run"
+            " `onceflow demo` again (a fresh database)"
+        )
+    done = (
+        f"{progress.sent} command(s) of {args.script} sent and answered,"
+        f" the last on line {progress.last_line}"
+        if progress.last_line is not None
+        else f"no command of {args.script} was sent"
+    )
+    resume = (progress.last_line + 1) if progress.last_line is not None else args.from_line
+    return (
+        f"onceflow: interrupted by {name}: {done}; the runtime shut down and released {shown}; to resume:"
+        f" onceflow run --workflow {args.workflow} --script {args.script} --db {shown} --from-line {resume}"
+    )
 
 
 if __name__ == "__main__":

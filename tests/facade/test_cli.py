@@ -308,6 +308,15 @@ async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and
     assert line.startswith(f"onceflow: interrupted by {signal.Signals(signum).name}") and str(db) in line
     created = [json.loads(reply) for reply in out[1:]]  # after register_workflow's reply
     assert all(reply["ok"] for reply in created) and 20 <= len(created) < 20_000
+    if times == 1:  # what was finished, and the command that goes on from the next line
+        assert (
+            f"{len(created)} command(s) of {script} sent and answered, the last on line {len(created)}"
+            in line
+        )
+        resume = line.split("to resume: ", 1)[1]
+        assert resume == (
+            f"onceflow run --workflow {MINIMAL} --script {script} --db {db} --from-line {len(created) + 1}"
+        )
     async with open_runtime(db) as rt:  # the lock was released
         stored = (await rt.send({"type": "get_task", "task_id": f"T{len(created) - 1}"})).ok
         after = (await rt.send({"type": "get_task", "task_id": f"T{len(created) + 1}"})).ok
@@ -391,3 +400,35 @@ def test_help_is_complete_for_the_command_and_each_subcommand(capsys: pytest.Cap
         with pytest.raises(SystemExit):
             parser.parse_args([name, "--help"])
         assert sub.description.split(": ", 1)[1] in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_run_from_line_resumes_a_script_where_it_stopped(tmp_path: Path) -> None:
+    creates = [{"type": "create_task", "task_id": f"T{n}", "workflow_id": "fixture"} for n in range(3)]
+    script, db = _script(tmp_path / "s.jsonl", *creates), str(tmp_path / "r.db")
+    run = ["run", "--json", "--workflow", str(MINIMAL), "--db", db]
+    first = onceflow(tmp_path, *run, "--script", str(_script(tmp_path / "first.jsonl", creates[0])))
+    assert first.returncode == 0, first.stderr
+    rest = onceflow(tmp_path, *run, "--script", str(script), "--from-line", "2")
+    assert rest.returncode == 0, rest.stderr  # line 1 is not sent again: no conflict
+    assert [json.loads(line)["command"] for line in rest.stdout.splitlines()] == ["register_workflow"] + [
+        "create_task"
+    ] * 2
+
+
+def test_demo_and_run_say_where_the_database_is_alike(tmp_path: Path) -> None:
+    demo = onceflow(tmp_path, "demo", "--db", str(tmp_path / "d.db"))
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stderr.splitlines() == [f"database: {tmp_path / 'd.db'}"]
+    script = _script(tmp_path / "s.jsonl", {"type": "create_task", "task_id": "T1", "workflow_id": "fixture"})
+    run = onceflow(
+        tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script), "--db", str(tmp_path / "r.db")
+    )
+    assert run.returncode == 0 and run.stderr.splitlines() == [f"database: {tmp_path / 'r.db'}"]
+
+
+def test_an_interrupted_demo_says_where_its_work_is_and_how_to_start_again() -> None:
+    from onceflow.cli import Progress, _interrupted
+
+    line = _interrupted(argparse.Namespace(command="demo"), "SIGINT", Path("/tmp/d.db"), Progress())
+    assert line.startswith("onceflow: interrupted by SIGINT: the runtime shut down and released /tmp/d.db")
+    assert "onceflow history --db /tmp/d.db --task DEMO-1" in line and "`onceflow demo`" in line

@@ -252,8 +252,7 @@ def test_issue13_results_match_as_subsets(expected: Any, actual: Any, same: bool
 
 
 def test_issue13_readme_scenario_command_and_example_hold(tmp_path: Path) -> None:
-    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Testing a workflow", 1)[1].split("\n## ", 1)[0]
+    section = (HERE.parent / "docs" / "testing.md").read_text(encoding="utf-8")
     [command] = [line for line in section.splitlines() if line.startswith("onceflow test ")]
     files = sorted((HERE.parent / "onceflow" / "examples" / "scenarios").glob("*.yml"))
     assert command == "onceflow test onceflow/examples/scenarios/*.yml" and files

@@ -51,7 +51,8 @@ def test_the_logging_example_writes_json_records(tmp_path: Path) -> None:
     snippet = _snippet("onceflow.logs.formatter(json=True)")
     program = snippet + (  # the snippet configures logging; a runtime opened after it logs through it
         "\nimport trio\n\nasync def _open() -> None:\n"
-        f"    async with onceflow.open_runtime({str(tmp_path / 'b.db')!r}):\n        pass\n\ntrio.run(_open)\n"
+        f"    async with onceflow.open_runtime({str(tmp_path / 'b.db')!r}):\n"
+        "        pass\n\ntrio.run(_open)\n"
     )
     done = _run_snippet(program, tmp_path)
     assert done.returncode == 0, done.stderr

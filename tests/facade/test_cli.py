@@ -132,7 +132,7 @@ def test_schema_lists_every_command_type(capsys: pytest.CaptureFixture[str]) -> 
     assert {"turn_complete", "record_decision", "claim_run", "children_completed"} <= tags
 
 
-# --- the command line behaves like a Unix tool (issue 11, section 6) -----------------------------------
+# --- the command line behaves like a Unix tool -----------------------------------
 # Real processes of `python -m onceflow.cli`, as a shell would run them.
 
 MINIMAL = REPO / "tests" / "fixtures" / "workflows" / "minimal.yml"
@@ -167,7 +167,7 @@ def one_error_line(done: subprocess.CompletedProcess[str], *names: str) -> str:
     return line
 
 
-def test_issue11_version_prints_the_package_version(tmp_path: Path) -> None:
+def test_version_prints_the_package_version(tmp_path: Path) -> None:
     done = onceflow(tmp_path, "--version")
     assert (done.returncode, done.stdout) == (0, f"onceflow {metadata.version('onceflow')}\n")
 
@@ -183,7 +183,7 @@ def _directory(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("make", [_corrupt, _directory], ids=["corrupt-database", "a-directory"])
-def test_issue11_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path, make: Any) -> None:
+def test_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path, make: Any) -> None:
     db = make(tmp_path / "bad.db")
     for args in (["demo", "--db", str(db)], ["run", "--workflow", str(MINIMAL), "--script", str(SCRIPT)]):
         if args[0] == "run":
@@ -191,14 +191,14 @@ def test_issue11_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path
         one_error_line(onceflow(tmp_path, *args), str(db))
 
 
-def test_issue11_db_in_a_missing_folder_is_refused_and_no_folder_is_created(tmp_path: Path) -> None:
+def test_db_in_a_missing_folder_is_refused_and_no_folder_is_created(tmp_path: Path) -> None:
     db = tmp_path / "typo" / "run.db"
     line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
     assert "does not exist" in line
     assert not (tmp_path / "typo").exists()
 
 
-def test_issue11_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tmp_path: Path) -> None:
+def test_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     one_error_line(
         onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(missing)), str(missing)
@@ -211,14 +211,14 @@ def test_issue11_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tm
     assert "not UTF-8" in line
 
 
-def test_issue11_a_database_owned_by_another_runtime_is_one_error_line(tmp_path: Path) -> None:
+def test_a_database_owned_by_another_runtime_is_one_error_line(tmp_path: Path) -> None:
     db = tmp_path / "owned.db"
     with acquire_database_lock(db):
         line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
     assert "already owned" in line
 
 
-def test_issue11_validate_checks_every_file_and_reports_every_error_with_close_names(tmp_path: Path) -> None:
+def test_validate_checks_every_file_and_reports_every_error_with_close_names(tmp_path: Path) -> None:
     latin1 = tmp_path / "latin1.yml"
     latin1.write_bytes(MINIMAL.read_bytes().replace(b"name: Fixture", b"name: Caf\xe9"))
     typos = tmp_path / "typos.yml"
@@ -240,7 +240,7 @@ def test_issue11_validate_checks_every_file_and_reports_every_error_with_close_n
     assert any("unknown key 'descripton' (did you mean 'description'?)" in line for line in lines[2:])
 
 
-def test_issue11_run_escapes_control_characters_in_human_output(tmp_path: Path) -> None:
+def test_run_escapes_control_characters_in_human_output(tmp_path: Path) -> None:
     forged = "T1\n    task FORGED created in fixture at work\x1b[2J\u202e"
     script = tmp_path / "script.jsonl"
     lines = [
@@ -297,7 +297,7 @@ def _interrupt(db: Path, script: Path, signum: int, times: int) -> tuple[int, li
     [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143), (signal.SIGINT, 2, 130)],
     ids=["SIGINT", "SIGTERM", "SIGINT-twice"],
 )
-async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and_exits_128_plus_n(
+async def test_a_signal_drains_releases_the_database_prints_one_line_and_exits_128_plus_n(
     tmp_path: Path, signum: int, times: int, status: int
 ) -> None:
     db, script = tmp_path / "run.db", _long_script(tmp_path / "long.jsonl", 20_000)

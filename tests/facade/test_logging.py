@@ -54,7 +54,7 @@ def onceflow_records() -> Iterator[list[logging.LogRecord]]:
         logger.setLevel(level)
 
 
-def test_issue13_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> None:
+def test_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", EMBEDDED, str(tmp_path / "board.db")],
         capture_output=True,
@@ -65,7 +65,7 @@ def test_issue13_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> No
     assert done.stdout == ""
 
 
-async def test_issue13_host_logging_handler_receives_records_with_discrete_fields(
+async def test_host_logging_handler_receives_records_with_discrete_fields(
     db_path: Path, onceflow_records: list[logging.LogRecord]
 ) -> None:
     async with open_runtime(db_path) as rt:
@@ -78,7 +78,7 @@ async def test_issue13_host_logging_handler_receives_records_with_discrete_field
     assert "store_closed" in by_event
 
 
-def test_issue13_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
+def test_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
     onceflow_records: list[logging.LogRecord],
 ) -> None:
     get_logger("onceflow.test").error("odd_fields", name="x", module="m", task_id="T1")
@@ -86,7 +86,7 @@ def test_issue13_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
     assert (record.name, record.name_, record.module_, record.task_id) == ("onceflow.test", "x", "m", "T1")  # type: ignore[attr-defined]
 
 
-def test_issue13_a_host_that_configured_structlog_gets_the_records_there(
+def test_a_host_that_configured_structlog_gets_the_records_there(
     onceflow_records: list[logging.LogRecord],
 ) -> None:
     with capture_logs() as captured:

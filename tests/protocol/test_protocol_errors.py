@@ -137,7 +137,7 @@ async def test_cross_field_validation_error_does_not_name_the_type_tag_as_field(
 
 # --- the JSON-lines codec ---------------------------------------------------------------------------
 
-# Ids refuse control characters (issue 11, "Bounded everything"): category Cc is exactly those.
+# Ids refuse control characters: category Cc is exactly those.
 id_chars = st.characters(blacklist_categories=("Cc", "Cs"))
 ids = st.text(id_chars, min_size=1, max_size=20)
 move_tasks = st.builds(c.MoveTask, task_id=ids, step_id=ids)

@@ -212,3 +212,12 @@ trio.run(main)
     done = _run_snippet(program, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["done"]
+
+
+def test_the_glossary_defines_the_terms_the_readme_uses() -> None:
+    glossary = (REPO / "docs" / "glossary.md").read_text(encoding="utf-8")
+    defined = {term.lower() for term in re.findall(r"^\*\*([^*]+)\.\*\*", glossary, flags=re.MULTILINE)}
+    used = ("Kandev", "Gas City", "Entry path (E1-E5)", "Epoch", "Fencing token (claim token)", "Run")
+    used += ("Lease", "Step entry, entry_seq", "Host", "Template (workflow)", "Quorum", "Participant (seat)")
+    for term in used:
+        assert term.lower() in defined, term

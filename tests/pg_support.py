@@ -1,4 +1,4 @@
-"""A throw-away PostgreSQL server for the tests and the benchmarks (issue 15, "How it is tested").
+"""A throw-away PostgreSQL server for the tests and the benchmarks.
 
 Started from Debian's binaries under /usr/lib/postgresql/<version>/bin (installed from Debian's `postgresql`
 package when they are missing and the tests run as root, as on CI). `initdb` and `pg_ctl` refuse to run as

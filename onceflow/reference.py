@@ -688,7 +688,17 @@ def _error_classes() -> list[type[errors.OnceflowError]]:
         if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
         if cls not in (errors.OnceflowError, errors.StorageError, errors.RefusedError)
     ]
-    return [*found, SlowConsumerError, IdleTimeoutError, EvictedError]
+    from onceflow.serve.http.api import ForbiddenError, TooLargeError, UnauthorizedError
+
+    return [
+        *found,
+        SlowConsumerError,
+        IdleTimeoutError,
+        EvictedError,
+        UnauthorizedError,
+        ForbiddenError,
+        TooLargeError,
+    ]
 
 
 def _storage_kinds() -> dict[str, str]:

@@ -189,7 +189,8 @@ async def test_issue15_a_lost_connection_is_storage_io_and_the_writer_renews_its
         async with open_store(pg_url) as store:
             old = store.epoch
             pid = await store.transact(lambda conn: conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # wait_for: the backend is gone (its advisory locks with it), not only signalled.
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
             with pytest.raises(StorageError) as caught:
                 await store.transact(_add_workflow("w1"))
             assert caught.value.kind == "io" and caught.value.retryable

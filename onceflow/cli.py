@@ -326,7 +326,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "test": ("onceflow.scenario.runner:add_commands", "run scenario tests of workflow templates"),
     "serve": (
         "onceflow.serve.cli:add_parser",
-        "serve the protocol as JSON lines over a Unix socket or stdio",
+        "serve the protocol as JSON lines over a Unix socket or stdio, and/or over HTTP",
     ),
 }
 """Every subcommand, in the order `onceflow --help` lists them: name -> (`module:function` that adds its

@@ -36,36 +36,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import functools
-import json
-import logging
+import importlib
 import os
 import signal
-import sqlite3
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
-import structlog
-import trio
-import yaml
-
-from onceflow import history, prune, reference, scenario, serve, views
-from onceflow.actors.kernel.groups import raise_single
-from onceflow.actors.runtime.startup import open_runtime
-from onceflow.demo import run_demo
-from onceflow.protocol.codec import command_schema, encode
-from onceflow.protocol.errors import OnceflowError
-from onceflow.protocol.template_schema import template_schema
-from onceflow.protocol.workflow import WorkflowError, load_workflow_text
-from onceflow.store.lock import DatabaseOwnedError
 from onceflow.store.urls import database_arg, redacted
-from onceflow.trace import describe, escape_controls
+from onceflow.trace import escape_controls
+
+if TYPE_CHECKING:
+    import trio
+
+    _SUBPARSERS = argparse._SubParsersAction[argparse.ArgumentParser]
+
+# Only what every subcommand needs is imported here: each subcommand imports its own machinery when it runs
+# (the runtime, trio, pydantic's protocol models, the scenario runner, serve, psycopg), so `onceflow --help`
+# and `onceflow validate` start as fast as Python allows.
 
 REFUSED = 1
 """Exit status: a template is invalid or a replayed command was refused."""
@@ -83,6 +72,10 @@ def configure_logging(verbose: bool, as_json: bool = False) -> None:
     RFC 3339 UTC); otherwise coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset
     or empty: a pipe, a file or a supervisor's log gets plain text, tracebacks included.
     """
+    import logging
+
+    import structlog
+
     colors = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -91,7 +84,11 @@ def configure_logging(verbose: bool, as_json: bool = False) -> None:
         if colors
         else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
-    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True) if as_json else _LOCAL_TIME
+    stamp = (
+        structlog.processors.TimeStamper(fmt="iso", utc=True)
+        if as_json
+        else structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -106,9 +103,6 @@ def configure_logging(verbose: bool, as_json: bool = False) -> None:
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call
         cache_logger_on_first_use=False,
     )
-
-
-_LOCAL_TIME = structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False)
 
 
 def _escape_values(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -146,6 +140,8 @@ def load_script(path: Path) -> list[tuple[int, Any]]:
         names the file).
     """
     if path.suffix not in (".jsonl", ".json"):
+        import yaml
+
         text = read_text(path)
         try:
             loaded = yaml.safe_load(text)
@@ -162,13 +158,13 @@ def load_script(path: Path) -> list[tuple[int, Any]]:
     ]
 
 
-@attrs.define
 class Progress:
     """How far a `run` got, for the line an interrupt prints: commands of the script sent (each answered)
-    and the script line of the last one."""
+    and the script line of the last one. (A plain class: `attrs` is not imported for `onceflow --help`.)"""
 
-    sent: int = 0
-    last_line: int | None = None
+    def __init__(self) -> None:
+        self.sent = 0
+        self.last_line: int | None = None
 
 
 def say_database(db: Path | str) -> None:
@@ -201,6 +197,12 @@ async def replay(
     run; the workflow is registered again, which changes nothing when it is the same). `progress` counts
     the script's commands sent.
     """
+    import json
+
+    from onceflow.actors.runtime.startup import open_runtime
+    from onceflow.protocol.codec import encode
+    from onceflow.trace import describe
+
     commands = [(n, c) for n, c in load_script(script) if n >= from_line]
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
@@ -244,11 +246,15 @@ async def replay(
 
 async def demo(db: Path | str, stop: trio.Event) -> int:
     """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
+    from onceflow.demo import run_demo
+
     return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
 
 def validate(paths: list[Path]) -> int:
     """Check every file and print every problem of each: 0 all valid, 1 some invalid, 2 some unreadable."""
+    from onceflow.protocol.workflow import WorkflowError, load_workflow_text
+
     status = 0
     for path in paths:
         try:
@@ -275,6 +281,12 @@ def validate(paths: list[Path]) -> int:
 def print_schema(args: argparse.Namespace) -> int:
     """`onceflow schema`: the protocol's JSON Schema, the template format's (`--template`), or the protocol
     reference page (`--markdown`, what docs/protocol.md holds)."""
+    import json
+
+    from onceflow import reference
+    from onceflow.protocol.codec import command_schema
+    from onceflow.protocol.template_schema import template_schema
+
     if args.import_path and not args.template:
         say("error: --import-path goes with --template", err=True)
         return CANNOT_RUN
@@ -292,6 +304,10 @@ async def until_signalled(work: Callable[[trio.Event], Awaitable[int]], signalle
     command under way and closes the runtime), a second cancels work (the runtime still closes and releases
     the database; status 0). Signals received are appended to `signalled`. A single failure of work is
     raised as itself."""
+    import trio
+
+    from onceflow.actors.kernel.groups import raise_single
+
     stop = trio.Event()
     status = 0
 
@@ -316,6 +332,9 @@ async def until_signalled(work: Callable[[trio.Event], Awaitable[int]], signalle
 def _db_path(given: Path | str | None, name: str) -> Path | str:
     """`given`, whose folder must exist (a typo must not create folders), or a fresh file in a temp dir; a
     PostgreSQL URL as given."""
+    import errno
+    import tempfile
+
     if isinstance(given, str):
         return given
     if given is None:
@@ -336,24 +355,95 @@ def _os_error(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
 
 
-def _parser() -> argparse.ArgumentParser:
+_READ_ONLY = "(read-only; safe while it runs)"
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("onceflow.cli:_add_demo", "run the bundled office example end to end"),
+    "run": ("onceflow.cli:_add_run", "replay a script of protocol commands against a workflow"),
+    "validate": ("onceflow.cli:_add_validate", "check workflow template files"),
+    "schema": ("onceflow.cli:_add_schema", "print the protocol's JSON Schema"),
+    **{
+        view: ("onceflow.views:add_commands", f"show the {view} of a database {_READ_ONLY}")
+        for view in ("tasks", "runs", "entries", "decisions", "outcomes")
+    },
+    "history": ("onceflow.history:add_command", f"show a task's history {_READ_ONLY}"),
+    "prune": ("onceflow.prune:add_commands", "delete resolved history older than the retention, now"),
+    "test": ("onceflow.scenario.runner:add_commands", "run scenario tests of workflow templates"),
+    "serve": (
+        "onceflow.serve.cli:add_parser",
+        "serve the protocol as JSON lines over a Unix socket or stdio, and/or over HTTP",
+    ),
+}
+"""Every subcommand, in the order `onceflow --help` lists them: name -> (`module:function` that adds its
+subparser to the subparsers, the help line that function gives it). One function may add several (the
+views). The help lines are repeated here so that `onceflow --help` imports none of those modules; a test
+holds them equal."""
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked (importlib.metadata and the
+    scan of the installed distributions cost more than the rest of `onceflow --help`)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib import metadata
+
+        print(f"onceflow {metadata.version('onceflow')}")
+        parser.exit()
+
+
+def _parser(command: str | None = None, *, every: bool = False) -> argparse.ArgumentParser:
+    """The `onceflow` parser. Only `command`'s subparser is made (its module imported, its arguments added),
+    or with `every` all of them; when `command` is not a subcommand (`onceflow --help`, a typo), each is
+    listed by its name and help line alone, which is all the top-level help and its errors show. The usage
+    names every subcommand in each case."""
     parser = argparse.ArgumentParser(
         prog="onceflow",
         description="onceflow: workflow-step triggers dispatched exactly once, from the command line.",
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"onceflow {metadata.version('onceflow')}")
+    parser.add_argument("--version", action=_Version, help="show program's version number and exit")
     parser.add_argument("--verbose", action="store_true", help="debug logs on stderr")
     parser.add_argument("--log-json", action="store_true", help="logs as one JSON object per line")
+    if command in COMMANDS and not every:
+        every_name = "{" + ",".join(COMMANDS) + "}"  # the usage as if each subcommand were made
+        sub = parser.add_subparsers(dest="command", required=True, metavar=every_name)
+        _adder(COMMANDS[command][0])(sub)
+        _describe(sub)
+        return parser
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the bundled office example end to end")
+    added: set[str] = set()
+    for name, (adder, help_line) in COMMANDS.items():
+        if not every:
+            sub.add_parser(name, help=help_line)
+        elif adder not in added:
+            added.add(adder)
+            _adder(adder)(sub)
+    if every:
+        _describe(sub)
+    return parser
+
+
+def _adder(where: str) -> Callable[[_SUBPARSERS], None]:
+    module, function = where.split(":")
+    found: Callable[[_SUBPARSERS], None] = getattr(importlib.import_module(module), function)
+    return found
+
+
+def _add_demo(sub: _SUBPARSERS) -> None:
+    demo = sub.add_parser("demo", help=COMMANDS["demo"][1])
     demo.add_argument(
         "--db",
         type=database_arg,
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
-    run = sub.add_parser("run", help="replay a script of protocol commands against a workflow")
+
+
+def _add_run(sub: _SUBPARSERS) -> None:
+    run = sub.add_parser("run", help=COMMANDS["run"][1])
     run.add_argument("--workflow", type=Path, required=True, help="the template to register first (YAML)")
     run.add_argument("--script", type=Path, required=True, help="JSON lines or a YAML list of commands")
     run.add_argument(
@@ -372,9 +462,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
     )
-    check = sub.add_parser("validate", help="check workflow template files")
+
+
+def _add_validate(sub: _SUBPARSERS) -> None:
+    check = sub.add_parser("validate", help=COMMANDS["validate"][1])
     check.add_argument("files", type=Path, nargs="+", help="template YAML files")
-    schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
+
+
+def _add_schema(sub: _SUBPARSERS) -> None:
+    schema = sub.add_parser("schema", help=COMMANDS["schema"][1])
     shown = schema.add_mutually_exclusive_group()
     shown.add_argument(
         "--template", action="store_true", help="the template format's JSON Schema (for an editor)"
@@ -383,16 +479,14 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument(
         "--import-path", action="store_true", help="with --template: the import path's allow-lists"
     )
-    views.add_commands(sub)
-    history.add_command(sub)
-    prune.add_commands(sub)
-    scenario.add_commands(sub)
-    serve.add_parser(sub)
-    for action in sub._choices_actions:  # `onceflow X --help` says what X does, in full
+
+
+def _describe(sub: _SUBPARSERS) -> None:
+    """`onceflow X --help` says what X does, in full: a subparser without a description gets its help line."""
+    for action in sub._choices_actions:
         chosen = sub.choices[action.dest]
         if chosen.description is None and action.help:
             chosen.description = f"onceflow {action.dest}: {action.help}."
-    return parser
 
 
 def _epilog() -> str:
@@ -421,20 +515,34 @@ def _discard_stdout() -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
-    configure_logging(args.verbose, args.log_json)
-    if hasattr(args, "handler"):  # the subcommands defined in their own modules
-        return int(args.handler(args))
-    if args.command == "validate":
+    argv = sys.argv[1:] if argv is None else argv
+    command = next(
+        (arg for arg in argv if not arg.startswith("-")), None
+    )  # no top-level option takes a value
+    args = _parser(command).parse_args(argv)
+    if args.command == "validate":  # no runtime, so no logs
         return validate(args.files)
     if args.command == "schema":
         return print_schema(args)
+    configure_logging(args.verbose, args.log_json)
+    if hasattr(args, "handler"):  # the subcommands defined in their own modules
+        return int(args.handler(args))
+    import functools
+    import sqlite3
+
+    import trio
+
+    from onceflow.protocol.errors import OnceflowError
+    from onceflow.store.lock import DatabaseOwnedError
+
     signalled: list[int] = []
     progress = Progress()
     db: Path | str | None = args.db
     try:
         if args.command == "serve":  # handles its own signals: drains, removes the socket, exits 0
-            return serve.run(args)
+            from onceflow.serve.cli import run
+
+            return run(args)
         db = _db_path(args.db, f"{args.command}.db")
         if args.command == "demo":
             work = functools.partial(demo, db)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from onceflow.protocol import events as e
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onceflow.protocol import events as e
 
 ENTRY_PATHS = {
     "E1": "transition",
@@ -39,6 +42,10 @@ def describe(event: e.Event) -> str:
 
 
 def _describe(event: e.Event) -> str:
+    from onceflow.protocol import (
+        events as e,
+    )  # the models only when an event is shown (`escape_controls`: never)
+
     match event:
         case e.TaskCreated():
             return f"task {event.task_id} created in {event.workflow_id} at {event.step_id}"

@@ -15,6 +15,7 @@ from typing import Annotated, Literal, TypeGuard, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.host_calls import CallKind, CallStatus
 from onceflow.protocol.limits import (
     ID_PATTERN,
@@ -47,7 +48,7 @@ Priority = Literal["critical", "high", "medium", "low"]
 
 class _Model(BaseModel):
     # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
 
 class _Command(_Model, TraceContext):

@@ -12,13 +12,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from onceflow.protocol.errors import RefusedError
+from onceflow.protocol.field_docs import describe_fields
 
 EntryPath = Literal["E1", "E2", "E3", "E4", "E5", "recovery"]
 
 
 class _Event(BaseModel):
     # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
 
 class TaskCreated(_Event):
@@ -388,7 +389,7 @@ class ErrorInfo(BaseModel):
     `storage_out_of_memory`, `storage_aborted`.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
     code: str
     """Stable, machine-readable: `invalid_message`, `not_found`, `storage_busy`, ... (see Error codes)."""
     message: str
@@ -406,7 +407,7 @@ class Reply(BaseModel):
     command type to its result model; `result_of(reply)` validates it into that model).
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_fields)
     type: Literal["reply"] = "reply"
     """Always `reply`."""
     command: str

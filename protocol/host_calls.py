@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import ID_PATTERN, MAX_TEXT_CHARS
 
 Capability = Literal["session_action", "code_review", "preflight", "coordinator"]
@@ -83,7 +84,7 @@ def coordinator_call_id(cycle_id: str, attempt: int) -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
 
 CallId = Annotated[str, Field(min_length=1, max_length=MAX_CALL_ID_CHARS, pattern=ID_PATTERN)]

@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN
 from onceflow.protocol.times import RFC3339_UTC
 from onceflow.protocol.tracecontext import TraceContext
@@ -135,7 +136,7 @@ def _absent_when_empty(value: object) -> object:
 
 class _Message(BaseModel):
     # Field docstrings are the descriptions `onceflow schema` and docs/protocol.md show.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
 
 class Evidence(_Message):
@@ -320,7 +321,7 @@ class OutcomeDelivery(_Message):
     """
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, revalidate_instances="always", use_attribute_docstrings=True
+        extra="forbid", frozen=True, revalidate_instances="always", json_schema_extra=describe_fields
     )
 
     outcome_id: Segment | None = _OmittedWhenEmpty

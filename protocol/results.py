@@ -10,10 +10,7 @@ against its type, for a host that wants it checked. The suite validates a reply 
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
@@ -23,6 +20,7 @@ from pydantic_core import CoreSchema, core_schema
 from typing_extensions import TypedDict
 
 from onceflow.protocol.events import EntryPath, Reply
+from onceflow.protocol.field_docs import attribute_docs
 from onceflow.protocol.host_calls import CallKind, CallStatus, Capability
 from onceflow.protocol.outcome import OutcomeEnvelope
 
@@ -56,7 +54,7 @@ def _result(cls: R) -> R:
     def describe(schema: dict[str, Any]) -> None:
         if not docs:
             for klass in reversed(_lineage(cls)):
-                docs.update(_attribute_docs(klass))
+                docs.update(attribute_docs(klass))
         for name, prop in schema.get("properties", {}).items():
             if name in docs:
                 prop["description"] = docs[name]
@@ -74,26 +72,6 @@ def _lineage(cls: type) -> list[type]:
         if isinstance(base, type) and base is not dict and hasattr(base, "__annotations__"):
             found.extend(_lineage(base))
     return found
-
-
-def _attribute_docs(cls: type) -> dict[str, str]:
-    """The docstring following each annotated attribute of `cls`'s body."""
-    try:
-        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    except (OSError, TypeError):  # no source (frozen): no descriptions, the shapes still hold
-        return {}
-    assert isinstance(body, ast.ClassDef)
-    docs = {}
-    for item, after in zip(body.body, body.body[1:], strict=False):
-        if (
-            isinstance(item, ast.AnnAssign)
-            and isinstance(item.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[item.target.id] = inspect.cleandoc(after.value.value)
-    return docs
 
 
 # --- rows a query returns -----------------------------------------------------------------------------

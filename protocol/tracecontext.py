@@ -14,6 +14,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import MAX_TRACESTATE_CHARS
 
 TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[!-~]*)?$"
@@ -30,7 +31,7 @@ TRACE_FIELDS = ("traceparent", "tracestate")
 class TraceContext(BaseModel):
     """The trace context fields every command accepts (none of them changes what the command does)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
     traceparent: (
         Annotated[str, Field(max_length=MAX_TRACEPARENT_CHARS, pattern=TRACEPARENT_PATTERN)] | None

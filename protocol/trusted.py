@@ -28,6 +28,7 @@ from onceflow.protocol.events import (
     Reply,
     RunQueued,
     StepEntered,
+    TaskCreated,
     Transition,
 )
 
@@ -41,6 +42,18 @@ _set_extra = cast(Any, vars(BaseModel)["__pydantic_extra__"]).__set__
 _set_private = cast(Any, vars(BaseModel)["__pydantic_private__"]).__set__
 
 
+# Each event type's fields set, one set shared by all its events: they are frozen, so nothing adds to it
+# (pydantic copies the set for `model_copy`), and a set per event would be one more object to build and for
+# the cyclic GC to track while the event window keeps the event. A `Reply` (not frozen) gets its own.
+_TASK_CREATED_SET = {"task_id", "workflow_id", "step_id"}
+_TRANSITION_SET = {"task_id", "workflow_id", "from_step", "to_step", "trigger"}
+_STEP_ENTERED_SET = {"task_id", "step_id", "entry_seq", "entry_path"}
+_DECISIONS_CLEARED_SET = {"task_id", "step_id", "deleted"}
+_RUN_QUEUED_SET = {"run_id", "task_id", "step_id", "agent_profile_id", "reason", "idempotency_key"}
+_ACTION_OUTCOME_SET = {"task_id", "step_id", "trigger", "position", "kind", "outcome", "detail"}
+_DIAGNOSTIC_SET = {"level", "code", "fields"}
+
+
 def _instance(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     """An instance of `model` holding `values` (every field, in declaration order) as validation leaves it:
     no extra fields (the models forbid them), no private attributes (they declare none)."""
@@ -50,6 +63,12 @@ def _instance(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M
     _set_extra(instance, None)
     _set_private(instance, None)
     return instance
+
+
+def task_created(*, task_id: str, workflow_id: str, step_id: str) -> TaskCreated:
+    """`TaskCreated(task_id=..., workflow_id=..., step_id=...)`, unvalidated (module docstring)."""
+    values = {"type": "task_created", "task_id": task_id, "workflow_id": workflow_id, "step_id": step_id}
+    return _instance(TaskCreated, values, _TASK_CREATED_SET)
 
 
 def transition(*, task_id: str, workflow_id: str, from_step: str, to_step: str, trigger: str) -> Transition:
@@ -62,7 +81,7 @@ def transition(*, task_id: str, workflow_id: str, from_step: str, to_step: str, 
         "to_step": to_step,
         "trigger": trigger,
     }
-    return _instance(Transition, values, {"task_id", "workflow_id", "from_step", "to_step", "trigger"})
+    return _instance(Transition, values, _TRANSITION_SET)
 
 
 def step_entered(*, task_id: str, step_id: str, entry_seq: int | None, entry_path: EntryPath) -> StepEntered:
@@ -74,13 +93,13 @@ def step_entered(*, task_id: str, step_id: str, entry_seq: int | None, entry_pat
         "entry_seq": entry_seq,
         "entry_path": entry_path,
     }
-    return _instance(StepEntered, values, {"task_id", "step_id", "entry_seq", "entry_path"})
+    return _instance(StepEntered, values, _STEP_ENTERED_SET)
 
 
 def decisions_cleared(*, task_id: str, step_id: str, deleted: int) -> DecisionsCleared:
     """`DecisionsCleared(task_id=..., step_id=..., deleted=...)`, unvalidated (module docstring)."""
     values = {"type": "decisions_cleared", "task_id": task_id, "step_id": step_id, "deleted": deleted}
-    return _instance(DecisionsCleared, values, {"task_id", "step_id", "deleted"})
+    return _instance(DecisionsCleared, values, _DECISIONS_CLEARED_SET)
 
 
 def run_queued(
@@ -102,9 +121,7 @@ def run_queued(
         "reason": reason,
         "idempotency_key": idempotency_key,
     }
-    return _instance(
-        RunQueued, values, {"run_id", "task_id", "step_id", "agent_profile_id", "reason", "idempotency_key"}
-    )
+    return _instance(RunQueued, values, _RUN_QUEUED_SET)
 
 
 def action_outcome(
@@ -121,9 +138,7 @@ def action_outcome(
         "outcome": outcome,
         "detail": detail,
     }
-    return _instance(
-        ActionOutcome, values, {"task_id", "step_id", "trigger", "position", "kind", "outcome", "detail"}
-    )
+    return _instance(ActionOutcome, values, _ACTION_OUTCOME_SET)
 
 
 def diagnostic(
@@ -131,7 +146,7 @@ def diagnostic(
 ) -> Diagnostic:
     """`Diagnostic(level=..., code=..., fields=...)`, unvalidated; `fields` is kept, not copied."""
     values = {"type": "diagnostic", "level": level, "code": code, "fields": fields}
-    return _instance(Diagnostic, values, {"level", "code", "fields"})
+    return _instance(Diagnostic, values, _DIAGNOSTIC_SET)
 
 
 def reply(command: str, events: list[Event], *, result: Any = None, error: ErrorInfo | None = None) -> Reply:

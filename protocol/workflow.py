@@ -51,6 +51,7 @@ except ImportError:  # pragma: no cover - PyYAML's wheels ship libyaml
     _CParser = None  # type: ignore[assignment,misc]
 
 from onceflow.protocol.errors import NotFoundError, shown
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import (
     ID_PATTERN,
     INT64_MAX,
@@ -197,7 +198,7 @@ _QUEUE_TARGET = re.compile(QUEUE_TARGET_PATTERN)
 
 class _Model(BaseModel):
     # Field docstrings are the descriptions `onceflow schema --template` shows in an editor.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra=describe_fields)
 
 
 def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 import attrs
 
 from onceflow.protocol.errors import NotFoundError, ProtocolError
 from onceflow.protocol.results import HistoryItem, HistoryPage, HostCallInfo
+from onceflow.protocol.times import rfc3339
 from onceflow.store import host_calls
 from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres
@@ -204,11 +204,6 @@ def _host_calls(conn: Connection, ids: list[int]) -> dict[int, HostCallInfo]:
 def _call_item(call: HostCallInfo) -> HistoryItem:
     assert call["answered_at"] is not None  # a recorded call has ended
     return {"at": call["answered_at"], "kind": "host_call", "seq": None, "detail": dict(call)}
-
-
-def rfc3339(seconds: float) -> str:
-    """`seconds` (Unix) as RFC 3339 UTC with microseconds: `2026-12-01T19:44:10.123456Z`."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _item(row: Any) -> HistoryItem:

@@ -92,14 +92,20 @@ def plan_entry(
     (the task history's transition item, store/history.py)."""
     now = services.now()
     # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
-    entered = attrs.evolve(
-        task,
-        workflow_id=workflow.id,
-        step_id=target.id,
-        admissions=task.admissions + 1,
-        wip_admitted=True,
-        queued_for_step_id=None,
-        updated_at=now,
+    entered = TaskRecord(  # `attrs.evolve` of every field, built directly (evolve's generic copy is slower)
+        task.id,
+        workflow.id,
+        target.id,
+        task.title,
+        task.session_id,
+        task.primary_agent_id,
+        task.ceo_agent_id,
+        task.priority,
+        True,  # wip_admitted
+        None,  # queued_for_step_id
+        task.created_at,
+        now,
+        task.admissions + 1,
     )
     on_exit, common, lead = plans.get(source_step(services, task), target, path)
     version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None

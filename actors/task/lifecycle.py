@@ -12,7 +12,8 @@ from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task.context import TaskContext
 from onceflow.actors.task.moves import move
 from onceflow.protocol import commands as c
-from onceflow.protocol.events import TaskCreated, TaskQueued
+from onceflow.protocol import trusted
+from onceflow.protocol.events import TaskQueued
 from onceflow.protocol.results import DecisionPage, ParticipantAdded, StepEntryPage, TaskDeleted, TaskInfo
 from onceflow.protocol.workflow import find_step
 from onceflow.store import participants, step_entries, tasks
@@ -33,7 +34,7 @@ async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskIn
     feeder = workflow.step(target.pull_from_step_id) if target.pull_from_step_id else None
     task = await ctx.store.transact(tasks.create_task, command, workflow.id, target, feeder, services.now())
     services.task_rows.put(task)
-    out.emit(TaskCreated(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
+    out.emit(trusted.task_created(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
     if not task.wip_admitted:
         out.emit(TaskQueued(task_id=task.id, step_id=task.step_id))
     return tasks.task_info(task)

@@ -21,11 +21,10 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
-import trio.testing
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -42,6 +41,9 @@ from onceflow.store.connection import Connection
 from onceflow.store.writer import Durability, StoreActor
 from onceflow.testing import RecordingCoordinator, RecordingHost
 
+if TYPE_CHECKING:
+    import trio.testing  # imported when a scenario runs: it imports pytest where pytest is installed
+
 
 @attrs.frozen
 class ScenarioResult:
@@ -57,6 +59,8 @@ def run_scenario(scenario: LoadedScenario) -> ScenarioResult:
 
     Raises only what the runtime itself raises on open (e.g. an OSError for the temporary directory).
     """
+    import trio.testing
+
     clock = trio.testing.MockClock()
     with tempfile.TemporaryDirectory(prefix="onceflow-scenario-") as tmp:
         failure = trio.run(_Runner(scenario, clock, Path(tmp) / "scenario.db").run, clock=clock)
@@ -165,6 +169,8 @@ async def _settle(store: StoreActor) -> None:
     A task waiting for the store's writer thread counts as blocked, so each round ends with a no-op store
     request: requests queued before it are answered first (the store is FIFO) and their callers run on.
     """
+    import trio.testing
+
     await trio.testing.wait_all_tasks_blocked()
     changes = await store.transact(_total_changes)
     while True:

@@ -219,3 +219,23 @@ def test_task_rows_hold_at_most_their_capacity_least_recently_used_first() -> No
     off = TaskRows(0)
     off.put(row("a"))
     assert off.get("a") is None
+
+
+def test_the_admitted_row_built_field_by_field_covers_every_task_field() -> None:
+    # actors/engine/entry.py builds the admitted TaskRecord positionally (faster than attrs.evolve): a new
+    # field must be placed there too, or it would be reset on every admission.
+    assert [f.name for f in attrs.fields(TaskRecord)] == [
+        "id",
+        "workflow_id",
+        "step_id",
+        "title",
+        "session_id",
+        "primary_agent_id",
+        "ceo_agent_id",
+        "priority",
+        "wip_admitted",
+        "queued_for_step_id",
+        "created_at",
+        "updated_at",
+        "admissions",
+    ]

@@ -51,6 +51,7 @@ json_value = st.recursive(
 levels = st.sampled_from(["debug", "info", "warning", "error"])
 
 ARGUMENTS: dict[Callable[..., BaseModel], st.SearchStrategy[dict[str, Any]]] = {
+    trusted.task_created: st.fixed_dictionaries({"task_id": text, "workflow_id": text, "step_id": text}),
     trusted.transition: st.fixed_dictionaries(
         {"task_id": text, "workflow_id": text, "from_step": text, "to_step": text, "trigger": text}
     ),
@@ -89,6 +90,7 @@ ARGUMENTS: dict[Callable[..., BaseModel], st.SearchStrategy[dict[str, Any]]] = {
     ),
 }
 MODELS: dict[Callable[..., BaseModel], type[BaseModel]] = {
+    trusted.task_created: TaskCreated,
     trusted.transition: Transition,
     trusted.step_entered: StepEntered,
     trusted.decisions_cleared: DecisionsCleared,

@@ -4,7 +4,7 @@ subcommand runs its own Trio run.
   onceflow demo [--db PATH]                                   the bundled walkthrough
   onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going]
                                                               replay protocol commands, print the events
-  onceflow validate FILE...                                   check workflow templates
+  onceflow validate [--strict] FILE...                        check workflow templates (and lint them)
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
                                                               results; of the template format; or the
                                                               protocol reference page (docs/protocol.md)
@@ -59,6 +59,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.demo import run_demo
 from onceflow.protocol.codec import command_schema, encode
 from onceflow.protocol.errors import OnceflowError
+from onceflow.protocol.lint import lint
 from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.lock import DatabaseOwnedError
@@ -209,8 +210,10 @@ async def demo(db: Path | str, stop: trio.Event) -> int:
     return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
 
 
-def validate(paths: list[Path]) -> int:
-    """Check every file and print every problem of each: 0 all valid, 1 some invalid, 2 some unreadable."""
+def validate(paths: list[Path], *, strict: bool = False) -> int:
+    """Check every file and print every problem of each (`invalid:` lines), then the lint's warnings of each
+    file that loads (`warning:` lines, protocol/lint.py): 0 all valid, 1 some invalid (or, `strict`, some
+    warned), 2 some unreadable."""
     status = 0
     for path in paths:
         try:
@@ -228,6 +231,12 @@ def validate(paths: list[Path]) -> int:
         except WorkflowError as exc:
             for problem in (exc, *exc.others):
                 say(f"invalid: {problem}", err=True)
+            status = max(status, REFUSED)
+            continue
+        warnings = lint(workflow)
+        for warning in warnings:
+            say(f"{'invalid' if strict else 'warning'}: {path}: {warning.message} [{warning.code}]", err=True)
+        if strict and warnings:
             status = max(status, REFUSED)
             continue
         say(f"ok: {path}: {workflow.id} ({len(workflow.steps)} steps)")
@@ -318,6 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check = sub.add_parser("validate", help="check workflow template files")
     check.add_argument("files", type=Path, nargs="+")
+    check.add_argument("--strict", action="store_true", help="a lint warning makes the file invalid")
     schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
     shown = schema.add_mutually_exclusive_group()
     shown.add_argument(
@@ -360,7 +370,7 @@ def _main(argv: list[str] | None) -> int:
     if hasattr(args, "handler"):  # the subcommands defined in their own modules
         return int(args.handler(args))
     if args.command == "validate":
-        return validate(args.files)
+        return validate(args.files, strict=args.strict)
     if args.command == "schema":
         return print_schema(args)
     signalled: list[int] = []

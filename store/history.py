@@ -35,7 +35,7 @@ from onceflow.store import host_calls
 from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres
 
-Kind = Literal["created", "transition", "decision", "run", "host_call"]
+Kind = Literal["created", "transition", "decision", "run", "host_call", "migrated"]
 
 _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"

@@ -68,7 +68,7 @@ class EntryPlans:
 
 def source_step(services: Services, task: TaskRecord) -> Step | None:
     """The step the task stands at, when its workflow still declares it."""
-    workflow = services.workflows.workflows.get(task.workflow_id)
+    workflow = services.workflows.pinned(task)
     if workflow is None or not workflow.has_step(task.step_id):
         return None
     return workflow.step(task.step_id)
@@ -92,9 +92,13 @@ def plan_entry(
     (the task history's transition item, store/history.py)."""
     now = services.now()
     # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
+    pinned = task.workflow_version
+    if workflow.id != task.workflow_id:  # a switch pins it to the newest version (`tasks.move_task_step`)
+        pinned = services.workflows.newest.get(workflow.id, 1)
     entered = attrs.evolve(
         task,
         workflow_id=workflow.id,
+        workflow_version=pinned,
         step_id=target.id,
         admissions=task.admissions + 1,
         wip_admitted=True,

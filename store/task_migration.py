@@ -139,9 +139,17 @@ def _agents_for(task: TaskRecord, step: Step, seats: Sequence[Seat]) -> set[str]
 
 
 def plan_task(
-    conn: Connection, task: TaskRecord, to_step: Step, queued_for: str | None, *, enter: bool
+    conn: Connection,
+    task: TaskRecord,
+    to_step: Step,
+    queued_for: str | None,
+    step_map: Mapping[str, str],
+    to_ids: Sequence[str],
+    *,
+    enter: bool,
 ) -> TaskPlan:
-    """What migrating `task` to `to_step` (its queued-for step mapped to `queued_for`) does: reads only."""
+    """What migrating `task` to `to_step` (its queued-for step mapped to `queued_for`; its seats at other
+    steps by `step_map` onto the steps `to_ids`) does: reads only."""
     seats = _seated(conn, task, task.step_id)
     agents = set() if enter else _agents_for(task, to_step, seats)
     runs = conn.execute(
@@ -151,7 +159,9 @@ def plan_task(
     ).fetchall()
     kept = tuple(int(r[0]) for r in runs if r[1] in agents and r[2] in (task.step_id, None))
     cancelled = tuple(int(r[0]) for r in runs if int(r[0]) not in kept)
-    moved = 0 if to_step.id == task.step_id else len(seats)
+    moved = _own_seats_moving(conn, task, step_map, to_ids)
+    if to_step.id != task.step_id:
+        moved += sum(1 for seat in seats if seat[5])  # the step's template rows, copied to the task
     (latest,) = conn.execute(
         "SELECT MAX(entry_seq) FROM step_entries WHERE task_id = ? AND step_id = ? AND terminal = 0",
         (task.id, task.step_id),
@@ -195,7 +205,7 @@ def migrate_task(
     queued_for = None if task.queued_for_step_id is None else map_step(task.queued_for_step_id, step_map, ids)
     if to_id is None or (task.queued_for_step_id is not None and queued_for is None):
         raise NotFoundError(f"task {task.id!r}: step {task.step_id!r} maps to no step", field="step_map")
-    plan = plan_task(conn, task, to_steps[to_id], queued_for, enter=enter)
+    plan = plan_task(conn, task, to_steps[to_id], queued_for, step_map, ids, enter=enter)
     changes: list[Change] = []
     for run_id in plan.runs_cancelled:
         done, change = run_claims.cancel(conn, run_id, "migrated", now)
@@ -206,12 +216,17 @@ def migrate_task(
             f"UPDATE runs SET workflow_step_id = ? WHERE id IN ({', '.join('?' * len(plan.runs_kept))})",
             (to_id, *plan.runs_kept),
         )
-    if to_id != task.step_id:
-        _move_seats(conn, task, to_id)
+    for old_step, new_step in _own_moves(conn, task, step_map, ids).items():
+        conn.execute(
+            "UPDATE participants SET step_id = ? WHERE task_id = ? AND workflow_id = ? AND step_id = ?",
+            (new_step, task.id, task.workflow_id, old_step),
+        )
         conn.execute(
             "UPDATE decisions SET step_id = ? WHERE task_id = ? AND step_id = ?",
-            (to_id, task.id, task.step_id),
+            (new_step, task.id, old_step),
         )
+    if to_id != task.step_id:
+        _copy_template_seats(conn, task, to_id)
     if plan.open_entry is not None:
         old = from_steps.get(task.step_id)
         close_entry(conn, plan.open_entry, old.events.on_enter if old else (), "migrated", now)
@@ -241,13 +256,36 @@ def migrate_task(
     return Migrated(plan, tuple(changes), entered, tasks.get_task(conn, task.id))
 
 
-def _move_seats(conn: Connection, task: TaskRecord, to_id: str) -> None:
-    """The task's own seats at its step move to `to_id`; the step's template-level seats are copied to it
-    as its own there (template rows are the workflow's, shared by every version and task)."""
-    conn.execute(
-        "UPDATE participants SET step_id = ? WHERE task_id = ? AND workflow_id = ? AND step_id = ?",
-        (to_id, task.id, task.workflow_id, task.step_id),
-    )
+def _own_moves(
+    conn: Connection, task: TaskRecord, step_map: Mapping[str, str], to_ids: Sequence[str]
+) -> dict[str, str]:
+    """old step -> new step of every step the task has its own seats or decisions at that maps to another
+    step (a step neither mapped nor in the target keeps them: nothing is dropped)."""
+    rows = conn.execute(
+        "SELECT step_id FROM participants WHERE task_id = ?"
+        " UNION SELECT step_id FROM decisions WHERE task_id = ?",
+        (task.id, task.id),
+    ).fetchall()
+    moves = {}
+    for (old,) in rows:
+        new = map_step(old, step_map, to_ids)
+        if new is not None and new != old:
+            moves[old] = new
+    return moves
+
+
+def _own_seats_moving(
+    conn: Connection, task: TaskRecord, step_map: Mapping[str, str], to_ids: Sequence[str]
+) -> int:
+    """How many of the task's own seats `_own_moves` moves."""
+    moving = _own_moves(conn, task, step_map, to_ids)
+    rows = conn.execute("SELECT step_id FROM participants WHERE task_id = ?", (task.id,)).fetchall()
+    return sum(1 for (step_id,) in rows if step_id in moving)
+
+
+def _copy_template_seats(conn: Connection, task: TaskRecord, to_id: str) -> None:
+    """The template-level seats of the task's step, copied to it as its own at `to_id` (template rows are
+    the workflow's, shared by every version and task; one already at `to_id` is not copied)."""
     conn.execute(
         "INSERT INTO participants (workflow_id, step_id, task_id, role, agent_profile_id, decision_required,"
         " position) SELECT workflow_id, ?, ?, role, agent_profile_id, decision_required, position"
@@ -274,5 +312,5 @@ def plan_all(
         queued = None if task.queued_for_step_id is None else map_step(task.queued_for_step_id, step_map, ids)
         if to_id is None:
             raise NotFoundError(f"task {task.id!r}: step {task.step_id!r} maps to no step", field="step_map")
-        plans.append(plan_task(conn, task, to_steps[to_id], queued, enter=enter))
+        plans.append(plan_task(conn, task, to_steps[to_id], queued, step_map, ids, enter=enter))
     return plans

@@ -82,7 +82,8 @@ async def test_a_kill_mid_migration_leaves_each_task_wholly_on_one_version(
             await ok(
                 rt, {"type": "add_participant", "task_id": task_id, "step_id": "review", "role": "watcher"}
             )
-        await ok(rt, {"type": "register_workflow", "yaml": text(renamed_asking_the_host()), "source": "office-default.yml"})
+        changed = text(renamed_asking_the_host())
+        await ok(rt, {"type": "register_workflow", "yaml": changed, "source": "office-default.yml"})
 
     marker = tmp_path / "hung"
     child = subprocess.Popen(

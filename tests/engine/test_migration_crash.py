@@ -30,6 +30,7 @@ def renamed_asking_the_host() -> Template:
     step(template, "peer-review")["events"]["on_enter"].insert(0, {"type": "auto_start_agent"})
     return template
 
+
 V1 = {"backlog", "work", "review", "approval", "done"}
 V2 = {"backlog", "work", "peer-review", "approval", "done"}
 

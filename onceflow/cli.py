@@ -11,7 +11,7 @@ subcommand runs its own Trio run.
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
-  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
+  onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json] [--limit N]
                                                               read-only views (onceflow.views), streamed
   onceflow history --db FILE|URL --task ID [--json] [--limit N]
                                                               a task's history (onceflow.history)

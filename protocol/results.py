@@ -711,7 +711,7 @@ class HistoryItem(TypedDict):
     """One item of a task's history (`task_history`).
 
     `kind` and its `detail`:
-    - `created`: `{workflow_id, step_id, queued}`, where the task was created;
+    - `created`: `{workflow_id, workflow_version, step_id, queued}`, where the task was created;
     - `transition`: `{from_step, to_step, workflow_id, trigger, operation_id, entry_path, entry_seq,
       queued}`: the command or trigger that moved it (`move_task`, `on_turn_complete`, `record_decision`,
       `switch_workflow`, `wip_promotion`, ...), its operation id (None when it carries none), the entry
@@ -722,6 +722,8 @@ class HistoryItem(TypedDict):
     - `run`: `{run_id, status, agent_profile_id, step_id, ...}`, status `queued` (with `trigger`,
       `entry_seq`, `reason`), `claimed` (its latest claim's `attempt`) or how it ended (`finished`,
       `failed`, `cancelled`, with `attempt` and `outcome_reason`);
+    - `migrated`: `{workflow_id, from_version, to_version, from_step, to_step, runs_kept, runs_cancelled,
+      seats_moved, entry}`: a `migrate_tasks` moved it onto another version of its workflow;
     - `host_call`: a call a host connection of `onceflow serve` was made for the task, once it ended: its
       `HostCallInfo` (call_id, kind, status, attempts, host_id, latency_seconds, error, ...).
     """

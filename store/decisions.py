@@ -101,7 +101,8 @@ def record(
     rules: DecisionRules,
     now: float,
 ) -> Recorded:
-    """Record `command` for its task (`now` Unix seconds).
+    """Record `command` for its task (`now` Unix seconds); `workflows` gives the version of its workflow a
+    task is pinned to (None: not loaded), whose step and quorum rules the vote is judged by.
 
     A `decision_id` already receipted for (task, step) is a replay when the content matches and nothing is
     written — even if the task has left the step since. A decision without `role` takes the role of the

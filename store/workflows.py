@@ -139,3 +139,13 @@ def versions_summary(conn: Connection) -> list[tuple[str, list[int]]]:
     for wf, version in rows.fetchall():
         summary.setdefault(wf, []).append(int(version))
     return list(summary.items())
+
+
+def live_counts(conn: Connection, workflow_id: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(live tasks by version, live tasks by step) of the workflow: what a registration reports."""
+    return live_tasks_by_version(conn, workflow_id).get(workflow_id, {}), live_steps(conn, workflow_id)
+
+
+def summary(conn: Connection) -> tuple[list[tuple[str, list[int]]], dict[str, dict[str, int]]]:
+    """`versions_summary` and `live_tasks_by_version` of every workflow, in one transaction."""
+    return versions_summary(conn), live_tasks_by_version(conn)

@@ -35,9 +35,8 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, task_migration, tasks, workflows
-from onceflow.store.connection import Connection
-from onceflow.store.records import Participant, TaskRecord
+from onceflow.store import participants, task_migration, workflows
+from onceflow.store.records import TaskRecord
 from onceflow.store.task_migration import TaskPlan
 from onceflow.store.workflows import StoredWorkflow
 
@@ -90,7 +89,7 @@ async def register_workflow(
         stored=stored,
         now=services.now(),
     )
-    counts, steps = await services.store.transact(_live, workflow.id)
+    counts, steps = await services.store.transact(workflows.live_counts, workflow.id)
     registry = services.workflows.copy()
     registry.put(workflow, saved.version)
     runtime.reconfigure(workflows=registry)
@@ -110,12 +109,6 @@ async def register_workflow(
         live_tasks_by_version=counts,
         warnings=[LintWarningInfo(code=w.code, step_id=w.step_id, message=w.message) for w in found],
     )
-
-
-def _live(conn: Connection, workflow_id: str) -> tuple[dict[str, int], dict[str, int]]:
-    """(live tasks by version, live tasks by step) of the workflow (writer thread)."""
-    counts = workflows.live_tasks_by_version(conn, workflow_id).get(workflow_id, {})
-    return counts, workflows.live_steps(conn, workflow_id)
 
 
 async def load_workflows(services: Services) -> None:
@@ -254,7 +247,7 @@ def _result(command: c.MigrateTasks, plans: list[TaskPlan], skipped: list[str]) 
 
 async def list_workflows(services: Services) -> WorkflowList:
     """`list_workflows`: every registered workflow, its versions and where its tasks are pinned."""
-    summary, counts = await services.store.transact(_summary)
+    summary, counts = await services.store.transact(workflows.summary)
     return WorkflowList(
         workflows=[
             WorkflowSummary(
@@ -266,10 +259,6 @@ async def list_workflows(services: Services) -> WorkflowList:
             for wf, versions in summary
         ]
     )
-
-
-def _summary(conn: Connection) -> tuple[list[tuple[str, list[int]]], dict[str, dict[str, int]]]:
-    return workflows.versions_summary(conn), workflows.live_tasks_by_version(conn)
 
 
 async def get_workflow(services: Services, command: c.GetWorkflow) -> WorkflowText:
@@ -289,7 +278,7 @@ async def get_workflow(services: Services, command: c.GetWorkflow) -> WorkflowTe
 async def list_participants(services: Services, command: c.ListParticipants) -> ParticipantList:
     """`list_participants`: the task's seats and its workflow's template-level ones. Raises NotFoundError
     (field task_id)."""
-    rows = await services.store.transact(_participants, command.task_id)
+    rows = await services.store.transact(participants.task_participants, command.task_id)
     return ParticipantList(
         participants=[
             ParticipantInfo(
@@ -304,8 +293,3 @@ async def list_participants(services: Services, command: c.ListParticipants) -> 
             for row in sorted(rows, key=lambda row: (row.step_id, row.position, row.id))
         ]
     )
-
-
-def _participants(conn: Connection, task_id: str) -> list[Participant]:
-    task = tasks.get_task(conn, task_id)
-    return participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)

@@ -80,7 +80,7 @@ async def test_a_changed_template_strands_no_live_task_and_migrates_them_after_a
         assert (registered["version"], registered["changed"]) == (2, True)
         assert registered["live_tasks_by_version"] == {"1": 4}
         dropped = {w["step_id"]: w["code"] for w in registered["warnings"] if w["code"].startswith("step_")}
-        assert "review" in dropped  # three tasks stand there: the operator is told
+        assert dropped["review"] == ("step_removed" if change == "removed" else "step_renamed")
         again = await register_text(rt, changed)
         assert (again["version"], again["changed"]) == (2, False)
 
@@ -93,9 +93,12 @@ async def test_a_changed_template_strands_no_live_task_and_migrates_them_after_a
         finished = await decide(rt, "D", "review", "rev-b", "approved")
         assert finished.result["moved_to"] == "approval"
         # every run handed out is of a step its task's version has
+        held = {}  # A's claimed runs: its holder finishes it after the migration
         for agent in ("rev-b", "boss"):
             for run in await claim_all(rt, agent):
                 assert run["step_id"] in v1
+                if run["task_id"] == "A":
+                    held[run["id"]] = run["claim_token"]
         # a new task runs on v2
         await create_task(rt, "N", step_id=None)
         assert (await task(rt, "N"))["workflow_version"] == 2
@@ -123,6 +126,10 @@ async def test_a_changed_template_strands_no_live_task_and_migrates_them_after_a
 
         applied = (await ok(rt, migrate | {"operation_id": "mig-1"})).result
         assert applied["tasks"] == [dict(t) for t in plan["tasks"]]
+        [(run_id, token)] = held.items()
+        finish = {"type": "finish_run", "run_id": run_id, "claim_token": token}
+        finished = await send(rt, finish)
+        assert finished.ok == (run_id in a_plan["runs_kept"])  # a kept run's holder finishes it
         assert (await ok(rt, migrate | {"operation_id": "mig-1"})).result == {
             "idempotent": True,
             "operation_id": "mig-1",

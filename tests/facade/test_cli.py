@@ -395,7 +395,13 @@ def test_help_is_complete_for_the_command_and_each_subcommand(capsys: pytest.Cap
     assert "Exit status: 0 on success" in shown and "--log-json" in shown
     assert parser.description and parser.description.endswith(".")
     for name, sub in subcommands.items():
-        assert f"onceflow {name}" in shown or name in ("runs", "entries", "decisions", "outcomes"), name
+        assert f"onceflow {name}" in shown or name in (
+            "runs",
+            "entries",
+            "decisions",
+            "outcomes",
+            "workflows",
+        ), name
         assert sub.description and sub.description.startswith(f"onceflow {name}: "), name
         with pytest.raises(SystemExit):
             parser.parse_args([name, "--help"])

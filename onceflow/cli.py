@@ -4,14 +4,14 @@ subcommand runs its own Trio run.
   onceflow demo [--db PATH]                                   the bundled walkthrough
   onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going] [--from-line N]
                                                               replay protocol commands, print the events
-  onceflow validate FILE...                                   check workflow templates
+  onceflow validate [--strict] FILE...                        check workflow templates (and lint them)
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
                                                               results; of the template format; or the
                                                               protocol reference page (docs/protocol.md)
   onceflow serve --db FILE --workflow FILE... [--socket PATH | --stdio]
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
-  onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
+  onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json] [--limit N]
                                                               read-only views (onceflow.views), streamed
   onceflow history --db FILE|URL --task ID [--json] [--limit N]
                                                               a task's history (onceflow.history)
@@ -251,8 +251,11 @@ async def demo(db: Path | str, stop: trio.Event) -> int:
     return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
 
-def validate(paths: list[Path]) -> int:
-    """Check every file and print every problem of each: 0 all valid, 1 some invalid, 2 some unreadable."""
+def validate(paths: list[Path], *, strict: bool = False) -> int:
+    """Check every file and print every problem of each (`invalid:` lines), then the lint's warnings of each
+    file that loads (`warning:` lines, protocol/lint.py): 0 all valid, 1 some invalid (or, `strict`, some
+    warned), 2 some unreadable."""
+    from onceflow.protocol.lint import lint
     from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 
     status = 0
@@ -272,6 +275,12 @@ def validate(paths: list[Path]) -> int:
         except WorkflowError as exc:
             for problem in (exc, *exc.others):
                 say(f"invalid: {problem}", err=True)
+            status = max(status, REFUSED)
+            continue
+        warnings = lint(workflow)
+        for warning in warnings:
+            say(f"{'invalid' if strict else 'warning'}: {path}: {warning.message} [{warning.code}]", err=True)
+        if strict and warnings:
             status = max(status, REFUSED)
             continue
         say(f"ok: {path}: {workflow.id} ({len(workflow.steps)} steps)")
@@ -364,7 +373,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("onceflow.cli:_add_schema", "print the protocol's JSON Schema"),
     **{
         view: ("onceflow.views:add_commands", f"show the {view} of a database {_READ_ONLY}")
-        for view in ("tasks", "runs", "entries", "decisions", "outcomes")
+        for view in ("tasks", "runs", "entries", "decisions", "outcomes", "workflows")
     },
     "history": ("onceflow.history:add_command", f"show a task's history {_READ_ONLY}"),
     "prune": ("onceflow.prune:add_commands", "delete resolved history older than the retention, now"),
@@ -467,6 +476,7 @@ def _add_run(sub: _SUBPARSERS) -> None:
 def _add_validate(sub: _SUBPARSERS) -> None:
     check = sub.add_parser("validate", help=COMMANDS["validate"][1])
     check.add_argument("files", type=Path, nargs="+", help="template YAML files")
+    check.add_argument("--strict", action="store_true", help="a lint warning makes the file invalid")
 
 
 def _add_schema(sub: _SUBPARSERS) -> None:
@@ -521,7 +531,7 @@ def _main(argv: list[str] | None) -> int:
     )  # no top-level option takes a value
     args = _parser(command).parse_args(argv)
     if args.command == "validate":  # no runtime, so no logs
-        return validate(args.files)
+        return validate(args.files, strict=args.strict)
     if args.command == "schema":
         return print_schema(args)
     configure_logging(args.verbose, args.log_json)

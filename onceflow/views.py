@@ -1,9 +1,9 @@
-"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes. Main thread, its own
-read-only connection (never the writer's).
+"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes, workflow versions.
+Main thread, its own read-only connection (never the writer's).
 
-`onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json]` reads the database
-while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that never
-writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
+`onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json]` reads the
+database while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that
+never writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
 committed state. A `postgresql://` URL is opened with store/postgres.py's `connect` in a read-only session
 (`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
 the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
@@ -30,13 +30,13 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.protocol.times import rfc3339
-from onceflow.store import history, outcomes, participants, runs, step_entries, tasks
+from onceflow.store import history, outcomes, participants, runs, step_entries, tasks, workflows
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.schema import SCHEMA_VERSION
 from onceflow.store.urls import database_arg, is_postgres_url, redacted
 
-VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes")
+VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes", "workflows")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
 CANNOT_RUN = 2
 """Exit status when the database cannot be read: `onceflow.cli.CANNOT_RUN` (cli imports this module)."""
@@ -306,12 +306,28 @@ def _outcomes(conn: Connection, _: str | None) -> Iterator[list[Row]]:
         after = page[-1].outcome_id
 
 
+def _workflows(conn: Connection, _: str | None) -> Iterator[list[Row]]:
+    """Every registered workflow: its versions, the newest, and how many tasks each version holds (what
+    `list_workflows` answers)."""
+    counts = workflows.live_tasks_by_version(conn)
+    yield [
+        {
+            "workflow_id": workflow_id,
+            "versions": versions,
+            "newest": versions[-1],
+            "live_tasks_by_version": counts.get(workflow_id, {}),
+        }
+        for workflow_id, versions in workflows.versions_summary(conn)
+    ]
+
+
 _QUERIES: dict[str, Callable[[Connection, str | None], Iterator[list[Row]]]] = {
     "tasks": _tasks,
     "runs": _runs,
     "entries": _entries,
     "decisions": _decisions,
     "outcomes": _outcomes,
+    "workflows": _workflows,
 }
 
 # What a table shows per view (JSON lines carry every field). Nested values are rendered as compact JSON.
@@ -324,6 +340,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "decisions": ("id", "task_id", "step_id", "role", "decider_id", "decision", "created_at", "comment"),
     "outcomes": ("outcome_id", "phase", "delivery_attempts", "duplicate_signals", "stale_acknowledgements",
                  "coordinator_fence", "delivered_at", "acknowledged_at", "last_delivery_error"),
+    "workflows": ("workflow_id", "newest", "versions", "live_tasks_by_version"),
 }  # fmt: skip
 
 

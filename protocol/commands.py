@@ -615,6 +615,66 @@ class ListHostCalls(_Command):
     """At most this many recorded calls in the page."""
 
 
+class MigrateTasks(_Command):
+    """Move the live tasks of a workflow onto version `to_version` of it. Validated first: every task's step
+    must map to a step of that version (`step_map`, else the same id when the version still has it), or
+    nothing is done and the error names the unmapped steps and tasks. `dry_run` answers the plan without
+    committing. Else each task is migrated in its own transaction: its runs of the mapped step whose agent
+    the new step still queues for are kept (moved with it), the others cancelled (`migrated`); its seats and
+    the round's decisions move with their step; an open step entry is closed as `migrated` with no second
+    fan-out, unless `enter` asks for the new step's on_enter (a new entry, path E4). A task already on
+    `to_version` is left alone, so a replay (or a retry after a crash) changes nothing it did. Result
+    `{workflow_id, to_version, dry_run, tasks: [{task_id, from_version, from_step, to_step, runs_kept,
+    runs_cancelled, seats_moved, entry}], skipped}`."""
+
+    type: Literal["migrate_tasks"] = "migrate_tasks"
+    """The command name."""
+    workflow_id: Id
+    """The workflow whose tasks move."""
+    to_version: Annotated[int, Field(ge=1, le=INT64_MAX)]
+    """The registered version they move to (`register_workflow`'s `version`)."""
+    step_map: Annotated[dict[Id, Id], Field(max_length=MAX_LIST_ITEMS)] = Field(default_factory=dict)
+    """Old step id -> step id of `to_version`; a step `to_version` still has maps to itself unless mapped."""
+    task_ids: Annotated[list[Id], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    """Only these tasks (each must be a task of the workflow); None: every task not on `to_version`."""
+    dry_run: bool = False
+    """Answer the plan, commit nothing."""
+    enter: bool = False
+    """Run the new step's on_enter for each migrated task whose step entry was open (path E4)."""
+    operation_id: Name | None = None
+    """An operation id: once the whole migration applied, a replay answers `idempotent`."""
+
+
+class ListWorkflows(_Command):
+    """Every registered workflow: `{workflows: [{workflow_id, versions, newest, live_tasks_by_version}]}`
+    (`live_tasks_by_version`: version as text -> how many tasks are pinned to it)."""
+
+    type: Literal["list_workflows"] = "list_workflows"
+    """The command name."""
+
+
+class GetWorkflow(_Command):
+    """One version of a workflow as registered: `{workflow_id, version, yaml, sha256}`."""
+
+    type: Literal["get_workflow"] = "get_workflow"
+    """The command name."""
+    workflow_id: Id
+    """A registered workflow."""
+    version: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    """Its version; None: the newest."""
+
+
+class ListParticipants(_Command):
+    """The seats of a task: `{participants: [{participant_id, task_id, workflow_id, step_id, role,
+    agent_profile_id, decision_required}]}`, its own and the template-level ones of its workflow (task_id
+    None), in step then seat order."""
+
+    type: Literal["list_participants"] = "list_participants"
+    """The command name."""
+    task_id: Id
+    """The task."""
+
+
 EventTrigger = (
     TaskComment
     | BlockersResolved
@@ -657,6 +717,10 @@ Command = Annotated[
     | ListReviewRuns
     | TaskHistory
     | ListHostCalls
+    | MigrateTasks
+    | ListWorkflows
+    | GetWorkflow
+    | ListParticipants
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome,
@@ -699,6 +763,10 @@ RuntimeCommand = (
     | ListReviewRuns
     | TaskHistory
     | ListHostCalls
+    | MigrateTasks
+    | ListWorkflows
+    | GetWorkflow
+    | ListParticipants
     | OutcomeReady
     | CoordinatorAck
     | GetOutcome

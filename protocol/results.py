@@ -101,6 +101,9 @@ class TaskInfo(TypedDict):
     """False while it waits at a full step (not an entry yet)."""
     queued_for_step_id: str | None
     """The full step it waits for (at that step, or in its feeder step); None when admitted where it is."""
+    workflow_version: int
+    """The version of its workflow it is pinned to (`register_workflow`'s `version`): its steps, actions and
+    quorum rules are that version's until `migrate_tasks` moves it to another."""
 
 
 RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
@@ -334,12 +337,137 @@ class OpenChild(TypedDict):
 
 @_result
 class WorkflowRegistered(TypedDict):
-    """`register_workflow`: the workflow's id and its steps."""
+    """`register_workflow`: the workflow's id, its steps, the version this text is, and what it means for
+    the live tasks (they stay on their version until `migrate_tasks`)."""
 
     workflow_id: str
     """The registered workflow."""
     steps: list[str]
     """Its step ids, in position order."""
+    version: int
+    """The version this text is (1, 2, ...); the newest's text again is the same version."""
+    changed: bool
+    """False when the text was the newest version's already: nothing was stored."""
+    live_tasks_by_version: dict[str, int]
+    """Version (as text) -> how many tasks are pinned to it."""
+    warnings: list[LintWarningInfo]
+    """The template lint's warnings (`onceflow validate`), then one per step of the previous version that
+    this one lacks and that holds live tasks (`step_removed`, `step_renamed`), naming it."""
+
+
+@_result
+class LintWarningInfo(TypedDict):
+    """One warning about a template (protocol/lint.py)."""
+
+    code: str
+    """unreachable_step, no_way_out, start_on_enter, quorum_role_unseated, fan_out_without_participants,
+    step_removed or step_renamed."""
+    step_id: str | None
+    """The step it is about."""
+    message: str
+    """What is wrong, naming the step."""
+
+
+@_result
+class WorkflowSummary(TypedDict):
+    """A registered workflow in `list_workflows`."""
+
+    workflow_id: str
+    """The workflow."""
+    versions: list[int]
+    """Its versions, oldest first."""
+    newest: int
+    """Its newest version: what new tasks get."""
+    live_tasks_by_version: dict[str, int]
+    """Version (as text) -> how many tasks are pinned to it."""
+
+
+@_result
+class WorkflowList(TypedDict):
+    """`list_workflows`."""
+
+    workflows: list[WorkflowSummary]
+    """Every registered workflow, by id."""
+
+
+@_result
+class WorkflowText(TypedDict):
+    """`get_workflow`: one version as registered."""
+
+    workflow_id: str
+    """The workflow."""
+    version: int
+    """The version."""
+    yaml: str
+    """Its template text, as registered."""
+    sha256: str
+    """The hex SHA-256 of that text (UTF-8)."""
+
+
+@_result
+class ParticipantInfo(TypedDict):
+    """A seat (`list_participants`)."""
+
+    participant_id: int
+    """The row's id."""
+    task_id: str | None
+    """The task it seats; None: template-level (every task of the workflow at the step)."""
+    workflow_id: str
+    """Its workflow."""
+    step_id: str
+    """The step it is a seat of."""
+    role: str
+    """Its role."""
+    agent_profile_id: str
+    """The agent in it ('' for a seat without an agent)."""
+    decision_required: bool
+    """Whether its decision counts toward a quorum."""
+
+
+@_result
+class ParticipantList(TypedDict):
+    """`list_participants`."""
+
+    participants: list[ParticipantInfo]
+    """The task's seats and its workflow's template-level ones, in step then seat order."""
+
+
+@_result
+class TaskMigration(TypedDict):
+    """One task of a `migrate_tasks` plan (or of what it did)."""
+
+    task_id: str
+    """The task."""
+    from_version: int
+    """The version it was on."""
+    from_step: str
+    """Its step there."""
+    to_step: str
+    """Its step in the target version."""
+    runs_kept: list[int]
+    """Its queued and claimed runs that move with it (their agent is still queued for by the new step)."""
+    runs_cancelled: list[int]
+    """Its queued and claimed runs cancelled with reason `migrated`."""
+    seats_moved: int
+    """Its seats (own ones, and template-level ones copied to it) moved to the new step."""
+    entry: Literal["none", "closed", "entered"]
+    """Its open step entry: none, closed as `migrated`, or closed and the new step entered (`enter`)."""
+
+
+@_result
+class MigrationResult(TypedDict):
+    """`migrate_tasks`: the plan (`dry_run`) or what was done, per task."""
+
+    workflow_id: str
+    """The workflow."""
+    to_version: int
+    """The target version."""
+    dry_run: bool
+    """True: nothing was committed."""
+    tasks: list[TaskMigration]
+    """One per task migrated (or to migrate), in task-id order."""
+    skipped: list[str]
+    """Tasks named in `task_ids` already on `to_version`, or ones migrated meanwhile: left alone."""
 
 
 @_result
@@ -561,7 +689,7 @@ class HistoryItem(TypedDict):
     """One item of a task's history (`task_history`).
 
     `kind` and its `detail`:
-    - `created`: `{workflow_id, step_id, queued}`, where the task was created;
+    - `created`: `{workflow_id, workflow_version, step_id, queued}`, where the task was created;
     - `transition`: `{from_step, to_step, workflow_id, trigger, operation_id, entry_path, entry_seq,
       queued}`: the command or trigger that moved it (`move_task`, `on_turn_complete`, `record_decision`,
       `switch_workflow`, `wip_promotion`, ...), its operation id (None when it carries none), the entry
@@ -572,13 +700,15 @@ class HistoryItem(TypedDict):
     - `run`: `{run_id, status, agent_profile_id, step_id, ...}`, status `queued` (with `trigger`,
       `entry_seq`, `reason`), `claimed` (its latest claim's `attempt`) or how it ended (`finished`,
       `failed`, `cancelled`, with `attempt` and `outcome_reason`);
+    - `migrated`: `{workflow_id, from_version, to_version, from_step, to_step, runs_kept, runs_cancelled,
+      seats_moved, entry}`: a `migrate_tasks` moved it onto another version of its workflow;
     - `host_call`: a call a host connection of `onceflow serve` was made for the task, once it ended: its
       `HostCallInfo` (call_id, kind, status, attempts, host_id, latency_seconds, error, ...).
     """
 
     at: str
     """When, RFC 3339 UTC (the runtime's clock)."""
-    kind: Literal["created", "transition", "decision", "run", "host_call"]
+    kind: Literal["created", "transition", "decision", "run", "host_call", "migrated"]
     """What happened."""
     seq: int | None
     """The item's number in the task's written history (None for a `run` or `host_call` item: read from its
@@ -726,6 +856,10 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "list_review_runs": ReviewRunPage,
         "task_history": HistoryPage,
         "list_host_calls": HostCallPage,
+        "migrate_tasks": MigrationResult | AlreadyApplied,
+        "list_workflows": WorkflowList,
+        "get_workflow": WorkflowText,
+        "list_participants": ParticipantList,
         "outcome_ready": OutcomeReceived,
         "coordinator_ack": AckQueued,
         "get_outcome": OutcomeInfo,

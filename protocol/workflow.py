@@ -1105,8 +1105,44 @@ def workflow_from_dict(
     try:
         return Workflow.model_validate(dict(data), context={_ALLOWED_CONTEXT_KEY: allowed_actions})
     except ValidationError as exc:
-        problems = [_problem(error, Workflow) for error in exc.errors()]
+        errors = exc.errors()
+        problems = [_problem(error, Workflow) for error in errors]
+        if all(error["loc"] for error in errors):  # field errors: the template checks did not run
+            seen = {loc for loc, _ in problems}
+            hidden = [found for found in _raw_move_targets(data) if found[0] not in seen]
+            if hidden:
+                problems = sorted(problems + hidden, key=lambda found: _document_order(found[0]))
         raise _workflow_error(data, source, problems) from exc
+
+
+def _document_order(loc: _Loc) -> tuple[tuple[int, int | str], ...]:
+    """A sort key putting locations in document order (indexes numerically, keys as written)."""
+    return tuple((0, part) if isinstance(part, int) else (1, part) for part in loc)
+
+
+def _raw_move_targets(data: Mapping[str, Any]) -> list[tuple[_Loc, str]]:
+    """The move_to_step targets of the raw template that name no step id it declares: the template check
+    `_check_move_targets` on the raw data, so a field error elsewhere does not hide them (every problem of
+    a file at once)."""
+    steps = data.get("steps")
+    if not isinstance(steps, list | tuple):
+        return []
+    ids = {step.get("id") for step in steps if isinstance(step, Mapping)}
+    found: list[tuple[_Loc, str]] = []
+    for index, step in enumerate(steps):
+        events = step.get("events") if isinstance(step, Mapping) else None
+        if not isinstance(events, Mapping):
+            continue
+        for trigger, actions in events.items():
+            if not isinstance(actions, list | tuple):
+                continue
+            for position, action in enumerate(actions):
+                config = action.get("config") if isinstance(action, Mapping) else None
+                target = config.get("step_id") if isinstance(config, Mapping) else None
+                if action.get("type") == "move_to_step" and isinstance(target, str) and target not in ids:
+                    loc: _Loc = ("steps", index, "events", trigger, position, "config", "step_id")
+                    found.append((loc, f"move_to_step target {target!r} is not a step of this workflow"))
+    return found
 
 
 def _workflow_error(

@@ -273,7 +273,9 @@ def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admit
 
 
 _MOVE_GROUP = (
-    "UPDATE tasks SET workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
+    "UPDATE tasks SET workflow_version = CASE WHEN tasks.workflow_id = ?1 THEN tasks.workflow_version ELSE"
+    f" {tasks.NEWEST_VERSION.format(workflow='?1')} END,"
+    " workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
     " queued_at = NULL, updated_at = CAST(m.value ->> 5 AS DOUBLE PRECISION), admissions = admissions + 1"
     " FROM json_each(?3) AS m WHERE tasks.id = m.value ->> 0 AND tasks.workflow_step_id = m.value ->> 1"
     " AND (m.value ->> 2 IS NULL OR (tasks.workflow_id = m.value ->> 2"

@@ -12,7 +12,7 @@ Source: kandev-engine-notes.md "Quorum guards".
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -20,7 +20,7 @@ import attrs
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.operation_ids import decision_operation_id
-from onceflow.protocol.workflow import Step, Workflow, find_step, find_workflow
+from onceflow.protocol.workflow import Step, Workflow, find_step
 from onceflow.store import history, participants, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.records import Decision, Participant, TaskRecord
@@ -97,11 +97,12 @@ class DecisionRules(Protocol):
 def record(
     conn: Connection,
     command: c.RecordDecision,
-    workflows: Mapping[str, Workflow],
+    workflows: Callable[[TaskRecord], Workflow | None],
     rules: DecisionRules,
     now: float,
 ) -> Recorded:
-    """Record `command` for its task (`now` Unix seconds).
+    """Record `command` for its task (`now` Unix seconds); `workflows` gives the version of its workflow a
+    task is pinned to (None: not loaded), whose step and quorum rules the vote is judged by.
 
     A `decision_id` already receipted for (task, step) is a replay when the content matches and nothing is
     written — even if the task has left the step since. A decision without `role` takes the role of the
@@ -136,7 +137,13 @@ def record(
         over = _round_over(conn, task, command.step_id, command.entry_seq)
         if over is not None:
             return Recorded(task, None, inserted=False, not_counted=over)
-    step = find_step(find_workflow(workflows, task.workflow_id), command.step_id)  # in memory
+    workflow = workflows(task)  # the version the task is pinned to, in memory
+    if workflow is None:
+        raise NotFoundError(
+            f"workflow {task.workflow_id!r} version {task.workflow_version} is not registered",
+            field="workflow_id",
+        )
+    step = find_step(workflow, command.step_id)
     rows = participants.participants_for_task(conn, workflow_id=task.workflow_id, task_id=task.id)
     role = command.role or rules.seat_role(
         rows,

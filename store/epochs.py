@@ -188,7 +188,8 @@ def dead_epoch_entries(
     rows = conn.execute(
         "SELECT e.task_id, e.step_id, e.entry_seq, e.workflow_id, e.declaration_digest, e.entry_path,"
         " (SELECT MAX(later.entry_seq) FROM step_entries AS later"
-        "  WHERE later.task_id = e.task_id AND later.step_id = e.step_id)"
+        "  WHERE later.task_id = e.task_id AND later.step_id = e.step_id),"
+        " COALESCE((SELECT t.workflow_version FROM tasks AS t WHERE t.id = e.task_id), 1)"
         " FROM step_entries AS e WHERE e.terminal = 0"
         # an epoch not known dead (ours, a live one, one claiming since the first statement) is live
         f" AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {of_entry}"
@@ -201,6 +202,6 @@ def dead_epoch_entries(
         (dead, dead, created_before, dead, limit),
     ).fetchall()
     return [
-        (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False), int(latest))
-        for task_id, step_id, seq, workflow_id, digest, path, latest in rows
+        (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False, int(version)), int(latest))
+        for task_id, step_id, seq, workflow_id, digest, path, latest, version in rows
     ]

@@ -5,8 +5,9 @@ Only what no other table keeps is written, in the transaction of the effect itse
 (task id, per-task `seq`, `at`, `kind`, `detail` JSON): the task's creation (`created`), each transition
 (`transition`: from and to step, trigger, operation id, entry path and the step entry it allocated: the
 step change overwrites the task row and a step that declares no engine-owned action allocates no entry
-record, so neither keeps it) and each decision recorded (`decision`: `clear_decisions` deletes decision
-rows). One row per admission, one statement per writer group of common entries (store/common_entry.py).
+record, so neither keeps it), each decision recorded (`decision`: `clear_decisions` deletes decision
+rows) and each migration onto another version of its workflow (`migrated`, store/task_migration.py). One
+row per admission, one statement per writer group of common entries (store/common_entry.py).
 
 Runs are not written twice: their queue row keeps when each was queued, claimed (the latest claim: a run
 retried shows its last attempt) and resolved, and `page` derives their items from it (`run` items, status
@@ -35,7 +36,7 @@ from onceflow.store import host_calls
 from onceflow.store.connection import Connection
 from onceflow.store.urls import on_postgres
 
-Kind = Literal["created", "transition", "decision", "run", "host_call"]
+Kind = Literal["created", "transition", "decision", "run", "host_call", "migrated"]
 
 _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"

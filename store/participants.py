@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.results import DecisionInfo
 from onceflow.protocol.times import rfc3339
 from onceflow.store.connection import Connection
@@ -122,6 +123,15 @@ def participants_for_task(conn: Connection, *, workflow_id: str, task_id: str) -
         (task_id, workflow_id),
     ).fetchall()
     return [_participant(row) for row in rows]
+
+
+def task_participants(conn: Connection, task_id: str) -> list[Participant]:
+    """`participants_for_task` of an existing task. Raises NotFoundError (field task_id) when it does not
+    exist."""
+    row = conn.execute("SELECT workflow_id FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
+    return participants_for_task(conn, workflow_id=row[0], task_id=task_id)
 
 
 def template_participants(conn: Connection, *, workflow_id: str, step_id: str) -> list[Participant]:

@@ -282,6 +282,22 @@ MIGRATIONS: tuple[str, ...] = (
         END IF;
     END $$;
     """,
+    # 19: workflow versions and the task's pinned version (store/schema.py's migration 19).
+    """
+    CREATE TABLE workflow_versions (
+        workflow_id   TEXT NOT NULL REFERENCES workflows(id),
+        version       BIGINT NOT NULL,
+        source        TEXT NOT NULL,
+        definition    TEXT NOT NULL,
+        import_path   BIGINT NOT NULL DEFAULT 0,
+        registered_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (workflow_id, version)
+    );
+    INSERT INTO workflow_versions (workflow_id, version, source, definition, import_path, registered_at)
+        SELECT id, 1, source, definition, import_path, registered_at FROM workflows;
+    ALTER TABLE tasks ADD COLUMN workflow_version BIGINT NOT NULL DEFAULT 1;
+    CREATE INDEX tasks_by_workflow_version ON tasks(workflow_id, workflow_version);
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

@@ -62,7 +62,9 @@ class Decision:
 class TaskRecord:
     """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
     `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
-    is in now, on every step, whether or not the step allocates a step-entry record."""
+    is in now, on every step, whether or not the step allocates a step-entry record. `workflow_version` is
+    the version of its workflow it is pinned to (store/workflows.py): its steps, actions and quorum rules
+    are that version's until it is migrated (store/task_migration.py)."""
 
     id: str
     workflow_id: str
@@ -77,6 +79,7 @@ class TaskRecord:
     created_at: float
     updated_at: float
     admissions: int = 0
+    workflow_version: int = 1
 
 
 RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
@@ -114,7 +117,8 @@ class RunRecord:
 
 @attrs.frozen
 class StepEntry:
-    """A durable step-entry record (on-enter-action-dispatch.md, Execution model)."""
+    """A durable step-entry record (on-enter-action-dispatch.md, Execution model). `workflow_version` is, in
+    the recovery scan, the version its task is pinned to (what the entry is resumed under); 1 elsewhere."""
 
     task_id: str
     step_id: str
@@ -123,6 +127,7 @@ class StepEntry:
     declaration_digest: str
     entry_path: EntryPath
     terminal: bool
+    workflow_version: int = 1
 
 
 MarkerState = Literal["in_progress", "done", "skipped", "failed"]

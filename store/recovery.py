@@ -213,7 +213,7 @@ def _classify(
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
     marks = step_entries.markers(conn, key)
     task = tasks.find_task(conn, entry.task_id)
-    plan = plans.get((entry.workflow_id, entry.step_id))
+    plan = plans.get((entry.workflow_id, entry.step_id, entry.workflow_version))
     declaration: tuple[ActionDecl, ...] = ()
     if task is None or plan is None:
         reason = "unresolvable"

@@ -74,8 +74,8 @@ class StepPlan:
     executors: Mapping[str, Executor]
 
 
-StepPlans = Mapping[tuple[str, str], StepPlan]
-"""(workflow_id, step_id) → its `StepPlan`; a pair missing from it no longer resolves."""
+StepPlans = Mapping[tuple[str, str, int], StepPlan]
+"""(workflow_id, step_id, workflow version) → its `StepPlan`; a key missing from it no longer resolves."""
 
 
 @attrs.frozen
@@ -121,14 +121,14 @@ def plan_common(
     marker, every participant its fan-outs match has an agent, and none of its keys was merged into a run by
     coalescing.
     """
-    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     for index, (entry, latest) in enumerate(batch):
         if latest == entry.entry_seq:
-            groups[(entry.workflow_id, entry.step_id)].append(index)
+            groups[(entry.workflow_id, entry.step_id, entry.workflow_version)].append(index)
     members: dict[int, Group] = {}
     any_merged = bool(groups) and _any_merged_on_enter_key(conn)
-    for (workflow_id, step_id), indexes in groups.items():
-        group = _group(conn, plans.get((workflow_id, step_id)))
+    for (workflow_id, step_id, version), indexes in groups.items():
+        group = _group(conn, plans.get((workflow_id, step_id, version)))
         if group is None:
             continue
         digest = declaration_digest([a.type for a in group.step.events.on_enter])
@@ -144,11 +144,11 @@ def plan_common(
         )
         rows = conn.execute(
             _WITH.lstrip() + "SELECT e.n FROM e CROSS JOIN tasks AS t ON t.id = e.task_id"
-            " WHERE t.workflow_id = ?4 AND t.workflow_step_id = ?1"
+            " WHERE t.workflow_id = ?4 AND t.workflow_step_id = ?1 AND t.workflow_version = ?5"
             " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = t.id AND m.step_id = ?1"
             " AND m.entry_seq = e.entry_seq)"
             " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)" + merged,
-            (step_id, _entries(batch[i][0] for i in candidates), group.runs, workflow_id),
+            (step_id, _entries(batch[i][0] for i in candidates), group.runs, workflow_id, version),
         ).fetchall()
         members.update((candidates[at], group) for (at,) in rows)
     return members

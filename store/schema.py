@@ -436,6 +436,24 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     ALTER TABLE runs ADD COLUMN wait_seconds REAL;
     UPDATE runs SET wait_seconds = lease_expires_at - claimed_at WHERE status = 'claimed';
     """,
+    # 19: every registration of a workflow is a version (store/workflows.py): its text kept per version, the
+    # newest also in `workflows`; a task is pinned to the version it runs on (`tasks.workflow_version`).
+    # What was registered before is version 1, and so is every task.
+    """
+    CREATE TABLE workflow_versions (
+        workflow_id   TEXT NOT NULL REFERENCES workflows(id),
+        version       INTEGER NOT NULL,
+        source        TEXT NOT NULL,
+        definition    TEXT NOT NULL,
+        import_path   INTEGER NOT NULL DEFAULT 0,
+        registered_at REAL NOT NULL,
+        PRIMARY KEY (workflow_id, version)
+    );
+    INSERT INTO workflow_versions (workflow_id, version, source, definition, import_path, registered_at)
+        SELECT id, 1, source, definition, import_path, registered_at FROM workflows;
+    ALTER TABLE tasks ADD COLUMN workflow_version INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX tasks_by_workflow_version ON tasks(workflow_id, workflow_version);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

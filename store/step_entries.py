@@ -153,7 +153,8 @@ def open_entries(conn: Connection) -> list[tuple[StepEntry, int] | UndecodableEn
     try:
         rows = conn.execute(
             f"SELECT rowid, {_ENTRY_COLUMNS}, (SELECT MAX(entry_seq) FROM step_entries AS later"
-            " WHERE later.task_id = open.task_id AND later.step_id = open.step_id)"
+            " WHERE later.task_id = open.task_id AND later.step_id = open.step_id),"
+            " COALESCE((SELECT workflow_version FROM tasks WHERE tasks.id = open.task_id), 1)"
             " FROM step_entries AS open WHERE terminal = 0 ORDER BY task_id, step_id, entry_seq"
         ).fetchall()
     finally:
@@ -162,7 +163,7 @@ def open_entries(conn: Connection) -> list[tuple[StepEntry, int] | UndecodableEn
 
 
 def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntry:
-    rowid, task_id, step_id, entry_seq, workflow_id, digest, entry_path, terminal, latest = row
+    rowid, task_id, step_id, entry_seq, workflow_id, digest, entry_path, terminal, latest, version = row
     if type(entry_seq) is int and type(terminal) is int and type(latest) is int:
         try:  # the common case, inline: ~10k entries per start are decoded here (bench/recovery.py)
             entry = StepEntry(
@@ -173,12 +174,13 @@ def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntr
                 digest.decode(),
                 entry_path.decode(),
                 bool(terminal),
+                int(version),
             )
         except (AttributeError, UnicodeDecodeError):  # not text (no .decode), or not UTF-8
             pass
         else:
             return entry, latest
-    return _undecodable(rowid, row[1:-1], latest)
+    return _undecodable(rowid, row[1:-2], latest)
 
 
 def _undecodable(rowid: int, values: tuple[Any, ...], latest: object) -> UndecodableEntry:

@@ -20,10 +20,15 @@ from onceflow.store.records import TaskRecord
 from onceflow.store.runs import Change
 from onceflow.store.urls import on_postgres
 
+NEWEST_VERSION = "(SELECT COALESCE(MAX(version), 1) FROM workflow_versions WHERE workflow_id = {workflow})"
+"""The newest registered version of the workflow the SQL expression `{workflow}` names: the version a task
+switched to another workflow is pinned to (a move within its workflow keeps its version)."""
+
 TASK_COLUMNS = (
     # every column a TaskRecord is read from, in `task_from_row` order
     "id, workflow_id, workflow_step_id, title, session_id, primary_agent_id, ceo_agent_id, priority,"
-    " wip_admitted, queued_for_step_id, created_at, updated_at, admissions"
+    " wip_admitted, queued_for_step_id, created_at, updated_at, admissions,"
+    " workflow_version"
 )
 
 
@@ -43,6 +48,7 @@ def task_from_row(row: sqlite3.Row | tuple[Any, ...]) -> TaskRecord:
         created_at=row[10],
         updated_at=row[11],
         admissions=row[12],
+        workflow_version=row[13],
     )
 
 
@@ -99,15 +105,17 @@ def insert_task(
     now: float,
     admitted: bool = True,
     queued_for_step_id: str | None = None,
+    workflow_version: int = 1,
 ) -> TaskRecord:
-    """Insert a task at `step_id`, admitted or (with `admitted` False) queued there; `queued_for_step_id`
-    names the step it waits for. Raises ConflictError (field task_id) if the id is taken."""
+    """Insert a task at `step_id` of version `workflow_version` of its workflow, admitted or (with
+    `admitted` False) queued there; `queued_for_step_id` names the step it waits for. Raises ConflictError
+    (field task_id) if the id is taken."""
     if find_task(conn, task_id) is not None:
         raise ConflictError(f"task {task_id!r} already exists", field="task_id")
     conn.execute(
         "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
-        " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at,"
+        " workflow_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id,
             workflow_id,
@@ -122,18 +130,26 @@ def insert_task(
             None if queued_for_step_id is None else now,
             now,
             now,
+            workflow_version,
         ),
     )
     return get_task(conn, task_id)
 
 
 def create_task(
-    conn: Connection, command: CreateTask, workflow_id: str, target: Step, feeder: Step | None, now: float
+    conn: Connection,
+    command: CreateTask,
+    workflow_id: str,
+    target: Step,
+    feeder: Step | None,
+    now: float,
+    workflow_version: int = 1,
 ) -> TaskRecord:
-    """Insert the task `command` creates where `wip.place` lands it at `target` of `workflow_id` (a creation
-    is not a step entry): admitted there, queued there when it is full, or admitted at its `feeder` tagged
-    for it; its history starts with a `created` item (store/history.py). Takes the command whole: a store
-    request's keyword arguments cost a dict on the way to the writer thread.
+    """Insert the task `command` creates where `wip.place` lands it at `target` of `workflow_id`, pinned to
+    `workflow_version` (the newest: the one `target` is a step of; a creation is not a step entry):
+    admitted there, queued there when it is full, or admitted at its `feeder` tagged for it; its history
+    starts with a `created` item (store/history.py). Takes the command whole: a store request's keyword
+    arguments cost a dict on the way to the writer thread.
 
     Raises:
         WipLimitError: `target` and its feeder are both full (field step_id).
@@ -153,8 +169,14 @@ def create_task(
         now=now,
         admitted=placement.admitted,
         queued_for_step_id=placement.queued_for,
+        workflow_version=workflow_version,
     )
-    detail = {"workflow_id": workflow_id, "step_id": placement.step_id, "queued": not placement.admitted}
+    detail = {
+        "workflow_id": workflow_id,
+        "workflow_version": workflow_version,
+        "step_id": placement.step_id,
+        "queued": not placement.admitted,
+    }
     history.record(conn, task.id, now, "created", detail)
     return task
 
@@ -176,7 +198,8 @@ def move_task_step(
 
     Admitted, the task occupies `step_id` (queue fields cleared) and its admission counter goes up by one
     (a step entry); not admitted, it waits there queued for it (a queued placement at a step at its WIP
-    limit: not an entry).
+    limit: not an entry). A move to another workflow pins the task to that workflow's newest version
+    (`NEWEST_VERSION`); a move within its workflow keeps its version.
     """
     queued_for, queued_at = (None, None) if admitted else (step_id, now)
     params: tuple[Any, ...] = (
@@ -196,10 +219,13 @@ def move_task_step(
 
 
 _MOVE = (
-    "UPDATE tasks SET workflow_id = ?, workflow_step_id = ?, wip_admitted = ?, queued_for_step_id = ?,"
-    " queued_at = ?, updated_at = ?, admissions = admissions + ? WHERE id = ? AND workflow_step_id = ?"
+    "UPDATE tasks SET workflow_version = CASE WHEN workflow_id = ?1 THEN workflow_version ELSE"
+    f" {NEWEST_VERSION.format(workflow='?1')} END,"
+    " workflow_id = ?1, workflow_step_id = ?2, wip_admitted = ?3,"
+    " queued_for_step_id = ?4, queued_at = ?5, updated_at = ?6, admissions = admissions + ?7"
+    " WHERE id = ?8 AND workflow_step_id = ?9"
 )
-_MOVE_VERSION = _MOVE + " AND workflow_id = ? AND wip_admitted = ? AND admissions = ?"
+_MOVE_VERSION = _MOVE + " AND workflow_id = ?10 AND wip_admitted = ?11 AND admissions = ?12"
 """A cached row's compare-and-set: `_MOVE` verifying the row's workflow, admitted flag and admission count
 too (both spelled out once, so no call concatenates them: this runs for every entry in the writer thread)."""
 
@@ -252,6 +278,7 @@ def task_info(task: TaskRecord) -> TaskInfo:
         "priority": task.priority,
         "wip_admitted": task.wip_admitted,
         "queued_for_step_id": task.queued_for_step_id,
+        "workflow_version": task.workflow_version,
     }
 
 

@@ -86,22 +86,34 @@ def has_room(
     return occupancy(conn, workflow_id, step_id, excluding=excluding) < limit
 
 
-def queued_in_place(conn: Connection, workflow_id: str, step_id: str) -> str | None:
-    """The next task waiting at `step_id` for `step_id` itself, if any."""
+def _pinned(version: int | None) -> tuple[str, tuple[int, ...]]:
+    """The condition (and its parameter) keeping the candidates pinned to `version` (None: any version)."""
+    return ("", ()) if version is None else (" AND workflow_version = ?", (version,))
+
+
+def queued_in_place(
+    conn: Connection, workflow_id: str, step_id: str, version: int | None = None
+) -> str | None:
+    """The next task (pinned to `version`, when given) waiting at `step_id` for `step_id` itself, if any."""
+    pinned, param = _pinned(version)
     row = conn.execute(
         "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 0"
-        " AND queued_for_step_id = ?" + _ORDER,
-        (workflow_id, step_id, step_id),
+        " AND queued_for_step_id = ?" + pinned + _ORDER,
+        (workflow_id, step_id, step_id, *param),
     ).fetchone()
     return row[0] if row else None
 
 
-def feeder_candidate(conn: Connection, workflow_id: str, feeder_id: str, target_id: str) -> str | None:
-    """The next task admitted at the feeder that may be pulled into `target_id`."""
+def feeder_candidate(
+    conn: Connection, workflow_id: str, feeder_id: str, target_id: str, version: int | None = None
+) -> str | None:
+    """The next task (pinned to `version`, when given) admitted at the feeder that may be pulled into
+    `target_id`."""
+    pinned, param = _pinned(version)
     row = conn.execute(
         "SELECT id FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
-        " AND (queued_for_step_id IS NULL OR queued_for_step_id = ?)" + _ORDER,
-        (workflow_id, feeder_id, target_id),
+        " AND (queued_for_step_id IS NULL OR queued_for_step_id = ?)" + pinned + _ORDER,
+        (workflow_id, feeder_id, target_id, *param),
     ).fetchone()
     return row[0] if row else None
 
@@ -183,12 +195,15 @@ class Promotion:
     key: EntryKey | None
 
 
-def promote_one(conn: Connection, workflow: Workflow, step: Step, now: float) -> Promotion | None:
+def promote_one(
+    conn: Connection, workflow: Workflow, step: Step, now: float, version: int | None = None
+) -> Promotion | None:
     """Admit the next candidate into `step` (rules 1-3 of the module doc), with its step-entry record; None
-    when the step is full or nobody is waiting for it."""
+    when the step is full or nobody is waiting for it. Given `version`, only tasks pinned to that version of
+    the workflow (the one `workflow` is) are candidates; the slots are the step's, whatever the version."""
     if not has_room(conn, workflow.id, step.id, step.wip_limit):
         return None
-    for task_id, from_step, admitted, tag in _claims(conn, workflow, step):
+    for task_id, from_step, admitted, tag in _claims(conn, workflow, step, version):
         if task_id and admit(
             conn,
             task_id=task_id,
@@ -215,12 +230,14 @@ def promote_one(conn: Connection, workflow: Workflow, step: Step, now: float) ->
     return None
 
 
-def _claims(conn: Connection, workflow: Workflow, step: Step) -> Iterator[tuple[str, str, bool, str | None]]:
+def _claims(
+    conn: Connection, workflow: Workflow, step: Step, version: int | None
+) -> Iterator[tuple[str, str, bool, str | None]]:
     """Candidates in rule order, as (task, from step, admitted there?, queued_for tag); queried lazily."""
-    yield queued_in_place(conn, workflow.id, step.id) or "", step.id, False, None
+    yield queued_in_place(conn, workflow.id, step.id, version) or "", step.id, False, None
     if step.pull_from_step_id:
         feeder = step.pull_from_step_id
-        yield feeder_candidate(conn, workflow.id, feeder, step.id) or "", feeder, True, None
+        yield feeder_candidate(conn, workflow.id, feeder, step.id, version) or "", feeder, True, None
     for target in workflow.fed_by(step.id):
         if not has_room(conn, workflow.id, target.id, target.wip_limit, serialize=False):  # admits none
-            yield queued_in_place(conn, workflow.id, target.id) or "", target.id, False, target.id
+            yield queued_in_place(conn, workflow.id, target.id, version) or "", target.id, False, target.id

@@ -13,20 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.lint import TERMINAL_STEP_NAMES, terminal_step
 from onceflow.protocol.results import OpenChild
-from onceflow.protocol.workflow import Step, Workflow
+from onceflow.protocol.workflow import Workflow
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
-TERMINAL_STEP_NAMES = frozenset({"done", "complete", "completed", "approved"})
+__all__ = ["TERMINAL_STEP_NAMES", "terminal_step"]
 
 Place = tuple[str, str]
 """(workflow_id, step_id) of a child."""
-
-
-def terminal_step(workflow: Workflow) -> Step | None:
-    """The last step by position whose name (trimmed, case-insensitive) is a terminal name; None if none."""
-    named = [s for s in workflow.ordered_steps if s.name.strip().lower() in TERMINAL_STEP_NAMES]
-    return named[-1] if named else None
 
 
 def state_is_terminal(state: str) -> bool:

@@ -91,7 +91,7 @@ class Engine:
         if inp.operation_id and not inp.defer_operation_mark and await ledger.is_applied(inp.operation_id):
             return HandleResult(idempotent=True)
         task = await self.load_task(inp.task_id)
-        workflow = self.services.workflows.get(task.workflow_id)
+        workflow = self.services.workflows.for_task(task)
         step = find_step(workflow, task.step_id)
         actions = step.events.actions(inp.trigger)
         if inp.operation_id:

@@ -68,7 +68,7 @@ class EntryPlans:
 
 def source_step(services: Services, task: TaskRecord) -> Step | None:
     """The step the task stands at, when its workflow still declares it."""
-    workflow = services.workflows.workflows.get(task.workflow_id)
+    workflow = services.workflows.pinned(task)
     if workflow is None or not workflow.has_step(task.step_id):
         return None
     return workflow.step(task.step_id)
@@ -92,6 +92,9 @@ def plan_entry(
     (the task history's transition item, store/history.py)."""
     now = services.now()
     # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
+    pinned = task.workflow_version
+    if workflow.id != task.workflow_id:  # a switch pins it to the newest version (`tasks.move_task_step`)
+        pinned = services.workflows.newest.get(workflow.id, 1)
     entered = TaskRecord(  # `attrs.evolve` of every field, built directly (evolve's generic copy is slower)
         task.id,
         workflow.id,
@@ -106,6 +109,7 @@ def plan_entry(
         task.created_at,
         now,
         task.admissions + 1,
+        pinned,  # workflow_version
     )
     on_exit, common, lead = plans.get(source_step(services, task), target, path)
     version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None

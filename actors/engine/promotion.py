@@ -38,10 +38,22 @@ def takes_promotions(workflow: Workflow, step: Step) -> bool:
 async def promote(services: Services, workflow: Workflow, step: Step) -> int:
     """Admit candidates into `step` while it has room, each claim its own transaction with its step-entry
     record, and hand each to the runtime (`Services.announce_promotion`), which routes it to the task's
-    actor. Returns how many were promoted. A cancellation leaves the claims committed so far announced."""
+    actor. Returns how many were promoted. A cancellation leaves the claims committed so far announced.
+
+    Every loaded version of the workflow that has the step promotes its own tasks into it (newest first):
+    a task is admitted to its pinned version's step, whose on_enter its actor then runs."""
+    promoted = 0
+    for version, pinned in services.workflows.loaded(workflow.id) or [(None, workflow)]:
+        if pinned.has_step(step.id):
+            promoted += await _promote(services, pinned, pinned.step(step.id), version)
+    return promoted
+
+
+async def _promote(services: Services, workflow: Workflow, step: Step, version: int | None) -> int:
+    """`promote` for the tasks pinned to `version` (None: any)."""
     promoted = 0
     while True:
-        promotion = await services.store.transact(wip.promote_one, workflow, step, services.now())
+        promotion = await services.store.transact(wip.promote_one, workflow, step, services.now(), version)
         if promotion is None:
             return promoted
         promoted += 1
@@ -54,7 +66,7 @@ async def promote_after_move(
 ) -> None:
     """After `task` moved from where it stood: a slot freed at its former step; a step its new step feeds
     got work (E3)."""
-    source_workflow = services.workflows.workflows.get(task.workflow_id)
+    source_workflow = services.workflows.pinned(task)
     if source_workflow is not None and source_workflow.has_step(task.step_id) and task.wip_admitted:
         source = source_workflow.step(task.step_id)
         if takes_promotions(source_workflow, source):
@@ -73,11 +85,13 @@ async def promote_all(services: Services) -> int:
     """
     occupied = await services.store.transact(wip.occupied_steps)
     promoted = 0
-    for workflow in list(services.workflows.workflows.values()):
-        for step in workflow.ordered_steps:
-            if may_promote(workflow, step, occupied):
-                count = await promote(services, workflow, step)
-                if count:  # a task admitted here may now be pulled by a step this one feeds
-                    occupied.add((workflow.id, step.id, True))
-                promoted += count
+    registry = services.workflows
+    for workflow_id in list(registry.workflows):
+        for version, workflow in registry.loaded(workflow_id):
+            for step in workflow.ordered_steps:
+                if may_promote(workflow, step, occupied):
+                    count = await _promote(services, workflow, step, version)
+                    if count:  # a task admitted here may now be pulled by a step this one feeds
+                        occupied.add((workflow.id, step.id, True))
+                    promoted += count
     return promoted

@@ -154,12 +154,13 @@ async def decodable_open_entries(services: Services) -> list[tuple[StepEntry, in
 
 
 def step_plans(services: Services, entries: Iterable[StepEntry]) -> StepPlans:
-    """The `StepPlan` of every (workflow, step) of `entries` that the loaded templates still resolve."""
-    plans: dict[tuple[str, str], StepPlan] = {}
-    registered, executors = services.workflows.workflows, services.executors
+    """The `StepPlan` of every (workflow, step, version) of `entries` that the loaded templates still
+    resolve: each entry is resumed under the version its task is pinned to."""
+    plans: dict[tuple[str, str, int], StepPlan] = {}
+    registered, executors = services.workflows, services.executors
     for entry in entries:
-        pair = (entry.workflow_id, entry.step_id)
-        workflow = registered.get(entry.workflow_id)
+        pair = (entry.workflow_id, entry.step_id, entry.workflow_version)
+        workflow = registered.at(entry.workflow_id, entry.workflow_version)
         if pair in plans or workflow is None or not workflow.has_step(entry.step_id):
             continue
         step = workflow.step(entry.step_id)
@@ -174,7 +175,7 @@ def step_plans(services: Services, entries: Iterable[StepEntry]) -> StepPlans:
 def _dispatch(
     services: Services, plans: StepPlans, task: TaskRecord, entry: StepEntry, out: Outbox
 ) -> OnEnterDispatch:
-    plan = plans[(entry.workflow_id, entry.step_id)]
+    plan = plans[(entry.workflow_id, entry.step_id, entry.workflow_version)]
     key = EntryKey(entry.task_id, entry.step_id, entry.entry_seq)
     return OnEnterDispatch(services, task, plan.workflow, plan.step, key, "recovery", out)
 

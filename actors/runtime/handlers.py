@@ -1,4 +1,5 @@
-"""The runtime-level commands: templates, template-level seats, the runs queue (actors/runtime/runs.py),
+"""The runtime-level commands: templates and their versions (actors/runtime/versions.py), template-level
+seats, the runs queue (actors/runtime/runs.py),
 the task list, a task's history, review runs and coordinator outcomes. Trio thread: each is a store request
 (a template is parsed on a worker thread).
 """
@@ -7,45 +8,41 @@ from __future__ import annotations
 
 from typing import Protocol, TypeAlias
 
-import attrs
-import trio
-
 from onceflow.actors.engine.participants import add_participant
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.runtime import runs as run_commands
+from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
+from onceflow.actors.task.migrate import MigrateTask
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
-from onceflow.protocol.errors import NotFoundError, WorkflowInvalidError
+from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.results import (
     AckQueued,
+    AlreadyApplied,
     ClaimedRun,
     FinishOutcome,
     HistoryPage,
     HostCallInfo,
     HostCallPage,
+    MigrationResult,
     OutcomeInfo,
     OutcomeReceived,
     ParticipantAdded,
+    ParticipantList,
     ParticipantRemoved,
     ReviewRunPage,
     RunCancelledResult,
     RunPage,
     RunRenewed,
     TaskPage,
+    WorkflowList,
     WorkflowRegistered,
+    WorkflowText,
 )
-from onceflow.protocol.workflow import (
-    ALLOWED_ACTIONS,
-    IMPORT_ALLOWED_ACTIONS,
-    Workflow,
-    WorkflowError,
-    load_workflow_text,
-)
-from onceflow.store import history, host_calls, participants, review_runs, runs, tasks, workflows
-from onceflow.store.workflows import StoredWorkflow
+from onceflow.store import history, host_calls, participants, review_runs, runs, tasks
 
 log = get_logger("onceflow.supervisor")
 
@@ -65,6 +62,11 @@ RuntimeResult: TypeAlias = (
     | OutcomeReceived
     | AckQueued
     | OutcomeInfo
+    | MigrationResult
+    | AlreadyApplied
+    | WorkflowList
+    | WorkflowText
+    | ParticipantList
     | None
 )
 """A runtime-level command's reply result (None: `claim_run` found no run)."""
@@ -78,6 +80,8 @@ class Reconfigurable(Protocol):
 
     def reconfigure(self, *, workflows: WorkflowRegistry | None = None) -> None: ...
 
+    async def ask_task(self, task_id: str, message: MigrateTask) -> object: ...
+
 
 async def handle(
     runtime: Reconfigurable, outcomes: OutcomeSupervisor, command: c.RuntimeCommand, out: Outbox
@@ -88,7 +92,7 @@ async def handle(
     store = services.store
     match command:
         case c.RegisterWorkflow():
-            return await register_workflow(
+            return await versions.register_workflow(
                 runtime, command.yaml, command.source, import_path=command.import_path
             )
         case c.AddParticipant():  # template-level: a per-task one is routed to its task
@@ -144,6 +148,14 @@ async def handle(
             return await store.transact(history.task_page, command.task_id, command.after, command.limit)
         case c.ListHostCalls():
             return await list_host_calls(services, command)
+        case c.MigrateTasks():
+            return await versions.migrate_tasks(runtime, command)
+        case c.ListWorkflows():
+            return await versions.list_workflows(services)
+        case c.GetWorkflow():
+            return await versions.get_workflow(services, command)
+        case c.ListParticipants():
+            return await versions.list_participants(services, command)
         case c.OutcomeReady() | c.CoordinatorAck() | c.GetOutcome():
             return await outcomes.handle(command, out)
 
@@ -170,45 +182,6 @@ async def list_host_calls(services: Services, command: c.ListHostCalls) -> HostC
     return HostCallPage(calls=calls, next_after_id=next_after_id)
 
 
-async def register_workflow(
-    runtime: Reconfigurable, text: str, source: str, *, import_path: bool = False
-) -> WorkflowRegistered:
-    """Validate, persist and register (or replace) a workflow template: a reconfiguration (the ledger is
-    kept: operation-ledger-lifetime.md AC-L1). The text is parsed on a worker thread, never stalling the
-    other tasks. Raises WorkflowInvalidError (`field` names the offending field); a cancellation during
-    the parse leaves nothing stored."""
-    stored = StoredWorkflow("", source, text, import_path)
-    workflow = await trio.to_thread.run_sync(parse, stored)
-    services = runtime.services
-    stored = attrs.evolve(stored, workflow_id=workflow.id)
-    await services.store.transact(
-        workflows.save_workflow,
-        workflow_id=workflow.id,
-        name=workflow.name,
-        stored=stored,
-        now=services.now(),
-    )
-    registry = WorkflowRegistry(dict(services.workflows.workflows))
-    registry.put(workflow)
-    runtime.reconfigure(workflows=registry)
-    return WorkflowRegistered(workflow_id=workflow.id, steps=[step.id for step in workflow.ordered_steps])
-
-
-async def load_workflows(services: Services) -> None:
-    """Register every stored template (at start-up); one that no longer validates is logged at ERROR and
-    left out."""
-    for stored in await services.store.transact(workflows.all_workflows):
-        try:
-            services.workflows.put(await trio.to_thread.run_sync(parse, stored))
-        except WorkflowInvalidError as exc:
-            log.error("stored_workflow_invalid", workflow_id=stored.workflow_id, cause=exc.message)
-
-
-def parse(stored: StoredWorkflow) -> Workflow:
-    """The template `stored` holds (with the import path's wider allow-list when it was registered so).
-    Raises WorkflowInvalidError (field: the offending field)."""
-    allowed = IMPORT_ALLOWED_ACTIONS if stored.import_path else ALLOWED_ACTIONS
-    try:
-        return load_workflow_text(stored.definition, stored.source, allowed_actions=allowed)
-    except WorkflowError as exc:
-        raise WorkflowInvalidError(str(exc), field=exc.field or None) from None
+register_workflow = versions.register_workflow
+load_workflows = versions.load_workflows
+parse = versions.parse

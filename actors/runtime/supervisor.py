@@ -346,6 +346,17 @@ class Runtime:
         """Validate, persist and register (or replace) a workflow template (`handlers.register_workflow`)."""
         return await handlers.register_workflow(self, text, source, import_path=import_path)
 
+    async def ask_task(self, task_id: str, message: TaskMessage) -> TaskResult:
+        """Have the task's actor handle `message` (queued behind its current command) and return its result.
+        Raises the command's OnceflowError, or ShuttingDownError once shutdown has begun."""
+        try:
+            result, _ = await self._ask(task_id, message)
+        except _Refused as refused:
+            raise refused.error from None
+        except _ActorFailure as failure:
+            raise RuntimeError(failure.info.message) from None
+        return result
+
     def reconfigure(
         self,
         *,
@@ -364,7 +375,7 @@ class Runtime:
             store=old.store,
             ledger=old.ledger,
             host=host if host is not None else old.host,
-            workflows=workflows if workflows is not None else WorkflowRegistry(dict(old.workflows.workflows)),
+            workflows=workflows if workflows is not None else old.workflows.copy(),
             promotions=old.promotions,
             executors=executors if executors is not None else old.executors,
             clock=old.clock,

@@ -13,8 +13,9 @@ from typing import TypeAlias
 import attrs
 
 from onceflow.actors.kernel.outbox import Outbox
-from onceflow.actors.task import decisions, lifecycle, moves, triggers
+from onceflow.actors.task import decisions, lifecycle, migrate, moves, triggers
 from onceflow.actors.task.context import TaskContext
+from onceflow.actors.task.migrate import MigrateTask
 from onceflow.protocol import commands as c
 from onceflow.protocol.results import (
     AlreadyApplied,
@@ -31,10 +32,12 @@ from onceflow.protocol.results import (
     WorkflowSwitched,
 )
 from onceflow.protocol.workflow import Trigger
+from onceflow.store.task_migration import TaskPlan
 from onceflow.store.wip import Promotion
 
-TaskMessage: TypeAlias = c.TaskCommand | Promotion
-"""What a task actor handles: a command naming the task, or a committed promotion of it to dispatch."""
+TaskMessage: TypeAlias = c.TaskCommand | Promotion | MigrateTask
+"""What a task actor handles: a command naming the task, a committed promotion of it to dispatch, or its
+part of a `migrate_tasks`."""
 
 TaskResult: TypeAlias = (
     TaskInfo
@@ -49,7 +52,9 @@ TaskResult: TypeAlias = (
     | ParticipantAdded
     | DecisionPage
     | StepEntryPage
+    | TaskPlan
     | bool
+    | None
 )
 """A handler's reply result (`bool`: whether a promotion's entry was dispatched)."""
 
@@ -90,6 +95,8 @@ class TaskActor(TaskContext):
                 return await lifecycle.delete(ctx, out)
             case Promotion():
                 return await moves.promoted(ctx, message, out)
+            case MigrateTask():
+                return await migrate.migrate(ctx, message, out)
             case c.AddParticipant():
                 return await lifecycle.add_own_participant(ctx, message)
             case c.GetTask():

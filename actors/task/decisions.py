@@ -35,7 +35,7 @@ async def record_decision(
     ledger, services = ctx.services.ledger, ctx.services
     applied = bool(op) and await ledger.is_applied(op)
     recorded = await ctx.store.transact(
-        decisions.record, command, services.workflows.workflows, QUORUM_RULES, services.now()
+        decisions.record, command, services.workflows.pinned, QUORUM_RULES, services.now()
     )
     if applied and not recorded.inserted:
         return AlreadyApplied(idempotent=True, operation_id=op)
@@ -97,7 +97,7 @@ async def _reevaluate(
     being at its step; a lost race is `move_abandoned` (with a `transition_abandoned` diagnostic),
     distinct from `quorum_not_met` (kandev-engine-notes.md, "Quorum guards").
     """
-    workflow = ctx.services.workflows.get(task.workflow_id)
+    workflow = ctx.services.workflows.for_task(task)
     if not workflow.has_step(task.step_id):  # a template re-registered without it: nothing to evaluate
         return None, "no_guard"
     step = workflow.step(task.step_id)

@@ -32,7 +32,10 @@ async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskIn
     workflow = services.workflows.get(command.workflow_id)
     target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
     feeder = workflow.step(target.pull_from_step_id) if target.pull_from_step_id else None
-    task = await ctx.store.transact(tasks.create_task, command, workflow.id, target, feeder, services.now())
+    version = services.workflows.newest.get(workflow.id, 1)
+    task = await ctx.store.transact(
+        tasks.create_task, command, workflow.id, target, feeder, services.now(), version
+    )
     services.task_rows.put(task)
     out.emit(trusted.task_created(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
     if not task.wip_admitted:
@@ -46,7 +49,7 @@ async def delete(ctx: TaskContext, out: Outbox) -> TaskDeleted:
     task = await ctx.load()
     cancelled = await ctx.store.transact(tasks.remove_task, ctx.task_id, ctx.services.now())
     publish_run_changes(out, cancelled)
-    workflow = ctx.services.workflows.workflows.get(task.workflow_id)
+    workflow = ctx.services.workflows.pinned(task)
     if workflow is not None and workflow.has_step(task.step_id) and task.wip_admitted:
         await promote(ctx.services, workflow, workflow.step(task.step_id))
     return TaskDeleted(deleted=True)
@@ -78,7 +81,7 @@ async def start(ctx: TaskContext, command: c.StartTask, out: Outbox) -> TaskInfo
 async def add_own_participant(ctx: TaskContext, command: c.AddParticipant) -> ParticipantAdded:
     """Seat a participant on this task alone (`participants.add_participant` states the rule)."""
     task = await ctx.load()
-    workflow = ctx.services.workflows.get(task.workflow_id)
+    workflow = ctx.services.workflows.for_task(task)
     return await add_participant(ctx.services, command, workflow=workflow, task_id=ctx.task_id)
 
 

@@ -30,7 +30,7 @@ async def move(ctx: TaskContext, step_id: str, path: EntryPath, trigger: str, ou
     cached = rows.get(ctx.task_id)
     if cached is not None:
         rows.forget(ctx.task_id)  # an admission caches its new row; anything else reads afresh
-        workflow = ctx.services.workflows.workflows.get(cached.workflow_id)
+        workflow = ctx.services.workflows.pinned(cached)
         if workflow is not None and workflow.has_step(step_id) and step_id != cached.step_id:
             try:
                 moved = await engine.enter_step(
@@ -40,7 +40,7 @@ async def move(ctx: TaskContext, step_id: str, path: EntryPath, trigger: str, ou
             except StaleRow:
                 pass  # nothing was written: decide it from the committed row
     task = await ctx.load()
-    workflow = ctx.services.workflows.get(task.workflow_id)
+    workflow = ctx.services.workflows.for_task(task)
     target = find_step(workflow, step_id)
     if target.id == task.step_id:
         return {"moved": False, "step_id": task.step_id}
@@ -59,7 +59,12 @@ async def switch_workflow(
     if op and await ledger.is_applied(op):
         return AlreadyApplied(idempotent=True, operation_id=op)
     task = await ctx.load()
-    workflow = ctx.services.workflows.get(command.workflow_id)
+    registry = ctx.services.workflows  # within its workflow a task keeps its version; else the newest
+    workflow = (
+        registry.for_task(task)
+        if command.workflow_id == task.workflow_id
+        else registry.get(command.workflow_id)
+    )
     target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
     if workflow.id == task.workflow_id and target.id == task.step_id:
         return MoveResult(moved=False, step_id=task.step_id)
@@ -78,7 +83,7 @@ async def promoted(ctx: TaskContext, promotion: Promotion, out: Outbox) -> bool:
     task = await ctx.load()
     if task.step_id != promotion.step_id or not task.wip_admitted:
         return False
-    workflow = ctx.services.workflows.get(promotion.workflow_id)
+    workflow = ctx.services.workflows.for_task(task)
     step = find_step(workflow, promotion.step_id)
     seq = promotion.key.entry_seq if promotion.key else None
     metrics.count_entry(workflow.id, step.id, "E3")

@@ -155,7 +155,7 @@ async def _commit_deferred(
     services = ctx.services
     try:
         task = await ctx.load()
-        workflow = services.workflows.get(task.workflow_id)
+        workflow = services.workflows.for_task(task)
         source = find_step(workflow, result.from_step or "")
         target = find_step(workflow, result.to_step or "")
         at_source = attrs.evolve(task, step_id=source.id)

@@ -238,4 +238,5 @@ def test_the_admitted_row_built_field_by_field_covers_every_task_field() -> None
         "created_at",
         "updated_at",
         "admissions",
+        "workflow_version",
     ]

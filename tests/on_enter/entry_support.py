@@ -209,9 +209,14 @@ def add_decision(conn: sqlite3.Connection, task_id: str, step_id: str, decider: 
 
 
 def save_yaml(conn: sqlite3.Connection, workflow_id: str, yaml_text: str) -> None:
-    """A template change that lands while no runtime is up (a git sync before the restart)."""
+    """A template change that lands while no runtime is up, under the tasks' feet: the stored text of
+    every version of the workflow is replaced in place (an edit outside register_workflow, which would
+    add a version the tasks are not pinned to), so the entries' declarations drift (AC-B9(d), (e))."""
     stored = StoredWorkflow(workflow_id, "synced.yml", yaml_text, True)
     workflows.save_workflow(conn, workflow_id=workflow_id, name=workflow_id, stored=stored, now=START)
+    conn.execute(
+        "UPDATE workflow_versions SET definition = ? WHERE workflow_id = ?", (yaml_text, workflow_id)
+    )
 
 
 # --- reading state --------------------------------------------------------------------------------

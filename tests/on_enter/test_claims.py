@@ -207,14 +207,14 @@ async def test_declaration_read_once_a_dispatch_finishes_against_the_declaration
     after = before.replace("before-", "after-")
     async with open_runtime(tmp_path / "db.sqlite", host=host) as rt:
         await setup_entries(rt, before)
-        for task_id in ("T1", "T2"):
-            await new_task(rt, task_id)
+        await new_task(rt, "T1")
         with trio.fail_after(5):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ok, rt, {"type": "move_task", "task_id": "T1", "step_id": "review"})
                 await host.entered.wait()  # T1's dispatch is between positions 0 and 1
                 await register(rt, entries_yaml(after), import_path=True)  # a sync lands mid-dispatch
                 host.release.set()
+        await new_task(rt, "T2")  # created on the new version (T1 stays pinned to the old one)
         await ok(rt, {"type": "move_task", "task_id": "T2", "step_id": "review"})
 
         reasons = {(task, reason) for task, _, reason, _ in await rt.services.store.transact(run_rows)}

@@ -321,7 +321,7 @@ async def test_ac_b9_d_a_config_change_with_kinds_and_order_unchanged_keeps_the_
         await ok(rt, {"type": "move_task", "task_id": "T1", "step_id": "review"})  # clear done, fan-out open
         await register(
             rt, entries_yaml(new), import_path=True
-        )  # the template is re-registered with another reason
+        )  # the template is re-registered with another reason: a new version, T1 stays on its own
 
     logs: list[dict[str, Any]] = []
     async with restart(db_path, logs) as rt:
@@ -331,7 +331,7 @@ async def test_ac_b9_d_a_config_change_with_kinds_and_order_unchanged_keeps_the_
             (1, "queue_run_for_each_participant", "done"),
         ]
         assert await store.transact(lambda conn: is_terminal(conn, KEY))
-        assert await store.transact(keyed_runs) == full(reasons=("new",))
+        assert await store.transact(keyed_runs) == full(reasons=("old",))
     assert loud_logs(logs) == []
 
 

@@ -27,7 +27,7 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
 from onceflow.store import outcomes, schema
 from onceflow.testing import RecordingCoordinator, RecordingHost
-from onceflow.views import VIEWS, ViewError, open_read_only, rows
+from onceflow.views import TASK_SCOPED, VIEWS, ViewError, open_read_only, rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "outcome"))
 from outcome_support import ack, envelope, ready, state, within_real_time
@@ -87,7 +87,7 @@ async def test_every_view_on_postgres_shows_the_rows_and_table_it_shows_on_sqlit
     await _filled(sqlite_db)
     await _filled(pg_url)
     for view in VIEWS:
-        for extra in ([], ["--task", "T2"]) if view != "outcomes" else ([],):
+        for extra in ([], ["--task", "T2"]) if view in TASK_SCOPED else ([],):
             for shape in (["--json"], []):
                 on_sqlite = await trio.to_thread.run_sync(_cli, view, "--db", str(sqlite_db), *extra, *shape)
                 on_pg = await trio.to_thread.run_sync(_cli, view, "--db", pg_url, *extra, *shape)

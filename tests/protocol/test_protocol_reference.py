@@ -187,6 +187,7 @@ TASK_FIELDS = {
     "priority": "medium",
     "wip_admitted": True,
     "queued_for_step_id": None,
+    "workflow_version": 1,
 }
 
 

@@ -190,6 +190,17 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     await c.send({"type": "list_tasks", "limit": 1})
     await c.send({"type": "task_history", "task_id": "T1", "limit": 3})
     await c.send({"type": "list_host_calls", "task_id": "T1"})  # tests/runtime/test_host_broker.py: full rows
+    await c.send({"type": "list_participants", "task_id": "T1"})
+
+    # versions: a second version of the office flow, a dry run, the migration, its replay
+    v2 = office.replace("name: Review\n", "name: Peer review\n")
+    await c.send({"type": "register_workflow", "yaml": v2, "source": "office-default.yml"})
+    await c.send({"type": "list_workflows"})
+    await c.send({"type": "get_workflow", "workflow_id": OFFICE, "version": 1})
+    migrate = {"type": "migrate_tasks", "workflow_id": OFFICE, "to_version": 2, "operation_id": "mig-1"}
+    await c.send(migrate | {"dry_run": True})
+    await c.send(migrate)
+    await c.send(migrate)  # a replay: idempotent
     await c.send({"type": "delete_task", "task_id": "T2"})
 
     # coordinator outcomes

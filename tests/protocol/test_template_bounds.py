@@ -20,7 +20,7 @@ import yaml
 from helpers import FIXTURES, ok, register, send
 from pydantic import ValidationError
 
-from onceflow.actors.runtime import handlers
+from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol import workflow as workflow_module
@@ -272,7 +272,7 @@ async def test_registration_parses_in_a_worker_thread(
     runs in a worker thread, not on the Trio thread). Shown without a clock: the parse records that it is
     outside the Trio run, then waits until another Trio task has run since it began, which it would wait
     for in vain on the Trio thread."""
-    real = handlers.load_workflow_text
+    real = versions.load_workflow_text
     began, ticked = threading.Event(), threading.Event()
     seen: dict[str, bool] = {}
 
@@ -287,7 +287,7 @@ async def test_registration_parses_in_a_worker_thread(
             await trio.sleep(0.001)
         ticked.set()
 
-    monkeypatch.setattr(handlers, "load_workflow_text", parse)
+    monkeypatch.setattr(versions, "load_workflow_text", parse)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(other_task)
         reply = await send(runtime, {"type": "register_workflow", "yaml": chain(MAX_TEMPLATE_STEPS)})

@@ -117,9 +117,10 @@ async def test_an_error_in_the_body_surfaces_as_itself_not_as_an_exception_group
 
 def break_the_workflows_table(conn: sqlite3.Connection) -> None:
     """Reading the registered workflows at start-up fails (a view calling an unknown SQL function)."""
-    conn.execute("ALTER TABLE workflows RENAME TO workflows_real")
+    conn.execute("ALTER TABLE workflow_versions RENAME TO workflow_versions_real")
     conn.execute(
-        "CREATE VIEW workflows AS SELECT *, onceflow_no_such_function(1) AS broken FROM workflows_real"
+        "CREATE VIEW workflow_versions AS SELECT *, onceflow_no_such_function(1) AS broken"
+        " FROM workflow_versions_real"
     )
 
 

@@ -35,6 +35,7 @@ READ_COMMANDS = frozenset(
         "get_outcome",
         "list_workflows",
         "get_workflow",
+        "list_participants",
         "queue_stats",
         "list_pauses",
     }

@@ -14,6 +14,7 @@ from onceflow.protocol.events import (
     RunFinished,
     RunLeaseExpired,
     RunQueued,
+    RunRequeued,
     RunRetryScheduled,
 )
 from onceflow.protocol.times import rfc3339
@@ -147,5 +148,9 @@ def publish_run_changes(out: Outbox, changes: Iterable[Change]) -> None:
                         agent_profile_id=agent,
                         reason="agent_error",
                         idempotency_key=keys.escalation_key(pending[index - 1].run_id),
+                        priority=1,
+                        parent_run_id=pending[index - 1].run_id,
                     )
                 )
+            case "requeued":
+                out.emit(RunRequeued(run_id=run_id, task_id=task_id, agent_profile_id=agent, attempt=attempt))

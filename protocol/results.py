@@ -330,7 +330,7 @@ class AgentQueueStats(TypedDict):
 
 
 @_result
-class QueueStats(TypedDict):
+class QueueStatsResult(TypedDict):
     """`queue_stats`: the queue per agent, the limits and the pauses."""
 
     agents: list[AgentQueueStats]
@@ -873,7 +873,7 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "pause": PauseResult,
         "resume": ResumeResult,
         "list_pauses": PauseList,
-        "queue_stats": QueueStats,
+        "queue_stats": QueueStatsResult,
         "task_comment": TriggerResult,
         "blockers_resolved": TriggerResult,
         "children_completed": ChildrenCompletedResult | ChildrenNotTerminal | AlreadyApplied,

@@ -91,6 +91,10 @@ def run_queued(
     agent_profile_id: str,
     reason: str,
     idempotency_key: str | None,
+    outcome: Literal["queued"] = "queued",
+    priority: int = 2,
+    parent_run_id: int | None = None,
+    causation_depth: int = 0,
 ) -> RunQueued:
     """`RunQueued(...)` with every field given, unvalidated (module docstring)."""
     values = {
@@ -101,10 +105,12 @@ def run_queued(
         "agent_profile_id": agent_profile_id,
         "reason": reason,
         "idempotency_key": idempotency_key,
+        "outcome": outcome,
+        "priority": priority,
+        "parent_run_id": parent_run_id,
+        "causation_depth": causation_depth,
     }
-    return _instance(
-        RunQueued, values, {"run_id", "task_id", "step_id", "agent_profile_id", "reason", "idempotency_key"}
-    )
+    return _instance(RunQueued, values, set(values) - {"type"})
 
 
 def action_outcome(

@@ -254,15 +254,16 @@ class Refusal:
 
 
 _SELF = (
-    "SELECT COUNT(*) FROM runs WHERE chain_id = ? AND agent_profile_id = ? AND reason = ? AND self_trigger = 1"
-    " AND rate_limit IS NULL"
+    "SELECT COUNT(*) FROM runs WHERE chain_id = ? AND agent_profile_id = ? AND reason = ?"
+    " AND self_trigger = 1 AND rate_limit IS NULL"
 )
 _RATES = (
     "SELECT scope, runs_per_hour FROM run_limits WHERE runs_per_hour IS NOT NULL"
     " AND (scope = 'global' OR (scope = 'agent' AND target_id = ?))"
 )
 _AGENT_HOUR = Clocked.of(
-    "SELECT COUNT(*) FROM runs WHERE agent_profile_id = ?2 AND requested_at > {now} - ?3 AND rate_limit IS NULL",
+    "SELECT COUNT(*) FROM runs WHERE agent_profile_id = ?2 AND requested_at > {now} - ?3"
+    " AND rate_limit IS NULL",
     "?1",
 )
 _ALL_HOUR = Clocked.of(
@@ -294,6 +295,15 @@ def refusal(
         if int(count) >= int(per_hour):
             return Refusal("runs_per_hour" if scope == "agent" else "global_runs_per_hour", int(per_hour))
     return None
+
+
+def rates_set(conn: Connection) -> bool:
+    """Whether any `runs_per_hour` is set: then every new run is counted at its enqueue (the common entry's
+    one-statement insert declines, store/common_entry.py)."""
+    return (
+        conn.execute("SELECT 1 FROM run_limits WHERE runs_per_hour IS NOT NULL LIMIT 1").fetchone()
+        is not None
+    )
 
 
 # --- statistics -----------------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ class EnqueueResult:
     run_id: int
     coalesced_count: int = 0
     refusal: Refusal | None = None
-    lineage: Lineage = Lineage()
+    lineage: Lineage = attrs.field(factory=Lineage)
 
 
 def run_from_row(row: tuple[Any, ...]) -> RunRecord:

@@ -15,7 +15,7 @@ from onceflow.protocol.results import (
     PauseInfo,
     PauseList,
     PauseResult,
-    QueueStats,
+    QueueStatsResult,
     ResumeResult,
 )
 from onceflow.protocol.times import rfc3339
@@ -86,7 +86,7 @@ async def list_pauses(services: Services) -> PauseList:
     return {"pauses": [pause_info(p) for p in pauses]}
 
 
-async def queue_stats(services: Services) -> QueueStats:
+async def queue_stats(services: Services) -> QueueStatsResult:
     """`queue_stats`: per agent, the limits and the pauses (store/flow.py `queue_stats`)."""
     agents, limits, pauses, now = await services.store.transact(flow.queue_stats, services.now())
     rows: list[AgentQueueStats] = [

@@ -34,7 +34,7 @@ from onceflow.protocol.results import (
     ParticipantRemoved,
     PauseList,
     PauseResult,
-    QueueStats,
+    QueueStatsResult,
     ResumeResult,
     ReviewRunPage,
     RunCancelledResult,
@@ -73,7 +73,7 @@ RuntimeResult: TypeAlias = (
     | PauseResult
     | ResumeResult
     | PauseList
-    | QueueStats
+    | QueueStatsResult
     | RunPage
     | TaskPage
     | ReviewRunPage

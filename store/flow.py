@@ -140,12 +140,13 @@ def ceilings(conn: Connection, agents: list[str] | None, now: float) -> Ceilings
     return Ceilings(full, global_full)
 
 
-def touch_turn(conn: Connection, agent_profile_id: str, now: float) -> None:
-    """Record that `agent_profile_id` was just served a run by a claim across agents (fairness)."""
+def touch_turn(conn: Connection, agent_profile_id: str) -> None:
+    """Record that `agent_profile_id` was just served a run by a claim across agents: its turn becomes the
+    latest (a counter, not a time, so claims in one clock tick still take turns)."""
     conn.execute(
-        "INSERT INTO run_turns (agent_profile_id, last_claimed_at) VALUES (?1, ?2)"
-        " ON CONFLICT (agent_profile_id) DO UPDATE SET last_claimed_at = excluded.last_claimed_at",
-        (agent_profile_id, now),
+        "INSERT INTO run_turns (agent_profile_id, turn) VALUES (?1, (SELECT COALESCE(MAX(turn), 0) + 1"
+        " FROM run_turns)) ON CONFLICT (agent_profile_id) DO UPDATE SET turn = excluded.turn",
+        (agent_profile_id,),
     )
 
 

@@ -312,7 +312,7 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE TABLE run_turns (
         agent_profile_id TEXT PRIMARY KEY,
-        last_claimed_at  DOUBLE PRECISION NOT NULL
+        turn             BIGINT NOT NULL
     );
     """,
 )

@@ -82,7 +82,7 @@ _CLASS = {  # the priority class after aging: one class up per aging_s waited, n
     True: "CASE WHEN priority = 0 THEN 0 ELSE GREATEST(1, priority - FLOOR(({now} - requested_at) / ?2)) END",
 }
 _TURN = (
-    "COALESCE((SELECT t.last_claimed_at FROM run_turns t"
+    "COALESCE((SELECT t.turn FROM run_turns t"
     " WHERE t.agent_profile_id = runs.agent_profile_id), 0)"
 )
 _CLAIM = (
@@ -166,7 +166,7 @@ def claim(
             continue
         record = run_from_row(claimed)
         if agent_list is None or len(agent_list) > 1:
-            flow.touch_turn(conn, record.agent_profile_id, now)
+            flow.touch_turn(conn, record.agent_profile_id)
         changes.append(
             Change(
                 "claimed",

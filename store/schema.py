@@ -439,7 +439,7 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 19: flow control (store/flow.py): a run's priority class, causation (its parent, depth, chain, whether a
     # human rooted it, whether it re-triggers its parent's agent), the run it retries, its stored result and
     # the limit that refused its enqueue (a refused enqueue is kept as a cancelled run, key-less); ceilings
-    # and hourly rates, pauses, and each agent's last claim (fair claims across agents).
+    # and hourly rates, pauses, and each agent's turn (its last claim across agents: fairness).
     """
     ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 2;
     ALTER TABLE runs ADD COLUMN parent_run_id INTEGER;
@@ -469,7 +469,7 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     );
     CREATE TABLE run_turns (
         agent_profile_id TEXT PRIMARY KEY,
-        last_claimed_at  REAL NOT NULL
+        turn             INTEGER NOT NULL
     );
     """,
 )

@@ -50,7 +50,8 @@ class EntryRequest:
     `common` the step's common-entry plan when the whole entry may run in one savepoint; `lead` the
     dispatch's leading segment (its actions, and whether it is the entry's last engine chunk) when no host
     action comes first; `trigger` and `operation_id` what moved it (the history's transition item,
-    store/history.py; "" when it carries no operation id); `cause` the moving command's causation (store/flow.py).
+    store/history.py; "" when it carries no operation id); `cause` the moving command's causation
+    (store/flow.py).
 
     Built once per entry and frozen without slots: a frozen slotted class sets each of its ten fields
     through `object.__setattr__`, a dict class writes its `__dict__` directly (about 40 % fewer

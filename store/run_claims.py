@@ -81,10 +81,7 @@ _CLASS = {  # the priority class after aging: one class up per aging_s waited, n
     " ELSE MAX(1, priority - CAST(({now} - requested_at) / ?2 AS INTEGER)) END",
     True: "CASE WHEN priority = 0 THEN 0 ELSE GREATEST(1, priority - FLOOR(({now} - requested_at) / ?2)) END",
 }
-_TURN = (
-    "COALESCE((SELECT t.turn FROM run_turns t"
-    " WHERE t.agent_profile_id = runs.agent_profile_id), 0)"
-)
+_TURN = "COALESCE((SELECT t.turn FROM run_turns t WHERE t.agent_profile_id = runs.agent_profile_id), 0)"
 _CLAIM = (
     "UPDATE runs SET status = 'claimed', claim_token = ?1, attempt = attempt + 1, claimed_at = ?2,"
     " lease_expires_at = ?2 + ?3, wait_seconds = ?3, retry_at = NULL WHERE id = ?4 AND status = 'queued'"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         open_runtime,
     )
     from onceflow.actors.runtime.supervisor import Runtime
-    from onceflow.actors.runtime.worker import Run, RunError, RunWorker
+    from onceflow.actors.runtime.worker import HandBack, Run, RunError, RunWorker
     from onceflow.protocol import (
         ActionError,
         ActionNotWiredError,
@@ -253,6 +253,7 @@ _HOMES: dict[str, str] = {
     "Runtime": "onceflow.actors.runtime.supervisor",
     "Run": "onceflow.actors.runtime.worker",
     "RunError": "onceflow.actors.runtime.worker",
+    "HandBack": "onceflow.actors.runtime.worker",
     "RunWorker": "onceflow.actors.runtime.worker",
     "SequencedEvent": "onceflow.protocol.event_stream",
     "SessionAction": "onceflow.protocol",
@@ -321,6 +322,7 @@ __all__ = [
     "GetRun",
     "GetTask",
     "GuardEvaluated",
+    "HandBack",
     "Heartbeat",
     "Host",
     "HostCall",

@@ -24,7 +24,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 
@@ -222,7 +222,7 @@ class AsyncioRuntime:
 
     def runs(
         self,
-        agent_profile_id: str,
+        agent_profile_id: str | Sequence[str] | None,
         *,
         lease_seconds: float | None = None,
         wait_seconds: float = 60.0,

@@ -15,6 +15,7 @@ from helpers import events, list_runs, ok, send
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.actors.runtime.worker import HandBack
 from onceflow.store import flow, runs, schema
 from onceflow.store.runs import RunRequest
 
@@ -345,3 +346,22 @@ async def test_queue_stats_shows_each_agent_with_its_ceiling_age_and_pause(
     )
     assert rows["b"]["paused"] and rows["b"]["oldest_age_s"] == pytest.approx(30, abs=0.01)
     assert [p["id"] for p in stats["pauses"]] == ["b"] and stats["limits"][0]["id"] == "a"
+
+
+async def test_a_worker_across_agents_hands_a_run_back_and_stores_a_result(rt: Runtime) -> None:
+    await queue(rt, "TA", "a", "c-1")
+    await queue(rt, "TB", "b", "c-1")
+    seen: list[tuple[str, int]] = []
+    async with rt.runs(["a", "b"], until_idle=True, wait_seconds=0) as worker:
+        async for run in worker:
+            async with run:
+                seen.append((run.agent_profile_id, run.attempt))
+                if run.agent_profile_id == "a" and run.attempt == 1:
+                    raise HandBack()
+                run.result = {"done_by": run.agent_profile_id}
+    assert seen == [("a", 1), ("b", 1), ("a", 2)]  # handed back, then served after b: b's turn came first
+    rows = {r["agent_profile_id"]: r for r in await list_runs(rt)}
+    assert {agent: (r["status"], r["result"]) for agent, r in rows.items()} == {
+        "a": ("finished", {"done_by": "a"}),
+        "b": ("finished", {"done_by": "b"}),
+    }

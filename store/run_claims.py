@@ -558,8 +558,19 @@ def _fail(conn: Connection, run: RunRecord, reason: str, error: str | None, now:
             cause=flow.Cause(failed.id, max_depth=None),
         )
         queued = runs.enqueue_run(conn, request, now)
+        refused = queued.refusal
         changes.append(
-            Change("escalated", queued.run_id, failed.task_id, ceo, 0, queued.outcome, failed.step_id)
+            Change(
+                "escalated",
+                queued.run_id,
+                failed.task_id,
+                ceo,
+                0,
+                queued.outcome,
+                failed.step_id,
+                error=None if refused is None else refused.limit,
+                retries=0 if refused is None else refused.value,
+            )
         )
     return changes
 

@@ -343,7 +343,8 @@ class Change:
     retry_scheduled (with `retry_at`, `retries`, `error`), failed (with `error`), claimed (with
     `lease_expires_at`), finished (with `superseded`), or escalated (the
     `agent_error` run queued for a CEO agent when a run failed: `reason` is its enqueue's outcome, `step_id`
-    its step); `reason` says why."""
+    its step; a `rate_limited` one names the limit in `error` and its value in `retries`); `reason` says
+    why."""
 
     kind: str
     run_id: int

@@ -14,6 +14,7 @@ from onceflow.protocol.events import (
     RunFinished,
     RunLeaseExpired,
     RunQueued,
+    RunRateLimited,
     RunRequeued,
     RunRetryScheduled,
 )
@@ -150,6 +151,19 @@ def publish_run_changes(out: Outbox, changes: Iterable[Change]) -> None:
                         idempotency_key=keys.escalation_key(pending[index - 1].run_id),
                         priority=1,
                         parent_run_id=pending[index - 1].run_id,
+                    )
+                )
+            case "escalated" if change.reason == "rate_limited":
+                out.emit(
+                    RunRateLimited(
+                        run_id=run_id,
+                        task_id=task_id,
+                        agent_profile_id=agent,
+                        reason="agent_error",
+                        limit=change.error or "",
+                        limit_value=change.retries,
+                        parent_run_id=pending[index - 1].run_id,
+                        causation_depth=0,
                     )
                 )
             case "requeued":

@@ -16,7 +16,7 @@ the store writer thread alone (its CPU clock read at the start and end of the mo
 plus the Python of every request, i.e. the writer's share of the GIL-bound run). The runtime runs with the GIL
 switch interval `onceflow serve` uses (`--switch-interval`, seconds; 0: Python's own 0.005 s).
 
-After the runtime closes the database is checked with plain SQL (issue 7): no idempotency key twice, runs ==
+After the runtime closes the database is checked with plain SQL: no idempotency key twice, runs ==
 entries x 3, one committed clear per entry (its clear_decisions marker done), every entry terminal, one
 entry per task. A violated invariant prints VIOLATION and exits 1; the figures are then not valid.
 """
@@ -179,7 +179,7 @@ async def run_dispatch(
     count_statements: bool = False,
     switch_interval: float | None = SWITCH_INTERVAL,
 ) -> dict[str, Any]:
-    """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of issue 7's bench.
+    """Run the benchmark on a fresh `db`; return figures (incl. 'violations'). The core of the bench.
 
     `count_statements` counts every SQL statement of the move phase through SQLite's trace callback (a
     Python call per statement: it slows the run, so its wall-clock figures are not comparable)."""

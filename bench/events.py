@@ -9,8 +9,7 @@ events code owns: `publish_common` (what the engine publishes for a common entry
 `Outbox`: hub without subscribers, metrics no-op, structlog filtering at WARNING as `bench/dispatch.py`
 configures it), the `Reply` that carries them, and one whole entry as the engine emits it; for comparison
 `common_result` and `OnEnterDispatch.publish_segment`, what the recovery scan's set path (and, before the
-fourth session, the hot path) builds and publishes for the same entry. Best of R repeats of N entries each;
-issue 14, item "Events cheap to build".
+fourth session, the hot path) builds and publishes for the same entry. Best of R repeats of N entries each.
 """
 
 from __future__ import annotations

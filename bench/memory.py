@@ -5,7 +5,7 @@ Run: python bench/memory.py [-n 10000] [-c 64] [--idle-timeout 0] [--heap]
 Each task is created with `create_task` from C concurrent senders (one actor per task while it works); the
 run then waits for the idle timeout so every actor is evicted, and measures against the runtime's own
 baseline (workflow registered, no tasks):
-- peak RSS growth per task (`ru_maxrss`, the issue's "peak memory") and RSS growth still held once idle;
+- peak RSS growth per task (`ru_maxrss`, "peak memory") and RSS growth still held once idle;
 - with --heap, the Python heap still allocated per idle task (tracemalloc; it inflates RSS itself), which
   RSS hides (freed pages are not always returned to the OS).
 Invariants: every task exists in the store, and no task actor is alive once idle. Exit 1 if either fails.

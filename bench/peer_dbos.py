@@ -49,7 +49,7 @@ import structlog
 import trio
 
 REVIEWERS = ("rev-1", "rev-2", "rev-3")
-TARGET_RATIO = 50.0  # the target: onceflow >= 50x DBOS on the same workload
+TARGET_RATIO = 50.0  # the target: onceflow >= 50x DBOS on the same workload
 
 # onceflow's decisions and runs columns, constraints and indexes (store/schema.py), minus the foreign key
 # to tasks (no tasks table here): the per-row index work matches.

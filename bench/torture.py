@@ -25,7 +25,7 @@ finishes them) and checks (on-enter-action-dispatch.md, AC-B2, AC-B5, AC-B6, AC-
   - no task sitting in review still has a review decision (every entry's clear ran before it finished).
 It prints the figures (last line: JSON) and exits 1 on any violation.
 
-`--common` (issue 14) declares [clear_decisions, queue_run_for_each_participant r1, ... r2] with the built-in
+`--common` declares [clear_decisions, queue_run_for_each_participant r1, ... r2] with the built-in
 executors instead, so every admission takes the one-savepoint common path and every restart the recovery
 scan's set path. Without an executor of its own there is no clear_audit row: the clear is checked through
 its marker (one done clear marker per entry, committed with its delete) and the stale decisions, the

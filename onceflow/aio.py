@@ -24,25 +24,36 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 
 import trio
 from opentelemetry.context import Context
+from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel
 
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
 from onceflow import tracing
-from onceflow.actors.kernel.event_window import EventStream
+from onceflow.actors.kernel import task_rows
+from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStream
+from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
+from onceflow.actors.runtime.retention import RETENTION_EVERY
+from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL
 from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, parse_json
+from onceflow.protocol.coordinator import Coordinator, RetryPolicy
 from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.event_stream import EventGap, SequencedEvent, check_after
 from onceflow.protocol.events import ErrorInfo, Event, Reply
+from onceflow.protocol.host import Host
+from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy
+from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability
 from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
@@ -414,16 +425,38 @@ async def _wait_through_cancellation(future: asyncio.Future[T]) -> T:
 
 @asynccontextmanager
 async def open_runtime(
-    db_path: str | os.PathLike[str], *, host_loop: Literal["asyncio", "trio"] = "asyncio", **options: Any
+    db_path: str | os.PathLike[str],
+    *,
+    host_loop: Literal["asyncio", "trio"] = "asyncio",
+    host: Host | None = None,
+    durability: Durability = Durability.FULL,
+    max_batch: int = 64,
+    clock: Callable[[], float] = time.time,
+    executors: Mapping[str, Executor] = DEFAULT_EXECUTORS,
+    coordinator: Coordinator | None = None,
+    redelivery_interval: float = 60.0,
+    retry_policy: RetryPolicy | None = None,
+    actor_idle_timeout: float = 0.0,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    epoch_sweep_interval: float = SWEEP_INTERVAL,
+    task_row_cache: int = task_rows.DEFAULT_CAPACITY,
+    switch_interval: float | None = None,
+    run_policy: RunPolicy | None = None,
+    lease_sweep_interval: float = LEASE_SWEEP_INTERVAL,
+    retention: float = DEFAULT_RETENTION,
+    retention_every: int = RETENTION_EVERY,
+    tracer_provider: TracerProvider | None = None,
+    event_window: int = DEFAULT_EVENT_WINDOW,
 ) -> AsyncIterator[AsyncioRuntime]:
     """Open a runtime for an asyncio program: `async with open_runtime(db) as rt` under `asyncio.run`.
 
-    Takes the keyword arguments of `onceflow.open_runtime` (host, durability, coordinator, ...). Entering
-    waits for the runtime to be open (store, recovery scan) and raises what opening raised, as itself:
-    `DatabaseOwnedError` when another runtime owns the file, ValueError for a bad option. Leaving stops
-    taking commands, lets the ones submitted finish, ends every subscription, closes the store and
-    joins the thread — even when the leaving task is cancelled (the cancellation is re-raised after).
-    An error that stopped the runtime while open is raised on leaving.
+    Every keyword but `host_loop` is `onceflow.open_runtime`'s, with the same default and meaning (its
+    docstring says each: `host`, `durability`, `coordinator`, `retention` in seconds, ...); a test keeps the
+    two signatures equal. Entering waits for the runtime to be open (store, recovery scan) and raises what
+    opening raised, as itself: `DatabaseOwnedError` when another runtime owns the file, ValueError for a bad
+    option. Leaving stops taking commands, lets the ones submitted finish, ends every subscription, closes
+    the store and joins the thread — even when the leaving task is cancelled (the cancellation is re-raised
+    after). An error that stopped the runtime while open is raised on leaving.
 
     `host_loop` says where the coroutine methods of `host` and `coordinator` run. "asyncio" (default): as
     tasks on this loop, awaited by the runtime across threads (onceflow/aio_hosts.py), so they may await
@@ -441,9 +474,30 @@ async def open_runtime(
         raise ValueError(f"host_loop must be 'asyncio' or 'trio', got {host_loop!r}")
     runtime = AsyncioRuntime(asyncio.get_running_loop())
     if host_loop == "asyncio":
-        for option, methods in (("host", HOST_METHODS), ("coordinator", COORDINATOR_METHODS)):
-            if options.get(option) is not None:
-                options[option] = runtime._host_calls.adapt(options[option], methods)
+        host = runtime._host_calls.adapt(host, HOST_METHODS) if host is not None else None
+        if coordinator is not None:
+            coordinator = runtime._host_calls.adapt(coordinator, COORDINATOR_METHODS)
+    options: dict[str, Any] = {
+        "host": host,
+        "durability": durability,
+        "max_batch": max_batch,
+        "clock": clock,
+        "executors": executors,
+        "coordinator": coordinator,
+        "redelivery_interval": redelivery_interval,
+        "retry_policy": retry_policy,
+        "actor_idle_timeout": actor_idle_timeout,
+        "busy_timeout": busy_timeout,
+        "epoch_sweep_interval": epoch_sweep_interval,
+        "task_row_cache": task_row_cache,
+        "switch_interval": switch_interval,
+        "run_policy": run_policy,
+        "lease_sweep_interval": lease_sweep_interval,
+        "retention": retention,
+        "retention_every": retention_every,
+        "tracer_provider": tracer_provider,
+        "event_window": event_window,
+    }
     thread = threading.Thread(target=runtime._thread, args=(db_path, options), name="onceflow-trio")
     thread.start()
     try:

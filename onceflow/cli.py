@@ -2,7 +2,7 @@
 subcommand runs its own Trio run.
 
   onceflow demo [--db PATH]                                   the bundled walkthrough
-  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going]
+  onceflow run --workflow FILE --script FILE [--db PATH] [--json] [--keep-going] [--from-line N]
                                                               replay protocol commands, print the events
   onceflow validate FILE...                                   check workflow templates
   onceflow schema [--template [--import-path] | --markdown]   JSON Schema of commands, events, reply and
@@ -13,6 +13,8 @@ subcommand runs its own Trio run.
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes --db FILE|URL [--task ID] [--json] [--limit N]
                                                               read-only views (onceflow.views), streamed
+  onceflow queue --db FILE|URL [--json]                       per agent: queued, claimed, ceiling, oldest age,
+                                                              paused, refused in the last hour
   onceflow history --db FILE|URL --task ID [--json] [--limit N]
                                                               a task's history (onceflow.history)
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
@@ -24,11 +26,12 @@ a database, a database another runtime owns, a --db whose folder does not exist:
 a `postgresql://` --db that cannot be used (a bad URL, a server that does not answer, credentials refused,
 no such database, no onceflow schema). Such a file or URL gets one `error:` line on stderr naming it
 (password redacted), never a traceback. A closed stdout (`onceflow runs --json | head -1`) ends the command
-quietly with 141. SIGINT or SIGTERM during `run` or
-`demo` finishes the command under way, closes the runtime (releasing the database) and exits with 130 or
-143 after one line on stderr; a second signal cancels at once. Human output escapes control characters
+quietly with 141. SIGINT or SIGTERM during `run` or `demo` finishes the command under way, closes the
+runtime (releasing the database) and exits with 130 or 143 after one line on stderr saying what was
+finished and how to resume; a second signal cancels at once. Human output escapes control characters
 (`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
---verbose), coloured only when stderr is a terminal and NO_COLOR is unset.
+--verbose), coloured only when stderr is a terminal and NO_COLOR is unset; --log-json writes them as one
+JSON object per line.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 import trio
 import yaml
@@ -74,32 +78,39 @@ CLOSED_PIPE = 128 + signal.SIGPIPE
 tool killed by SIGPIPE, with nothing on stderr."""
 
 
-def configure_logging(verbose: bool) -> None:
+def configure_logging(verbose: bool, as_json: bool = False) -> None:
     """Structured logs to stderr; identifying fields stay discrete keys, control characters escaped.
 
-    Coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset or empty: a pipe, a file
-    or a supervisor's log gets plain text, tracebacks included.
+    With `as_json` (`--log-json`) one JSON object per record (`event`, its fields, `level`, `timestamp` in
+    RFC 3339 UTC); otherwise coloured (ANSI escapes) only when stderr is a terminal and NO_COLOR is unset
+    or empty: a pipe, a file or a supervisor's log gets plain text, tracebacks included.
     """
     colors = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
-    renderer = (
-        structlog.dev.ConsoleRenderer(colors=True)
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if as_json
+        else structlog.dev.ConsoleRenderer(colors=True)
         if colors
         else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True) if as_json else _LOCAL_TIME
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.StackInfoRenderer(),
             structlog.dev.set_exc_info,
-            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
-            _escape_values,
+            stamp,
+            *([structlog.processors.format_exc_info] if as_json else [_escape_values]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of each call
         cache_logger_on_first_use=False,
     )
+
+
+_LOCAL_TIME = structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False)
 
 
 def _escape_values(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -153,8 +164,31 @@ def load_script(path: Path) -> list[tuple[int, Any]]:
     ]
 
 
+@attrs.define
+class Progress:
+    """How far a `run` got, for the line an interrupt prints: commands of the script sent (each answered)
+    and the script line of the last one."""
+
+    sent: int = 0
+    last_line: int | None = None
+
+
+def say_database(db: Path | str) -> None:
+    """The one line saying where a command's state is, on stderr: `database: PATH` (a URL with its
+    password redacted). `run` and `demo` print it once the runtime is open, also when the CLI picked a
+    fresh file."""
+    say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
+
+
 async def replay(
-    workflow: Path, script: Path, db: Path | str, as_json: bool, stop: trio.Event, keep_going: bool = False
+    workflow: Path,
+    script: Path,
+    db: Path | str,
+    as_json: bool,
+    stop: trio.Event,
+    keep_going: bool = False,
+    from_line: int = 1,
+    progress: Progress | None = None,
 ) -> int:
     """Register `workflow`, send every command of `script`, print each reply and its events.
 
@@ -165,17 +199,23 @@ async def replay(
     `register_workflow` (the workflow's or one in the script) stops the run there, since the commands
     after it would be refused in a cascade: one `stopped: ...` line on stderr, exit 1; with `keep_going`
     the run goes on. Stops before the next command once `stop` is set; the command under way finishes and
-    is printed.
+    is printed. Only the script's commands on line `from_line` or later are sent (resuming an interrupted
+    run; the workflow is registered again, which changes nothing when it is the same). `progress` counts
+    the script's commands sent.
     """
-    commands = load_script(script)
+    commands = [(n, c) for n, c in load_script(script) if n >= from_line]
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
     refused = 0
+    progress = Progress() if progress is None else progress
     async with open_runtime(db) as runtime:
-        say(f"database: {redacted(db) if isinstance(db, str) else db}", err=True)
-        for where, command in [(str(workflow), register), *((f"{script}:{n}", c) for n, c in commands)]:
+        say_database(db)
+        for line, command in [(None, register), *commands]:
             if stop.is_set():
                 break
+            where = str(workflow) if line is None else f"{script}:{line}"
             reply = await runtime.send(command)
+            if line is not None:
+                progress.sent, progress.last_line = progress.sent + 1, line
             refused += not reply.ok
             kind = str(command.get("type", "?")) if isinstance(command, dict) else reply.command
             error = f"{reply.error.code}: {reply.error.message}" if reply.error else ""
@@ -206,7 +246,7 @@ async def replay(
 
 async def demo(db: Path | str, stop: trio.Event) -> int:
     """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
-    return 0 if await run_demo(db, echo=say, stop=stop) == "done" else REFUSED
+    return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
 
 def validate(paths: list[Path]) -> int:
@@ -287,16 +327,27 @@ def _db_path(given: Path | str | None, name: str) -> Path | str:
     return given
 
 
+def _line_number(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a line number (1 or more)")
+    return value
+
+
 def _os_error(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="onceflow", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="onceflow",
+        description="onceflow: workflow-step triggers dispatched exactly once, from the command line.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"onceflow {metadata.version('onceflow')}")
     parser.add_argument("--verbose", action="store_true", help="debug logs on stderr")
+    parser.add_argument("--log-json", action="store_true", help="logs as one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the bundled office example end to end")
     demo.add_argument(
@@ -305,7 +356,7 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite file or postgresql:// URL (default: a fresh file in a temp dir)",
     )
     run = sub.add_parser("run", help="replay a script of protocol commands against a workflow")
-    run.add_argument("--workflow", type=Path, required=True)
+    run.add_argument("--workflow", type=Path, required=True, help="the template to register first (YAML)")
     run.add_argument("--script", type=Path, required=True, help="JSON lines or a YAML list of commands")
     run.add_argument(
         "--db",
@@ -314,10 +365,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print each reply as one JSON line")
     run.add_argument(
+        "--from-line",
+        type=_line_number,
+        default=1,
+        metavar="N",
+        help="send only the script's commands from line N on (to resume an interrupted run)",
+    )
+    run.add_argument(
         "--keep-going", action="store_true", help="go on after a refused register_workflow (default: stop)"
     )
     check = sub.add_parser("validate", help="check workflow template files")
-    check.add_argument("files", type=Path, nargs="+")
+    check.add_argument("files", type=Path, nargs="+", help="template YAML files")
     schema = sub.add_parser("schema", help="print the protocol's JSON Schema")
     shown = schema.add_mutually_exclusive_group()
     shown.add_argument(
@@ -332,7 +390,17 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_commands(sub)
     scenario.add_commands(sub)
     serve.add_parser(sub)
+    for action in sub._choices_actions:  # `onceflow X --help` says what X does, in full
+        chosen = sub.choices[action.dest]
+        if chosen.description is None and action.help:
+            chosen.description = f"onceflow {action.dest}: {action.help}."
     return parser
+
+
+def _epilog() -> str:
+    """The module docstring from its command synopsis on (commands, exit status), for `--help`."""
+    text = __doc__ or ""
+    return "commands:\n" + text.split("\n\n", 1)[1] if "\n\n" in text else text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,7 +424,7 @@ def _discard_stdout() -> None:
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, args.log_json)
     if hasattr(args, "handler"):  # the subcommands defined in their own modules
         return int(args.handler(args))
     if args.command == "validate":
@@ -364,6 +432,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "schema":
         return print_schema(args)
     signalled: list[int] = []
+    progress = Progress()
     db: Path | str | None = args.db
     try:
         if args.command == "serve":  # handles its own signals: drains, removes the socket, exits 0
@@ -373,7 +442,14 @@ def _main(argv: list[str] | None) -> int:
             work = functools.partial(demo, db)
         else:
             work = functools.partial(
-                replay, args.workflow, args.script, db, args.json, keep_going=args.keep_going
+                replay,
+                args.workflow,
+                args.script,
+                db,
+                args.json,
+                keep_going=args.keep_going,
+                from_line=args.from_line,
+                progress=progress,
             )
         status = trio.run(until_signalled, work, signalled)
     except DatabaseOwnedError as exc:
@@ -391,10 +467,32 @@ def _main(argv: list[str] | None) -> int:
         say(f"error: {exc}", err=True)
         return CANNOT_RUN
     if signalled:
-        name = signal.Signals(signalled[0]).name
-        say(f"onceflow: interrupted by {name}: the runtime shut down and released {db}", err=True)
+        say(_interrupted(args, signal.Signals(signalled[0]).name, db, progress), err=True)
         return 128 + signalled[0]
     return status
+
+
+def _interrupted(args: argparse.Namespace, name: str, db: Path | str | None, progress: Progress) -> str:
+    """The one line an interrupted `run` or `demo` prints: what was finished, that the database was
+    released, and the command that resumes."""
+    shown = redacted(db) if isinstance(db, str) else str(db)
+    if args.command == "demo":
+        return (
+            f"onceflow: interrupted by {name}: the runtime shut down and released {shown}; what the demo"
+            f" did is there (onceflow history --db {shown} --task DEMO-1); to walk it through, run"
+            " `onceflow demo` again (a fresh database)"
+        )
+    done = (
+        f"{progress.sent} command(s) of {args.script} sent and answered,"
+        f" the last on line {progress.last_line}"
+        if progress.last_line is not None
+        else f"no command of {args.script} was sent"
+    )
+    resume = (progress.last_line + 1) if progress.last_line is not None else args.from_line
+    return (
+        f"onceflow: interrupted by {name}: {done}; the runtime shut down and released {shown}; to resume:"
+        f" onceflow run --workflow {args.workflow} --script {args.script} --db {shown} --from-line {resume}"
+    )
 
 
 if __name__ == "__main__":

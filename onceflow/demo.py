@@ -169,15 +169,20 @@ def summarize(replies: list[Reply]) -> dict[str, dict[str, int]]:
 
 
 async def run_demo(
-    db_path: Path | str, echo: Callable[[str], None] = print, stop: trio.Event | None = None
+    db_path: Path | str,
+    echo: Callable[[str], None] = print,
+    stop: trio.Event | None = None,
+    opened: Callable[[Path | str], None] | None = None,
 ) -> str:
     """Run the walkthrough against `db_path`; returns the task's final step id, "stopped" when `stop`
     was set (no command is sent after that; the one under way finishes and the runtime closes), or
-    "refused" when a command was refused (a database that already holds the demo's task)."""
+    "refused" when a command was refused (a database that already holds the demo's task). Once the
+    runtime is first open, `opened(db_path)` says where the database is (default: a `database: PATH` line
+    through `echo`)."""
     stop = trio.Event() if stop is None else stop
     replies: list[Reply] = []
-    echo(f"onceflow demo: database {db_path}")
     async with open_runtime(db_path) as runtime:
+        (opened or (lambda db: echo(f"database: {db}")))(db_path)
         echo(f"-- runtime started (epoch {runtime.epoch[:8]})")
         if not await _play(runtime, first_half(), replies, echo, stop):
             return "refused"

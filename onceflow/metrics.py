@@ -3,7 +3,7 @@ writer records commit metrics).
 
 The instruments come from the global meter provider under the meter name `onceflow`; a host that calls
 `opentelemetry.metrics.set_meter_provider(...)` (before or after importing onceflow) gets them exported by
-its own readers. Names and units (README, "Metrics"):
+its own readers. Names and units (docs/observability.md, "Metrics"):
 
 | name | kind | unit | attributes | what it counts |
 |---|---|---|---|---|

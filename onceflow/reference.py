@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_WINDOW, SEQ_BLOCK
 from onceflow.actors.runtime.host_broker import MAX_OFFERS
-from onceflow.protocol import causation, errors, host_calls, limits, results, tracecontext
+from onceflow.protocol import causation, errors, host_calls, limits, results, times, tracecontext
 from onceflow.protocol.causation import CAUSE_FIELDS
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
@@ -48,8 +48,10 @@ model, a dict or a JSON line and returns a [`Reply`](#reply); over `onceflow ser
 command object and each reply one line. Every command is a JSON object whose `type` names it; unknown
 fields are refused. A reply carries the command's `result` (its shape is listed with each command) or an
 [`error`](#errorinfo), and the [events](#events) the command caused, in order; `subscribe` streams every
-event as it is emitted, each with its `event_seq`, and resumes after a seq. Times are Unix seconds; `None`
-in a description is JSON `null`.
+event as it is emitted, each with its `event_seq`, and resumes after a seq. Times are RFC 3339 text in
+UTC (`2026-03-01T12:00:00.250000Z`: results and events always write six fraction digits and `Z`); a time a
+command carries (`finish_run.retry_at`, `heartbeat.unix`, `budget_alert.period_start`) also accepts a
+number of Unix seconds, as it always has. `None` in a description is JSON `null`.
 
 `onceflow schema` prints the same as JSON Schema (`command`, `event`, `reply`, and `results` per command
 type). `onceflow schema --template` prints the JSON Schema of the workflow template format (add
@@ -666,6 +668,8 @@ def _pattern(prop: Mapping[str, Any]) -> list[str]:
         return []
     if pattern == limits.ID_PATTERN:
         return ["no control characters"]
+    if pattern == times.RFC3339_UTC.pattern:
+        return ["RFC 3339 UTC, `2026-03-01T12:00:00Z`"]
     return [f"matching `{pattern}`"]
 
 
@@ -690,12 +694,13 @@ def _result_models() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _error_classes() -> list[type[errors.OnceflowError]]:
-    """Every error class with a code of its own, in definition order (storage errors are per kind)."""
+    """Every error class with a code of its own, in definition order (storage errors are per kind; a
+    `RefusedError` carries the code of the reply it raises)."""
     found = [
         cls
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.OnceflowError)
-        if cls not in (errors.OnceflowError, errors.StorageError)
+        if cls not in (errors.OnceflowError, errors.StorageError, errors.RefusedError)
     ]
     return [*found, SlowConsumerError, IdleTimeoutError, EvictedError]
 

@@ -2,7 +2,7 @@
 is there. Trio thread (spans start and end on the runtime's thread; `current` is also called on an asyncio
 caller's thread by onceflow/aio.py).
 
-Spans (tracer name `onceflow`; README, "Tracing"):
+Spans (tracer name `onceflow`; docs/observability.md, "Tracing"):
 
 | name | parent | what it covers |
 |---|---|---|

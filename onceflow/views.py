@@ -9,7 +9,10 @@ committed state. A `postgresql://` URL is opened with store/postgres.py's `conne
 the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
 Rows are read with the store's own query functions (`store/`), so a view shows what the protocol's queries
 return. Output is an aligned table for people (control characters escaped) or, with `--json`,
-one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results.
+one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results. `entries`
+lists every step entry `history` tells of: the entry records, and the entries of steps that allocate none
+(their on_enter declares only host-owned actions, as Work and Done do), read from their transitions with
+`entry_seq` None.
 
 `onceflow queue` is `queue_stats` per agent (queued, claimed, ceiling, oldest age, paused, refused in the last
 hour), then a `(global)` line when a global limit is set; ages are judged by this process's clock on SQLite,
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
+import itertools
 import json
 import sqlite3
 import sys
@@ -30,7 +35,7 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.protocol.times import rfc3339
-from onceflow.store import flow, outcomes, participants, runs, step_entries, tasks
+from onceflow.store import flow, history, outcomes, participants, runs, step_entries, tasks
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.schema import SCHEMA_VERSION
@@ -238,13 +243,52 @@ def _runs(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
 
 
 def _entries(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
+    """Every step entry, as `history` shows them: the entry records and, merged in the same (task, step)
+    order, the entries that allocated none (a step whose on_enter declares no engine-owned action: Work,
+    Done), from their transitions: `entry_seq`, `terminal` and `declaration_digest` None, no markers."""
+    merged = heapq.merge(_records(conn, task_id), _recordless(conn, task_id), key=lambda pair: pair[0])
+    while page := [row for _, row in itertools.islice(merged, PAGE)]:
+        yield page
+
+
+def _records(conn: Connection, task_id: str | None) -> Iterator[tuple[tuple[str, str, int, int], Row]]:
     after: step_entries.EntryCursor | None = None
     while True:
         page, more = step_entries.entries_page(conn, task_id=task_id, after=after, limit=PAGE)
-        yield [dict(entry) for entry in page]
+        yield from (((e["task_id"], e["step_id"], 1, e["entry_seq"]), dict(e)) for e in page)
         if not more:
             return
         after = (page[-1]["task_id"], page[-1]["step_id"], page[-1]["entry_seq"])
+
+
+def _recordless(conn: Connection, task_id: str | None) -> Iterator[tuple[tuple[str, str, int, int], Row]]:
+    """The record-less entries in (task, step, history seq) order: read in the history's (task, seq) order,
+    one task's at a time sorted by step (held in memory: one task's transitions into such steps)."""
+    for _, group in itertools.groupby(_recordless_by_seq(conn, task_id), key=lambda pair: pair[0][0]):
+        yield from sorted(group, key=lambda pair: pair[0])
+
+
+def _recordless_by_seq(
+    conn: Connection, task_id: str | None
+) -> Iterator[tuple[tuple[str, str, int, int], Row]]:
+    after: history.RecordlessCursor | None = None
+    while True:
+        page, more = history.recordless_entries_page(conn, task_id=task_id, after=after, limit=PAGE)
+        for (task, seq), detail in page:
+            row = {
+                "task_id": task,
+                "step_id": detail["to_step"],
+                "entry_seq": None,
+                "workflow_id": detail["workflow_id"],
+                "declaration_digest": None,
+                "entry_path": detail["entry_path"],
+                "terminal": None,
+                "markers": [],
+            }
+            yield (task, detail["to_step"], 0, seq), row
+        if not more:
+            return
+        after = page[-1][0]
 
 
 def _decisions(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:

@@ -10,15 +10,17 @@ value so the field's int64 bound names it.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 from onceflow.protocol.commands import Command
 from onceflow.protocol.errors import ProtocolError, shown
 from onceflow.protocol.events import Event, Reply
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN, MAX_ID_CHARS, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 from onceflow.protocol.results import results_schema
+from onceflow.protocol.suggest import did_you_mean, keys_at
 
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -113,20 +115,49 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
 
 
-def validation_error(exc: ValidationError, *, tagged: bool = True) -> ProtocolError:
+def validation_error(
+    exc: ValidationError, *, tagged: bool = True, model: type[BaseModel] | None = None
+) -> ProtocolError:
     """Convert pydantic's first error into a ProtocolError naming the field (the union tag is dropped when
-    `tagged`: the error comes from decoding through the command union; else the location is the field's).
+    `tagged`: the error comes from decoding through the command union; else the location is the field's,
+    inside `model` when given).
 
-    Values and unknown keys the host sent are shown escaped and cut short (`errors.shown`).
+    An unknown command type or field says the closest known name (`unknown command type 'move_tsk' (did
+    you mean 'move_task'?)`, `unknown field 'stepid' (did you mean 'step_id'?)`); an unknown field close to
+    a known one is reported before the "Field required" of the field it misspells. Values and unknown keys
+    the host sent are shown escaped and cut short (`errors.shown`).
     """
-    first = exc.errors()[0]
+    errors = exc.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden" and _hint(e, tagged, model)), errors[0])
     loc = [_field_part(part) for part in first["loc"]]
     if first["type"] == "union_tag_not_found":
         return ProtocolError("missing field 'type' (the command name)", field="type")
     if first["type"] == "union_tag_invalid":
-        return ProtocolError(f"unknown command type {shown(first['input'].get('type'))}", field="type")
+        kind = first["input"].get("type")
+        return ProtocolError(
+            f"unknown command type {shown(kind)}{did_you_mean(kind, _COMMAND_MODELS)}", field="type"
+        )
     field = ".".join(loc[1:] if tagged else loc) or None  # loc[0]: the union's tag; a model's error: none
+    if first["type"] == "extra_forbidden" and field:
+        return ProtocolError(f"{field}: unknown field{_hint(first, tagged, model)}", field=field)
     return ProtocolError(f"{field}: {first['msg']}" if field else first["msg"], field=field)
+
+
+def _hint(error: ErrorDetails, tagged: bool, model: type[BaseModel] | None) -> str:
+    """ " (did you mean 'x'?)" for an unknown field, from the fields its model accepts there; or ""."""
+    loc = list(error["loc"])
+    if tagged:
+        model = _COMMAND_MODELS.get(str(loc[0])) if loc else None
+        loc = loc[1:]
+    if model is None or not loc:
+        return ""
+    return did_you_mean(loc[-1], keys_at(model, loc[:-1]))
+
+
+_COMMAND_MODELS: dict[str, type[BaseModel]] = {
+    model.model_fields["type"].default: model for model in get_args(get_args(Command)[0])
+}
+"""Each command type's model, by its `type`."""
 
 
 def _field_part(part: str | int) -> str:

@@ -2,8 +2,8 @@
 thread.
 
 Every command is one JSON object on the wire (see `codec.py`). Unknown fields are rejected so a typo in a
-host never silently does nothing. Identifiers are non-empty strings; times a command carries are Unix
-seconds (results and events carry RFC 3339 UTC text, `times.py`).
+host never silently does nothing. Identifiers are non-empty strings; a time is RFC 3339 UTC text, as in
+results and events (`times.py`), and a command's time also accepts a number of Unix seconds.
 Every field is bounded (`limits.py`, shown by `onceflow schema`): ids at most MAX_ID_CHARS characters without
 control characters, free text MAX_TEXT_CHARS, integers int64, lists MAX_LIST_ITEMS; a string holding a lone
 surrogate is not valid Unicode and is refused. Operation-id shapes follow operation-ledger-lifetime.md.
@@ -39,6 +39,7 @@ from onceflow.protocol.limits import (
 from onceflow.protocol.outcome import CoordinatorAck as CoordinatorAck  # re-exported: the outcome commands
 from onceflow.protocol.outcome import GetOutcome as GetOutcome
 from onceflow.protocol.outcome import OutcomeReady as OutcomeReady
+from onceflow.protocol.times import Instant, WholeInstant
 from onceflow.protocol.tracecontext import TraceContext
 
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
@@ -359,8 +360,9 @@ class FinishRun(_Command):
     """Why it failed (kept as the run's `last_error`)."""
     retryable: bool = True
     """False: a failure retrying cannot cure (the agent's own); the run fails at once."""
-    retry_at: Annotated[float, Field(ge=0, le=INT64_MAX, allow_inf_nan=False)] | None = None
-    """Unix seconds to retry at, instead of the backoff (a rate limit's reset time)."""
+    retry_at: Instant | None = None
+    """When to retry, instead of the backoff (a rate limit's reset time): RFC 3339 UTC, or a number of Unix
+    seconds."""
     result: Annotated[Any, AfterValidator(_json_result)] = None
     """What the run produced (any JSON, at most 64 KiB as canonical JSON): stored with the run, returned by
     `get_run` and `list_runs`, pruned with it. None: nothing stored."""
@@ -601,8 +603,9 @@ class Heartbeat(_Command):
     """The task the heartbeat is for."""
     step_id: Id
     """The step the heartbeat is for."""
-    unix: Int64
-    """The heartbeat's time, in whole Unix seconds."""
+    unix: WholeInstant
+    """The heartbeat's time in whole seconds: RFC 3339 UTC, or an integer of Unix seconds (the operation id
+    carries it as Unix seconds)."""
 
 
 class BudgetAlert(_Command):
@@ -620,8 +623,9 @@ class BudgetAlert(_Command):
     """Which one of the scope."""
     pct: Int64
     """The threshold crossed, in percent of the budget."""
-    period_start: Int64
-    """The start of the budget period, in Unix seconds."""
+    period_start: WholeInstant
+    """The start of the budget period in whole seconds: RFC 3339 UTC, or an integer of Unix seconds (the
+    operation id carries it as Unix seconds)."""
 
 
 # --- queries ----------------------------------------------------------------------------------------

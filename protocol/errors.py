@@ -208,3 +208,20 @@ class StorageError(OnceflowError):
         self.kind: StorageKind = kind
         self.code = f"storage_{kind}"
         self.retryable = retryable
+
+
+class RefusedError(OnceflowError):
+    """A refused `Reply` raised as an exception (`Reply.raise_for_error()`): for a host that would rather
+    catch than test `reply.ok`.
+
+    `code`, `message`, `field` and `retryable` are the reply's `error`'s; `command` is the refused command's
+    `type` as sent. Match on `code` (`invalid_message`, `not_found`, `conflict`, `storage_busy`, ...: the
+    error codes of docs/protocol.md), not on the message.
+    """
+
+    def __init__(self, command: str, code: str, message: str, *, field: str | None, retryable: bool) -> None:
+        super().__init__(f"{command} refused: {code}: {message}", field=field)
+        self.command = command
+        self.code = code
+        self.reason = message
+        self.retryable = retryable

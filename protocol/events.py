@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from onceflow.protocol.errors import RefusedError
+
 EntryPath = Literal["E1", "E2", "E3", "E4", "E5", "recovery"]
 
 
@@ -514,3 +516,18 @@ class Reply(BaseModel):
     """Why the command was refused; None when `ok`."""
     events: list[Event] = Field(default_factory=list)
     """The events the command caused, in the order they happened (also when it failed part-way)."""
+
+    def raise_for_error(self) -> Reply:
+        """This reply when `ok`, for chaining (`(await rt.send(c)).raise_for_error().result`); otherwise
+        raise its error.
+
+        Raises:
+            RefusedError: the command was refused; its `code`, `field` and `retryable` are `error`'s, its
+                `command` the command's type.
+        """
+        if self.ok:
+            return self
+        error = self.error or ErrorInfo(code="internal", message="refused without an error")
+        raise RefusedError(
+            self.command, error.code, error.message, field=error.field, retryable=error.retryable
+        )

@@ -4,14 +4,21 @@ Results and events carry instants as text such as `2026-03-01T12:00:00.250000Z`:
 `Z` offset, always six fraction digits (microseconds), so two times of one kind sort as strings. The
 store keeps Unix seconds (REAL / DOUBLE PRECISION columns); the functions building results convert at the
 protocol's edge with `rfc3339`. Commands that take a time (`finish_run.retry_at`, `heartbeat.unix`,
-`budget_alert.period_start`) keep Unix seconds, as their fields say. A coordinator envelope's
-`occurred_at` (protocol/outcome.py) is read with `RFC3339_UTC`, the same format up to nanoseconds.
+`budget_alert.period_start`) accept the same RFC 3339 UTC text (`Instant`, `WholeInstant`), and also a
+JSON number of Unix seconds, as they always did. A coordinator envelope's `occurred_at`
+(protocol/outcome.py) is read with `RFC3339_UTC`, the same format up to nanoseconds.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, WithJsonSchema
+
+from onceflow.protocol.errors import shown
+from onceflow.protocol.limits import INT64_MAX, INT64_MIN
 
 RFC3339_UTC = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z$")
 """An RFC 3339 timestamp in UTC with `Z`: seconds, then an optional fraction of 1-9 digits (what Go's
@@ -44,3 +51,52 @@ def unix_seconds(text: str) -> float:
         raise ValueError(f"not an RFC 3339 timestamp in UTC with Z: {text!r}")
     whole = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
     return whole.timestamp() + float(f"0.{match[2] or '0'}")
+
+
+_NUMBER = re.compile(r"\s*[-+]?\d+(\.\d*)?\s*")
+_EXPECTED = "an RFC 3339 timestamp in UTC with Z (2026-03-01T12:00:00Z) or a number of Unix seconds"
+
+
+def _instant(value: Any) -> Any:
+    """A command's time as Unix seconds: RFC 3339 UTC text converted, anything else left to the field's
+    own type and bounds (a number of Unix seconds, also as a numeric string, which pydantic reads)."""
+    if not isinstance(value, str) or _NUMBER.fullmatch(value):
+        return value
+    try:
+        return unix_seconds(value)
+    except ValueError:
+        raise ValueError(f"expected {_EXPECTED}, got {shown(value)}") from None
+
+
+def _whole_instant(value: Any) -> Any:
+    """`_instant`, for a field in whole seconds: text with a fraction other than zero is refused."""
+    seconds = _instant(value)
+    if isinstance(seconds, float):  # converted from text
+        if seconds != int(seconds):
+            raise ValueError(f"expected whole seconds, got {shown(value)}")
+        return int(seconds)
+    return seconds
+
+
+def _schema(number: str, minimum: int) -> WithJsonSchema:
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "date-time", "pattern": RFC3339_UTC.pattern},
+                {"type": number, "minimum": minimum, "maximum": INT64_MAX},
+            ]
+        }
+    )
+
+
+Instant = Annotated[
+    float, BeforeValidator(_instant), Field(ge=0, le=INT64_MAX, allow_inf_nan=False), _schema("number", 0)
+]
+"""A time a command carries: RFC 3339 UTC text (`RFC3339_UTC`), or a number of Unix seconds; held as Unix
+seconds (a float)."""
+
+WholeInstant = Annotated[
+    int, BeforeValidator(_whole_instant), Field(ge=INT64_MIN, le=INT64_MAX), _schema("integer", INT64_MIN)
+]
+"""`Instant` in whole seconds (a time that is part of an operation id): RFC 3339 UTC text without a
+fraction (or `.0`), or an integer of Unix seconds; held as an int."""

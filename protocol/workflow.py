@@ -15,12 +15,11 @@ is read, and before any step is validated. An unknown key or action type names t
 Scalars are not coerced (`position: "1"` and `mode: 5` are errors).
 """
 
-import difflib
 import json
 import os
 import re
 import typing
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
@@ -63,6 +62,7 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_STEPS,
     MAX_YAML_DEPTH,
 )
+from onceflow.protocol.suggest import did_you_mean, keys_at
 
 _Loc = tuple[int | str, ...]
 T = TypeVar("T")
@@ -429,7 +429,7 @@ class ActionDecl(_Model):
             raise _Located(("type",), "required key is missing")
         config_model = CONFIG_MODELS.get(data["type"]) if isinstance(data["type"], str) else None
         if config_model is None:
-            hint = _did_you_mean(data["type"], CONFIG_MODELS)
+            hint = did_you_mean(data["type"], CONFIG_MODELS)
             raise _Located(("type",), f"unknown action type {data['type']!r}{hint}")
         raw = data.get("config")
         try:
@@ -723,38 +723,12 @@ def _problem(error: ErrorDetails, model: type[BaseModel]) -> tuple[_Loc, str]:
     if isinstance(cause, _Located):
         return (*loc, *cause.loc), cause.message
     if error["type"] == "extra_forbidden":
-        return loc, f"unknown key {loc[-1]!r}{_did_you_mean(loc[-1], _keys_at(model, loc[:-1]))}"
+        return loc, f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], keys_at(model, loc[:-1]))}"
     if error["type"] == "missing":
         return loc, "required key is missing"
     if error["type"] == "tuple_type":
         return loc, f"expected a list (got {shown(error['input'])})"
     return loc, f"{error['msg']} (got {shown(error['input'])})"
-
-
-def _did_you_mean(word: object, known: Collection[str]) -> str:
-    close = difflib.get_close_matches(str(word), known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _keys_at(model: type[BaseModel], loc: _Loc) -> Collection[str]:
-    """The keys the mapping at `loc` inside a `model` document accepts (empty when `loc` leaves the models).
-    List indexes are skipped: a list field's model is its items' model."""
-    current: type[BaseModel] | None = model
-    for part in loc:
-        if isinstance(part, str):
-            field = current.model_fields.get(part) if current is not None else None
-            current = _model_in(field.annotation) if field is not None else None
-    return current.model_fields.keys() if current is not None else ()
-
-
-def _model_in(annotation: object) -> type[BaseModel] | None:
-    """The first model class inside a field annotation (`tuple[Step, ...]` -> Step, `X | None` -> X)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if (found := _model_in(arg)) is not None:
-            return found
-    return None
 
 
 def _dotted(loc: _Loc) -> str:

@@ -224,3 +224,43 @@ def _item(row: Any) -> HistoryItem:
     else:
         run |= {"attempt": attempt, "outcome_reason": outcome_reason}
     return {"at": rfc3339(at), "kind": "run", "seq": None, "detail": run}
+
+
+# Step entries that allocated no record (the step's on_enter declares no engine-owned action): only their
+# transition item keeps them. Read by the `entries` view beside the records, in the same order.
+_RECORDLESS = {
+    "sqlite": (
+        "SELECT task_id, json_extract(detail, '$.to_step') AS step_id, seq, detail FROM task_history"
+        " WHERE kind = 'transition' AND json_extract(detail, '$.entry_seq') IS NULL"
+        " AND NOT json_extract(detail, '$.queued')"
+    ),
+    "postgresql": (
+        "SELECT task_id, CAST(detail AS json) ->> 'to_step' AS step_id, seq, detail FROM task_history"
+        " WHERE kind = 'transition' AND CAST(detail AS json) ->> 'entry_seq' IS NULL"
+        " AND CAST(detail AS json) ->> 'queued' = 'false'"
+    ),
+}
+
+RecordlessCursor = tuple[str, int]
+"""Where a page of record-less entries ends: (task id, history seq)."""
+
+
+def recordless_entries_page(
+    conn: Connection, *, task_id: str | None, after: RecordlessCursor | None, limit: int
+) -> tuple[list[tuple[RecordlessCursor, dict[str, Any]]], bool]:
+    """Up to `limit` step entries that allocated no entry record (of one task, or all), from the history's
+    transitions (not a WIP queueing), after `after`, in (task, seq) order, the history's key: each with its
+    cursor and its transition's detail (`transition_detail`); and whether more follow."""
+    sql = _RECORDLESS["postgresql" if on_postgres(conn) else "sqlite"]
+    where: list[str] = []
+    args: list[str | int] = []
+    if task_id is not None:
+        where.append("task_id = ?")
+        args.append(task_id)
+    if after is not None:
+        where.append("(task_id, seq) > (?, ?)")
+        args.extend(after)
+    scope = "".join(f" AND {clause}" for clause in where)
+    rows = conn.execute(f"{sql}{scope} ORDER BY task_id, seq LIMIT ?", [*args, limit + 1]).fetchall()
+    found = [((str(row[0]), int(row[2])), json.loads(row[3])) for row in rows[:limit]]
+    return found, len(rows) > limit

@@ -1,4 +1,4 @@
-"""A throw-away PostgreSQL server for the tests and the benchmarks (issue 15, "How it is tested").
+"""A throw-away PostgreSQL server for the tests and the benchmarks.
 
 Started from Debian's binaries under /usr/lib/postgresql/<version>/bin (installed from Debian's `postgresql`
 package when they are missing and the tests run as root, as on CI). `initdb` and `pg_ctl` refuse to run as
@@ -101,6 +101,14 @@ class PostgresServer:
         with psycopg.connect(self.url(name), autocommit=True) as conn:
             conn.execute(TEST_SERVER_CLOCK)
         return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop database `name`, closing whatever sessions a test left on it (`WITH (FORCE)`); a server
+        that is down or a database already gone is left as it is."""
+        import psycopg
+
+        with contextlib.suppress(psycopg.Error), psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def pg_ctl(self, *args: str, timeout: float = 120) -> None:
         """Run `pg_ctl -D <data> args...` on this server.

@@ -119,8 +119,9 @@ async def open_runtime(
       history is deleted in bounded batches at start-up and after every `retention_every` entries, resolved
       runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention.py).
 
-    - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; README, "Tracing"); None: the
-      global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK nothing is recorded.
+    - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; docs/observability.md,
+      "Tracing"); None: the global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK
+      nothing is recorded.
     - `event_window`: how many of the latest events the runtime keeps (a count, 1 to 1,000,000; each event
       is held alive, typically well under 1 KiB) so that `Runtime.events(after=seq)` and `onceflow serve`'s
       `subscribe` with `after` can replay what a subscriber missed; every event is numbered with an

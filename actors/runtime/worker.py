@@ -55,6 +55,7 @@ from onceflow.protocol.errors import OnceflowError, ProtocolError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.limits import MAX_TEXT_CHARS
 from onceflow.protocol.results import ClaimedRun, FinishOutcome, RunRenewed
+from onceflow.protocol.times import unix_seconds
 from onceflow.store import run_claims
 
 if TYPE_CHECKING:
@@ -79,17 +80,28 @@ FINISH_ATTEMPTS = 3
 class RunError(Exception):
     """Raise it from a run's body to fail the run on your own terms: `message` becomes the run's
     `last_error` (cut to the protocol's 16,384-character text limit); `retryable=False` fails it for good
-    at once (a failure retrying cannot cure); `retry_at` (Unix seconds) retries it then instead of after the
-    policy's backoff (a rate limit's reset). Any other exception fails the run retryable."""
+    at once (a failure retrying cannot cure); `retry_at` (RFC 3339 UTC text, or Unix seconds) retries it
+    then instead of after the policy's backoff (a rate limit's reset). Any other exception fails the run
+    retryable."""
 
-    def __init__(self, message: str, *, retryable: bool = True, retry_at: float | None = None) -> None:
-        """Raises ProtocolError (field retry_at) for a `retry_at` that is not a finite number >= 0."""
+    def __init__(self, message: str, *, retryable: bool = True, retry_at: float | str | None = None) -> None:
+        """Raises ProtocolError (field retry_at) for a `retry_at` that is neither RFC 3339 UTC text
+        (`2026-03-01T12:00:00Z`) nor a finite number of seconds >= 0."""
+        if isinstance(retry_at, str):
+            try:
+                retry_at = unix_seconds(retry_at)
+            except ValueError:
+                raise ProtocolError(
+                    f"retry_at must be RFC 3339 UTC or Unix seconds, got {shown(retry_at)}", field="retry_at"
+                ) from None
         if retry_at is not None and (
             isinstance(retry_at, bool)
             or not isinstance(retry_at, int | float)
             or not 0 <= retry_at < math.inf
         ):
-            raise ProtocolError(f"retry_at must be Unix seconds, got {shown(retry_at)}", field="retry_at")
+            raise ProtocolError(
+                f"retry_at must be RFC 3339 UTC or Unix seconds, got {shown(retry_at)}", field="retry_at"
+            )
         super().__init__(message)
         self.message = str(message)
         self.retryable = bool(retryable)

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from onceflow.protocol.codec import COMMAND_ADAPTER, validation_error
 from onceflow.protocol.commands import Role
 from onceflow.protocol.events import Event
+from onceflow.protocol.suggest import did_you_mean, keys_at
 
 START = 1_700_000_000.0
 """The scenario's wall clock at its start, in Unix seconds."""
@@ -162,7 +163,10 @@ def load_scenarios(path: Path) -> list[LoadedScenario]:
             spec = Scenario.model_validate(document)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ScenarioError(path, prefix + first["msg"], _dotted(first["loc"]) or None) from None
+            message = first["msg"]
+            if first["type"] == "extra_forbidden":
+                message = "unknown key" + did_you_mean(first["loc"][-1], keys_at(Scenario, first["loc"][:-1]))
+            raise ScenarioError(path, prefix + message, _dotted(first["loc"]) or None) from None
         try:
             _check(spec)
         except _Invalid as exc:
@@ -213,14 +217,17 @@ def _check(spec: Scenario) -> None:
         for number, pattern in enumerate(step.events or []):
             kind = pattern.get("type")
             if kind not in EVENT_FIELDS:
-                raise _Invalid(f"{at}.events[{number}].type", f"unknown event type {kind!r}")
+                hint = did_you_mean(kind, EVENT_FIELDS)
+                raise _Invalid(f"{at}.events[{number}].type", f"unknown event type {kind!r}{hint}")
             for key in pattern:
                 if key not in EVENT_FIELDS[kind]:
-                    raise _Invalid(f"{at}.events[{number}].{key}", f"not a field of event {kind}")
+                    hint = did_you_mean(key, EVENT_FIELDS[kind])
+                    raise _Invalid(f"{at}.events[{number}].{key}", f"not a field of event {kind}{hint}")
         if isinstance(step.event_types, list):
             for number, kind in enumerate(step.event_types):
                 if kind not in EVENT_FIELDS:
-                    raise _Invalid(f"{at}.event_types[{number}]", f"unknown event type {kind!r}")
+                    hint = did_you_mean(kind, EVENT_FIELDS)
+                    raise _Invalid(f"{at}.event_types[{number}]", f"unknown event type {kind!r}{hint}")
         expects_invalid = error_code(step.error) == "invalid_message"
         if step.send is not None and not expects_invalid:
             try:

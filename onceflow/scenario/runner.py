@@ -5,9 +5,10 @@ Each scenario runs on a fresh database in a temporary directory, with a `Recordi
 scenario declares one, a `RecordingCoordinator`). Time: the runtime's wall clock (Unix seconds, starting
 at 1,700,000,000) and Trio's clock are one mock clock, and `advance` moves both, stopping at every Trio
 deadline on the way (coordinator retries, redelivery timers) and letting the runtime go idle before moving
-on. On a mismatch the failing step is reported with a unified diff of expected vs actual (actual events
-shown with the fields the expectation names) and the scenario stops; exit status 1. On success one line
-per scenario: `ok: NAME (N steps)`. The format is onceflow/scenario/format.py's.
+on. On a mismatch the failing step is reported with one line per differing value (its path and both
+values, `result.task.step_id: expected "work", got "backlog"`), then a unified diff of expected vs actual
+(actual events shown with the fields the expectation names), and the scenario stops; exit status 1. On
+success one line per scenario: `ok: NAME (N steps)`. The format is onceflow/scenario/format.py's.
 """
 
 from __future__ import annotations
@@ -224,7 +225,13 @@ def _compare_reply(step: Step, reply: Reply) -> str | None:
     if "result" in step.model_fields_set:
         actual = reply.model_dump(mode="json")["result"]
         if not matches(step.result, actual):
-            return "result differs\n" + _diff(_render(step.result), _render(_project(step.result, actual)))
+            where = "".join(f"\n    {line}" for line in mismatches(step.result, actual, "result"))
+            return (
+                "result differs"
+                + where
+                + "\n"
+                + _diff(_render(step.result), _render(_project(step.result, actual)))
+            )
     return None
 
 
@@ -244,6 +251,37 @@ def matches(expected: Any, actual: Any) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(expected) is type(actual) and expected == actual
     return bool(expected == actual)
+
+
+_MISSING = object()
+
+
+def mismatches(expected: Any, actual: Any, path: str) -> list[str]:
+    """Where `actual` fails `matches(expected, actual)`: one line per differing leaf, naming its path
+    (`result.task.step_id`, `events[1].agent_profile_id`) and both values as JSON (`(missing)` for a key
+    the actual value lacks), so a difference deep inside a mapping is named, not shown as a changed `{}`.
+    Empty when they match."""
+    if actual is _MISSING:
+        return [f"{path}: expected {_json(expected)}, got (missing)"]
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return [
+            line
+            for key, value in expected.items()
+            for line in mismatches(value, actual.get(key, _MISSING), f"{path}.{key}")
+        ]
+    if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        return [
+            line
+            for index, (want, got) in enumerate(zip(expected, actual, strict=True))
+            for line in mismatches(want, got, f"{path}[{index}]")
+        ]
+    if isinstance(expected, list) and isinstance(actual, list):
+        return [f"{path}: expected {len(expected)} items, got {len(actual)}"]
+    return [] if matches(expected, actual) else [f"{path}: expected {_json(expected)}, got {_json(actual)}"]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "), sort_keys=True)
 
 
 def _project(expected: Any, actual: Any) -> Any:
@@ -285,7 +323,15 @@ def _compare_events(step: Step, emitted: list[Event]) -> str | None:
     if step.events_order == "any_order":
         want, got = sorted(want), sorted(got)
     scope = "all types" if types == "all" else ", ".join(types) or "none"
-    return f"events differ ({step.events_order}; compared types: {scope})\n" + _diff(want, got)
+    where = [f"expected {len(expected)} events, got {len(actual)}"] if len(expected) != len(actual) else []
+    if step.events_order == "in_order":
+        where += [
+            line
+            for i, pair in enumerate(zip(expected, actual, strict=False))  # the shorter: counted above
+            for line in mismatches(*pair, f"events[{i}]")
+        ]
+    named = "".join(f"\n    {line}" for line in where)
+    return f"events differ ({step.events_order}; compared types: {scope}){named}\n" + _diff(want, got)
 
 
 def _perfect_matching(patterns: list[dict[str, Any]], events: list[dict[str, Any]]) -> bool:

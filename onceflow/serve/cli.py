@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from onceflow.actors.runtime.startup import SWITCH_INTERVAL
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES
 from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS
+from onceflow.serve.http.options import BindError, HttpOptions, Tokens, parse_bind
 from onceflow.serve.options import ServeOptions
 from onceflow.serve.server import serve
 from onceflow.store.urls import database_arg
@@ -21,14 +23,34 @@ from onceflow.store.urls import database_arg
 
 def add_parser(sub: Any) -> None:
     """Add the `serve` subcommand to the CLI's subparsers."""
-    parser = sub.add_parser("serve", help="serve the protocol as JSON lines over a Unix socket or stdio")
+    parser = sub.add_parser(
+        "serve", help="serve the protocol as JSON lines over a Unix socket or stdio, and/or over HTTP"
+    )
     parser.add_argument("--db", type=database_arg, required=True, help="SQLite file or postgresql:// URL")
     parser.add_argument(
         "--workflow", type=Path, nargs="+", action="extend", default=[], help="templates to register at start"
     )
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group()
     where.add_argument("--socket", type=Path, help="Unix domain socket path to listen on")
     where.add_argument("--stdio", action="store_true", help="one client on stdin/stdout")
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        type=_bind_arg,
+        help="serve the HTTP API, its events and the board too (beside --socket, or alone); "
+        "a non-loopback HOST needs --token-file",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help="bearer tokens for --http, one a line: `write TOKEN` or `read TOKEN` (read: the board's)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="an origin whose pages may call the HTTP API (repeatable; default: CORS off)",
+    )
     defaults = ServeOptions()
     count = _count_arg
     parser.add_argument(
@@ -132,8 +154,40 @@ def _positive_seconds_arg(flag: str, text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _bind_arg(text: str) -> tuple[str, int]:
+    """`--http HOST:PORT`."""
+    try:
+        return parse_bind(text)
+    except BindError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def http_options(args: argparse.Namespace) -> HttpOptions | None:
+    """The HTTP listener's options from the parsed arguments (None without `--http`). Raises ValueError
+    (a bad token file, a non-loopback bind without one, `--token-file` or `--cors-origin` without
+    `--http`, `--http` with `--stdio`) and OSError (the token file cannot be read)."""
+    if args.http is None:
+        if args.token_file is not None or args.cors_origin:
+            raise ValueError("--token-file and --cors-origin go with --http")
+        return None
+    if args.stdio:
+        raise ValueError("--http goes with --socket or alone, not with --stdio")
+    host, port = args.http
+    tokens = Tokens.load(args.token_file) if args.token_file is not None else Tokens()
+    return HttpOptions(host=host, port=port, tokens=tokens, cors_origins=tuple(args.cors_origin))
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does."""
+    """Run `onceflow serve` from parsed arguments (see `add_parser`). Raises as `serve` does; a bad HTTP
+    option (`http_options`) is one `error:` line on stderr and exit status 2."""
+    if args.socket is None and not args.stdio and args.http is None:
+        print("error: serve needs --socket, --stdio or --http", file=sys.stderr)
+        return 2
+    try:
+        http = http_options(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     options = ServeOptions(
         queue_size=args.queue_size,
         queue_bytes=args.queue_bytes,
@@ -154,5 +208,6 @@ def run(args: argparse.Namespace) -> int:
             options=options,
             switch_interval=args.switch_interval or None,
             event_window=args.event_window,
+            http=http,
         )
     )

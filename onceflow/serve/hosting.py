@@ -35,7 +35,7 @@ def register(broker: HostBroker, conn: Connection, data: dict[str, Any]) -> Repl
     try:
         request = RegisterHost.model_validate(data)
     except ValidationError as exc:
-        return refusal("register_host", validation_error(exc, tagged=False))
+        return refusal("register_host", validation_error(exc, tagged=False, model=RegisterHost))
     if conn.host is not None:
         already = ConflictError(f"this connection is already registered as {conn.host.host_id}", field="type")
         return refusal("register_host", already)
@@ -69,7 +69,9 @@ def answer(broker: HostBroker, conn: Connection, line: bytes) -> bytes | None:
             )
         taken = broker.answer(conn.host, reply)
     except ValidationError as exc:
-        return reply_frame(request_id, refusal("host_reply", validation_error(exc, tagged=False)))
+        return reply_frame(
+            request_id, refusal("host_reply", validation_error(exc, tagged=False, model=HostReply))
+        )
     except OnceflowError as exc:
         return reply_frame(request_id, refusal("host_reply", exc))
     return reply_frame(request_id, trusted.reply("host_reply", [], result=taken))

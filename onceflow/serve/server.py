@@ -29,6 +29,9 @@ from onceflow.serve import hosting
 from onceflow.serve.admission import Admission
 from onceflow.serve.connection import Connection
 from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_cap
+from onceflow.serve.http.app import build_app
+from onceflow.serve.http.listen import HttpListener, open_listener
+from onceflow.serve.http.options import HttpOptions
 from onceflow.serve.options import IdleTimeoutError, ServeOptions, SlowConsumerError
 from onceflow.serve.wire import (
     LineReader,
@@ -359,21 +362,24 @@ async def serve(
     switch_interval: float | None = SWITCH_INTERVAL,
     tracer_provider: TracerProvider | None = None,
     event_window: int = DEFAULT_EVENT_WINDOW,
+    http: HttpOptions | None = None,
 ) -> int:
-    """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None (the one
-    connection's end then ends the server), until SIGTERM/SIGINT. Returns the exit status: 0 after a
+    """Serve the runtime on `db` over `socket_path`, or over stdin/stdout when it is None and `http` is
+    None too (the one connection's end then ends the server), and over HTTP when `http` is given
+    (onceflow/serve/http/), until SIGTERM/SIGINT. Returns the exit status: 0 after a
     clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
     serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
     the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
     `traceparent` is its command span's parent (onceflow/tracing.py). `event_window`: how many of the latest
     events the runtime keeps for subscribers resuming with `after` (`open_runtime`'s).
 
-    Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket cannot be bound; a
-    workflow file cannot be read).
+    Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket or the HTTP address cannot
+    be bound; a workflow file cannot be read).
     """
     hosts = HostBroker(host_timeout=options.host_timeout, host_wait=options.host_wait)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:  # queued until watched
         listener = None if socket_path is None else await _bind(socket_path, options.backlog)
+        web = None if http is None else await open_listener(http, options.backlog)
         try:
             # Opened outside any nursery, so its errors surface as themselves, not in an ExceptionGroup.
             async with open_runtime(
@@ -385,7 +391,7 @@ async def serve(
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
                 hosts.clock = runtime.services.clock  # call records share the runtime's time base
-                if listener is not None:
+                if listener is not None or web is not None:
                     cap = connection_cap(options.max_connections)
                     options = attrs.evolve(options, max_connections=cap)
                 if not await _register(runtime, workflows):
@@ -396,11 +402,13 @@ async def serve(
                         async with trio.open_nursery() as everything:
                             stopped = trio.Event()
                             everything.start_soon(_watch_signals, signals, stopped, everything.cancel_scope)
-                            await _serve(runtime, hosts, listener, socket_path, options, stopped)
+                            await _serve(runtime, hosts, listener, socket_path, options, stopped, web, http)
                             everything.cancel_scope.cancel()  # the signal watcher
                     finally:
                         hosts.close()
         finally:
+            if web is not None:
+                await web.aclose()
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
     return 0
@@ -423,22 +431,31 @@ async def _serve(
     socket_path: Path | None,
     options: ServeOptions,
     stopped: trio.Event,
+    web: trio.SocketListener | None = None,
+    http: HttpOptions | None = None,
 ) -> None:
     """Serve until `stopped`, then drain: returns once every received command is done and answered (host
-    connections answer calls until the other clients are done). Over stdio the one client, whose end ends
-    the server, is never timed out."""
-    if listener is None:
+    connections answer calls until the other clients are done; HTTP requests finish theirs and event
+    streams end). Over stdio the one client, whose end ends the server, is never timed out."""
+    stdio = listener is None and web is None
+    if stdio:
         options = attrs.evolve(options, idle_timeout=0.0)
     async with trio.open_nursery() as commands:
         server = Server(runtime, commands, options, hosts)
         async with trio.open_nursery() as connections:
             accepting = trio.CancelScope()
-            if listener is None:
+            site = None
+            if web is not None and http is not None:
+                site = await connections.start(_serve_http, runtime, commands, web, http, options, stopped)
+            if stdio:
                 connections.start_soon(_serve_stdio, server, stopped)
-            else:
+            elif listener is not None:
                 connections.start_soon(accept_clients, server, listener, accepting, connections)
-            print(f"serving on {socket_path or 'stdio'}", file=sys.stderr, flush=True)
+            if socket_path is not None or stdio:
+                print(f"serving on {socket_path or 'stdio'}", file=sys.stderr, flush=True)
             await stopped.wait()
+            if site is not None:
+                site.stop()
             server.stop()
             accepting.cancel()
             await server.clients_drained()
@@ -516,6 +533,28 @@ async def accept_clients(
             spare.accepted()
             connections.start_soon(server.handle, stream)
     await listener.aclose()
+
+
+async def _serve_http(
+    runtime: Runtime,
+    commands: trio.Nursery,
+    web: trio.SocketListener,
+    http: HttpOptions,
+    options: ServeOptions,
+    stopped: trio.Event,
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve HTTP on `web` until `stopped` (then the listener drains, onceflow/serve/http/listen.py); its
+    connections have a cap of their own (`http.max_connections`, else the socket's)."""
+    app = build_app(runtime, commands, http, stopped, options.grace)
+    cap = http.max_connections or options.max_connections or DEFAULT_MAX_CONNECTIONS
+    site = HttpListener(app, http, cap, options.grace)
+    host, port = web.socket.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving on http://{shown}:{port}", file=sys.stderr, flush=True)
+    task_status.started(site)
+    await site.run(web)
 
 
 async def _serve_stdio(server: Server, stopped: trio.Event) -> None:

@@ -1,4 +1,4 @@
-"""children_completed fires only when every child is terminal (issue 16 item 2, Kandev's orchestrator rule).
+"""children_completed fires only when every child is terminal (Kandev's orchestrator rule).
 
 A child is terminal by state (COMPLETED, FAILED, CANCELLED) or by sitting in its workflow's terminal step
 (the last step by position named done / complete / completed / approved). Otherwise nothing runs, nothing is

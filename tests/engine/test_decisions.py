@@ -63,7 +63,7 @@ async def test_without_a_decision_id_every_delivery_is_a_new_vote(
         assert len(await list_decisions(rt, "T1", "review")) == 2
 
 
-# --- issue 12 items 1 and 6 -------------------------------------------------------------------------
+# --- a decision's seat and its receipt ----------------------------------------------------------------
 
 REVIEW = """
 id: review-flow
@@ -123,7 +123,7 @@ async def _vote(rt: Runtime, decider: str, decision: str, **extra: Any) -> Reply
     )
 
 
-async def test_issue12_a_decision_without_role_counts_from_the_decider_seat(runtime: Runtime) -> None:
+async def test_a_decision_without_role_counts_from_the_decider_seat(runtime: Runtime) -> None:
     """Seated reviewers approve with no `role`: the role comes from the seat and the guard moves."""
     await _review_flow(runtime)
     first = await _vote(runtime, "rev-a", "approved")
@@ -142,7 +142,7 @@ async def test_issue12_a_decision_without_role_counts_from_the_decider_seat(runt
     assert await step_of(runtime, "T1") == "done"
 
 
-async def test_issue12_a_per_task_seat_beats_a_template_seat_when_resolving_the_role(
+async def test_a_per_task_seat_beats_a_template_seat_when_resolving_the_role(
     runtime: Runtime,
 ) -> None:
     """rev-a holds a template seat as approver and a per-task seat as reviewer: the vote is a reviewer's."""
@@ -168,7 +168,7 @@ async def test_issue12_a_per_task_seat_beats_a_template_seat_when_resolving_the_
     )
 
 
-async def test_issue12_a_decision_matching_no_seat_is_recorded_uncounted_with_a_warning(
+async def test_a_decision_matching_no_seat_is_recorded_uncounted_with_a_warning(
     runtime: Runtime,
 ) -> None:
     await _review_flow(runtime)
@@ -186,7 +186,7 @@ async def test_issue12_a_decision_matching_no_seat_is_recorded_uncounted_with_a_
     assert (warning.fields["decider_id"], warning.fields["reason"]) == ("stranger", "no_matching_seat")
 
 
-async def test_issue12_a_decision_for_a_step_the_task_is_not_in_is_uncounted_with_a_warning(
+async def test_a_decision_for_a_step_the_task_is_not_in_is_uncounted_with_a_warning(
     runtime: Runtime,
 ) -> None:
     await _review_flow(runtime)
@@ -217,7 +217,7 @@ class _MovesAwayHost(RecordingHost):
         )
 
 
-async def test_issue12_guard_outcome_tells_quorum_not_met_from_move_abandoned(db_path: Path) -> None:
+async def test_guard_outcome_tells_quorum_not_met_from_move_abandoned(db_path: Path) -> None:
     host = _MovesAwayHost()
     async with open_runtime(db_path, host=RecordingHost()) as rt:
         await _review_flow(rt)
@@ -231,9 +231,9 @@ async def test_issue12_guard_outcome_tells_quorum_not_met_from_move_abandoned(db
         assert [d.code for d in events(lost, "diagnostic")] == ["transition_abandoned"]
 
 
-async def test_issue12_reused_decision_id_with_another_verdict_is_a_conflict(db_path: Path) -> None:
+async def test_reused_decision_id_with_another_verdict_is_a_conflict(db_path: Path) -> None:
     """vote-1 = changes_requested, then next round vote-1 = approved: a conflict, in process and after a
-    restart; the same content again is a replay (item 6)."""
+    restart; the same content again is a replay."""
     async with open_runtime(db_path, host=RecordingHost()) as rt:
         await _review_flow(rt)
         first = await _vote(rt, "rev-a", "changes_requested", decision_id="vote-1")

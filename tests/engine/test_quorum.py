@@ -456,7 +456,7 @@ def test_all_approve_implies_majority_and_all_decide(
     assert 0 <= all_approve.approvals <= all_approve.decided <= all_approve.seats
 
 
-# --- issue 12 item 1: a role-less decision takes its seat's role; whether any guard counts it -----------
+# --- a role-less decision takes its seat's role; whether any guard counts it -----------
 
 
 def _role_of(rows: list[Participant], decider: str, **kw: object) -> str | None:
@@ -486,13 +486,13 @@ def _role_of(rows: list[Participant], decider: str, **kw: object) -> str | None:
         pytest.param([part("b")], None, id="no-seat-for-this-agent"),
     ],
 )
-def test_issue12_seat_role_per_task_beats_template_then_evaluating_step(
+def test_seat_role_per_task_beats_template_then_evaluating_step(
     rows: list[Participant], expected: str | None
 ) -> None:
     assert _role_of(rows, "a") == expected
 
 
-def test_issue12_seat_role_by_participant_id_and_never_for_a_user_without_one() -> None:
+def test_seat_role_by_participant_id_and_never_for_a_user_without_one() -> None:
     rows = [part("a", id=7, role="approver"), part("a", id=8, role="reviewer")]
     assert _role_of(rows, "someone", participant_id=8) == "reviewer"
     assert _role_of(rows, "someone", participant_id=99) is None
@@ -526,7 +526,7 @@ def test_issue12_seat_role_by_participant_id_and_never_for_a_user_without_one() 
         pytest.param(dec("a", "approved", at=1), [], "no_quorum_guard", id="no-guard"),
     ],
 )
-def test_issue12_why_not_counted_mirrors_the_guards(
+def test_why_not_counted_mirrors_the_guards(
     decision: Decision, guards: list[tuple[str, str]], expected: str | None
 ) -> None:
     parsed = [(role, parse_threshold(text)) for role, text in guards]

@@ -1,6 +1,6 @@
 """The task-row cache: a move starts from a cached row that the admission's compare-and-set verifies.
 
-Issue 14 item "A cached task row" (actors/kernel/task_rows.py): a cached row saves the move's read (one writer
+A cached task row (actors/kernel/task_rows.py): a cached row saves the move's read (one writer
 request, at 1 task one commit); a row changed behind the cache fails the compare-and-set, nothing is
 written, and the move is decided from a fresh read, preflight included, exactly once. The equivalence of
 cached and uncached runs over random command sequences is in tests/on_enter/test_common_entry.py.
@@ -75,7 +75,7 @@ def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def test_issue14_cached_row_mismatch_falls_back(tmp_path: Path) -> None:
+def test_cached_row_mismatch_falls_back(tmp_path: Path) -> None:
     """The row changed behind the cache (moved to review, admission counted, in SQL): the cached move's
     compare-and-set fails and writes nothing; the move is re-read and re-preflighted and lands once, from
     the real source step. The stale preflight was refused (the host refuses moves out of work), and that
@@ -108,7 +108,7 @@ def test_issue14_cached_row_mismatch_falls_back(tmp_path: Path) -> None:
     assert rows(db, "SELECT agent_profile_id FROM runs") == [("rev-a",)]
 
 
-def test_issue14_a_counter_changed_behind_the_cache_is_caught_at_the_same_step(tmp_path: Path) -> None:
+def test_a_counter_changed_behind_the_cache_is_caught_at_the_same_step(tmp_path: Path) -> None:
     """Same step, same workflow, only the admission counter moved on (another entry of the same step, as a
     promotion makes): the compare-and-set still refuses the cached row, and the fresh read decides."""
     host = PreflightHost()
@@ -129,9 +129,7 @@ def test_issue14_a_counter_changed_behind_the_cache_is_caught_at_the_same_step(t
 
 
 @pytest.mark.parametrize(("cache", "requests"), [(16384, 1), (0, 2)])
-def test_issue14_a_cached_row_makes_a_move_one_writer_request(
-    tmp_path: Path, cache: int, requests: int
-) -> None:
+def test_a_cached_row_makes_a_move_one_writer_request(tmp_path: Path, cache: int, requests: int) -> None:
     """Not vacuous: with the cache, a move after create is the admission alone (one writer request, so at 1
     task one commit); without it, a read and then the admission."""
 
@@ -154,7 +152,7 @@ def test_issue14_a_cached_row_makes_a_move_one_writer_request(
     assert trio.run(main) == requests
 
 
-def test_issue14_a_redelivered_move_is_answered_from_a_fresh_read(tmp_path: Path) -> None:
+def test_a_redelivered_move_is_answered_from_a_fresh_read(tmp_path: Path) -> None:
     """A move to the step the cache says the task is at is never answered from the cache: the row is read.
     Here the task left review behind the cache, so the move is a real entry, not a no-op."""
 
@@ -174,7 +172,7 @@ def test_issue14_a_redelivered_move_is_answered_from_a_fresh_read(tmp_path: Path
     assert rows(tmp_path / "t.db", "SELECT entry_seq FROM step_entries ORDER BY 1") == [(1,), (2,)]
 
 
-def test_issue14_a_promotion_forgets_the_promoted_tasks_cached_row(tmp_path: Path) -> None:
+def test_a_promotion_forgets_the_promoted_tasks_cached_row(tmp_path: Path) -> None:
     """A WIP promotion writes another task's row (outside its actor): that row leaves the cache. T1 is
     created queued at the full review step (its queued row cached); T0 leaving review promotes T1."""
 
@@ -196,7 +194,7 @@ def test_issue14_a_promotion_forgets_the_promoted_tasks_cached_row(tmp_path: Pat
     assert moved["result"] == {"moved": True, "step_id": "done"}
 
 
-def test_issue14_task_row_cache_rejects_a_negative_size(tmp_path: Path) -> None:
+def test_task_row_cache_rejects_a_negative_size(tmp_path: Path) -> None:
     async def main() -> None:
         async with open_runtime(tmp_path / "t.db", task_row_cache=-1):
             pass  # pragma: no cover
@@ -206,7 +204,7 @@ def test_issue14_task_row_cache_rejects_a_negative_size(tmp_path: Path) -> None:
     assert not (tmp_path / "t.db").exists()
 
 
-def test_issue14_task_rows_hold_at_most_their_capacity_least_recently_used_first() -> None:
+def test_task_rows_hold_at_most_their_capacity_least_recently_used_first() -> None:
     def row(task_id: str) -> TaskRecord:
         return TaskRecord(task_id, "wf", "work", "", None, None, None, "medium", True, None, 0.0, 0.0)
 

@@ -1,4 +1,4 @@
-"""`onceflow.aio` (issue 13, item 2): the runtime embedded in an asyncio program.
+"""`onceflow.aio`: the runtime embedded in an asyncio program.
 
 Each test is a plain function running its own `asyncio.run` (pytest-trio's trio_mode takes async tests).
 """
@@ -62,7 +62,7 @@ async def _step(rt: onceflow.aio.AsyncioRuntime, task: str) -> str | None:
     return reply.result["step_id"] if reply.ok else None
 
 
-def test_issue13_aio_concurrent_callers_under_asyncio_run(tmp_path: Path) -> None:
+def test_aio_concurrent_callers_under_asyncio_run(tmp_path: Path) -> None:
     async def main() -> None:
         async with onceflow.aio.open_runtime(tmp_path / "b.db") as rt:
             await _registered(rt)
@@ -77,7 +77,7 @@ def test_issue13_aio_concurrent_callers_under_asyncio_run(tmp_path: Path) -> Non
     assert [t.name for t in threading.enumerate() if t.name == "onceflow-trio"] == []  # joined
 
 
-def test_issue13_aio_cancelled_caller_still_gets_the_committed_effect_whole(tmp_path: Path) -> None:
+def test_aio_cancelled_caller_still_gets_the_committed_effect_whole(tmp_path: Path) -> None:
     host = SlowHost()
 
     async def main() -> None:
@@ -108,7 +108,7 @@ def test_issue13_aio_cancelled_caller_still_gets_the_committed_effect_whole(tmp_
     assert asyncio.run(reopened()) == ["work", "work"]
 
 
-def test_issue13_aio_subscribe_streams_events_until_the_runtime_closes(tmp_path: Path) -> None:
+def test_aio_subscribe_streams_events_until_the_runtime_closes(tmp_path: Path) -> None:
     async def main() -> tuple[list[Event], list[Event]]:
         seen: list[Event] = []
 
@@ -131,7 +131,7 @@ def test_issue13_aio_subscribe_streams_events_until_the_runtime_closes(tmp_path:
     assert {"task_created", "transition", "step_entered"} <= {e.type for e in seen}
 
 
-def test_issue13_aio_open_errors_surface_as_themselves(tmp_path: Path) -> None:
+def test_aio_open_errors_surface_as_themselves(tmp_path: Path) -> None:
     async def main() -> None:
         async with onceflow.aio.open_runtime(tmp_path / "b.db"):
             with pytest.raises(DatabaseOwnedError):
@@ -145,7 +145,7 @@ def test_issue13_aio_open_errors_surface_as_themselves(tmp_path: Path) -> None:
     assert [t.name for t in threading.enumerate() if t.name == "onceflow-trio"] == []
 
 
-def test_issue13_aio_send_after_close_replies_shutting_down(tmp_path: Path) -> None:
+def test_aio_send_after_close_replies_shutting_down(tmp_path: Path) -> None:
     async def main() -> None:
         async with onceflow.aio.open_runtime(tmp_path / "b.db") as rt:
             pass
@@ -160,7 +160,7 @@ def test_issue13_aio_send_after_close_replies_shutting_down(tmp_path: Path) -> N
     asyncio.run(main())
 
 
-def test_issue13_aio_leaving_the_context_drains_commands_submitted_but_not_awaited(tmp_path: Path) -> None:
+def test_aio_leaving_the_context_drains_commands_submitted_but_not_awaited(tmp_path: Path) -> None:
     async def main() -> list[asyncio.Future[Any]]:
         async with onceflow.aio.open_runtime(tmp_path / "b.db") as rt:
             await _registered(rt)
@@ -181,7 +181,7 @@ def test_issue13_aio_leaving_the_context_drains_commands_submitted_but_not_await
     assert asyncio.run(reopened()) == (["todo"] * 30, True)
 
 
-def test_issue13_aio_cancelled_while_opening_still_closes_the_runtime_and_joins(tmp_path: Path) -> None:
+def test_aio_cancelled_while_opening_still_closes_the_runtime_and_joins(tmp_path: Path) -> None:
     entered: list[float] = []
 
     async def open_and_hold(delay: float) -> None:

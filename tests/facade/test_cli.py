@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -131,7 +132,7 @@ def test_schema_lists_every_command_type(capsys: pytest.CaptureFixture[str]) -> 
     assert {"turn_complete", "record_decision", "claim_run", "children_completed"} <= tags
 
 
-# --- the command line behaves like a Unix tool (issue 11, section 6) -----------------------------------
+# --- the command line behaves like a Unix tool -----------------------------------
 # Real processes of `python -m onceflow.cli`, as a shell would run them.
 
 MINIMAL = REPO / "tests" / "fixtures" / "workflows" / "minimal.yml"
@@ -166,7 +167,7 @@ def one_error_line(done: subprocess.CompletedProcess[str], *names: str) -> str:
     return line
 
 
-def test_issue11_version_prints_the_package_version(tmp_path: Path) -> None:
+def test_version_prints_the_package_version(tmp_path: Path) -> None:
     done = onceflow(tmp_path, "--version")
     assert (done.returncode, done.stdout) == (0, f"onceflow {metadata.version('onceflow')}\n")
 
@@ -182,7 +183,7 @@ def _directory(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("make", [_corrupt, _directory], ids=["corrupt-database", "a-directory"])
-def test_issue11_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path, make: Any) -> None:
+def test_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path, make: Any) -> None:
     db = make(tmp_path / "bad.db")
     for args in (["demo", "--db", str(db)], ["run", "--workflow", str(MINIMAL), "--script", str(SCRIPT)]):
         if args[0] == "run":
@@ -190,14 +191,14 @@ def test_issue11_an_unusable_database_is_one_error_line_naming_it(tmp_path: Path
         one_error_line(onceflow(tmp_path, *args), str(db))
 
 
-def test_issue11_db_in_a_missing_folder_is_refused_and_no_folder_is_created(tmp_path: Path) -> None:
+def test_db_in_a_missing_folder_is_refused_and_no_folder_is_created(tmp_path: Path) -> None:
     db = tmp_path / "typo" / "run.db"
     line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
     assert "does not exist" in line
     assert not (tmp_path / "typo").exists()
 
 
-def test_issue11_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tmp_path: Path) -> None:
+def test_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     one_error_line(
         onceflow(tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(missing)), str(missing)
@@ -210,14 +211,14 @@ def test_issue11_a_missing_or_non_utf8_input_file_is_one_error_line_naming_it(tm
     assert "not UTF-8" in line
 
 
-def test_issue11_a_database_owned_by_another_runtime_is_one_error_line(tmp_path: Path) -> None:
+def test_a_database_owned_by_another_runtime_is_one_error_line(tmp_path: Path) -> None:
     db = tmp_path / "owned.db"
     with acquire_database_lock(db):
         line = one_error_line(onceflow(tmp_path, "demo", "--db", str(db)), str(db))
     assert "already owned" in line
 
 
-def test_issue11_validate_checks_every_file_and_reports_every_error_with_close_names(tmp_path: Path) -> None:
+def test_validate_checks_every_file_and_reports_every_error_with_close_names(tmp_path: Path) -> None:
     latin1 = tmp_path / "latin1.yml"
     latin1.write_bytes(MINIMAL.read_bytes().replace(b"name: Fixture", b"name: Caf\xe9"))
     typos = tmp_path / "typos.yml"
@@ -239,7 +240,7 @@ def test_issue11_validate_checks_every_file_and_reports_every_error_with_close_n
     assert any("unknown key 'descripton' (did you mean 'description'?)" in line for line in lines[2:])
 
 
-def test_issue11_run_escapes_control_characters_in_human_output(tmp_path: Path) -> None:
+def test_run_escapes_control_characters_in_human_output(tmp_path: Path) -> None:
     forged = "T1\n    task FORGED created in fixture at work\x1b[2J\u202e"
     script = tmp_path / "script.jsonl"
     lines = [
@@ -296,7 +297,7 @@ def _interrupt(db: Path, script: Path, signum: int, times: int) -> tuple[int, li
     [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143), (signal.SIGINT, 2, 130)],
     ids=["SIGINT", "SIGTERM", "SIGINT-twice"],
 )
-async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and_exits_128_plus_n(
+async def test_a_signal_drains_releases_the_database_prints_one_line_and_exits_128_plus_n(
     tmp_path: Path, signum: int, times: int, status: int
 ) -> None:
     db, script = tmp_path / "run.db", _long_script(tmp_path / "long.jsonl", 20_000)
@@ -307,6 +308,15 @@ async def test_issue11_a_signal_drains_releases_the_database_prints_one_line_and
     assert line.startswith(f"onceflow: interrupted by {signal.Signals(signum).name}") and str(db) in line
     created = [json.loads(reply) for reply in out[1:]]  # after register_workflow's reply
     assert all(reply["ok"] for reply in created) and 20 <= len(created) < 20_000
+    if times == 1:  # what was finished, and the command that goes on from the next line
+        assert (
+            f"{len(created)} command(s) of {script} sent and answered, the last on line {len(created)}"
+            in line
+        )
+        resume = line.split("to resume: ", 1)[1]
+        assert resume == (
+            f"onceflow run --workflow {MINIMAL} --script {script} --db {db} --from-line {len(created) + 1}"
+        )
     async with open_runtime(db) as rt:  # the lock was released
         stored = (await rt.send({"type": "get_task", "task_id": f"T{len(created) - 1}"})).ok
         after = (await rt.send({"type": "get_task", "task_id": f"T{len(created) + 1}"})).ok
@@ -370,3 +380,55 @@ def test_run_stops_at_a_refused_register_workflow_unless_keep_going(tmp_path: Pa
     assert going.returncode == 1
     sent = [line.split(" [")[0] for line in going.stdout.splitlines() if line.startswith(">")]
     assert sent == ["> register_workflow", "> create_task"] and "stopped" not in going.stderr
+
+
+def test_help_is_complete_for_the_command_and_each_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """`onceflow --help` names every subcommand with its synopsis and the exit statuses, its description is
+    a whole sentence; `onceflow X --help` says what X does."""
+    from onceflow.cli import _parser
+
+    parser = _parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    shown = capsys.readouterr().out
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "Exit status: 0 on success" in shown and "--log-json" in shown
+    assert parser.description and parser.description.endswith(".")
+    for name, sub in subcommands.items():
+        assert f"onceflow {name}" in shown or name in ("runs", "entries", "decisions", "outcomes"), name
+        assert sub.description and sub.description.startswith(f"onceflow {name}: "), name
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        assert sub.description.split(": ", 1)[1] in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_run_from_line_resumes_a_script_where_it_stopped(tmp_path: Path) -> None:
+    creates = [{"type": "create_task", "task_id": f"T{n}", "workflow_id": "fixture"} for n in range(3)]
+    script, db = _script(tmp_path / "s.jsonl", *creates), str(tmp_path / "r.db")
+    run = ["run", "--json", "--workflow", str(MINIMAL), "--db", db]
+    first = onceflow(tmp_path, *run, "--script", str(_script(tmp_path / "first.jsonl", creates[0])))
+    assert first.returncode == 0, first.stderr
+    rest = onceflow(tmp_path, *run, "--script", str(script), "--from-line", "2")
+    assert rest.returncode == 0, rest.stderr  # line 1 is not sent again: no conflict
+    assert [json.loads(line)["command"] for line in rest.stdout.splitlines()] == ["register_workflow"] + [
+        "create_task"
+    ] * 2
+
+
+def test_demo_and_run_say_where_the_database_is_alike(tmp_path: Path) -> None:
+    demo = onceflow(tmp_path, "demo", "--db", str(tmp_path / "d.db"))
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stderr.splitlines() == [f"database: {tmp_path / 'd.db'}"]
+    script = _script(tmp_path / "s.jsonl", {"type": "create_task", "task_id": "T1", "workflow_id": "fixture"})
+    run = onceflow(
+        tmp_path, "run", "--workflow", str(MINIMAL), "--script", str(script), "--db", str(tmp_path / "r.db")
+    )
+    assert run.returncode == 0 and run.stderr.splitlines() == [f"database: {tmp_path / 'r.db'}"]
+
+
+def test_an_interrupted_demo_says_where_its_work_is_and_how_to_start_again() -> None:
+    from onceflow.cli import Progress, _interrupted
+
+    line = _interrupted(argparse.Namespace(command="demo"), "SIGINT", Path("/tmp/d.db"), Progress())
+    assert line.startswith("onceflow: interrupted by SIGINT: the runtime shut down and released /tmp/d.db")
+    assert "onceflow history --db /tmp/d.db --task DEMO-1" in line and "`onceflow demo`" in line

@@ -3,8 +3,7 @@
 `ONCEFLOW_KANDEV_WORKFLOWS` names a folder of Kandev's template files (`.ci/run` sets it to
 `../shared/kandev-workflows` when that folder exists). Unset, these tests are skipped: the suite's own
 fixtures (tests/fixtures/kandev/) cover the same shapes. Set, nothing is skipped: a missing folder, an
-empty one, a template that fails to load or an office flow that does not complete all fail the run
-(issue 11, item 1).
+empty one, a template that fails to load or an office flow that does not complete all fail the run.
 """
 
 from __future__ import annotations

@@ -140,3 +140,22 @@ def test_every_module_docstring_names_its_thread(folder: str) -> None:
         and not re.search(r"\b(thread|[Pp]ure)\b", ast.get_docstring(ast.parse(path.read_text())) or "")
     ]
     assert unnamed == []
+
+
+TRACKER_NUMBER = re.compile(r"\bissue[ _]?#?\d+|\btest_issue\d+|\bturn-\d+\b", flags=re.IGNORECASE)
+
+
+def test_no_tracker_number_names_a_test_or_sits_in_the_tree() -> None:
+    """Code, docs and tests say the rule or its spec AC id, never the ticket that asked for it."""
+    folders = ("actors", "store", "protocol", "onceflow", "tests", "bench", "docs", "examples")
+    pages = [REPO / "README.md", REPO / "pyproject.toml"]
+    for folder in folders:
+        pages += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".md", ".go", ".yml", ".toml")]
+    cited = [
+        f"{page.relative_to(REPO)}:{number}: {line.strip()}"
+        for page in pages
+        if page.is_file() and not page.is_symlink() and "onceflow/actors" not in str(page)
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1)
+        if TRACKER_NUMBER.search(line) and "TRACKER_NUMBER = " not in line and "an issue number" not in line
+    ]
+    assert cited == []

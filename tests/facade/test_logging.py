@@ -1,7 +1,9 @@
-"""Issue 13 item 4: logging as a library — through stdlib `logging` unless the host configured structlog."""
+"""Logging as a library: through stdlib `logging` (every field shown, JSON when asked) unless the host
+configured structlog."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.logs import get_logger
+from onceflow.logs import formatter, get_logger
 
 EMBEDDED = textwrap.dedent(
     """
@@ -52,7 +54,7 @@ def onceflow_records() -> Iterator[list[logging.LogRecord]]:
         logger.setLevel(level)
 
 
-def test_issue13_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> None:
+def test_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", EMBEDDED, str(tmp_path / "board.db")],
         capture_output=True,
@@ -63,12 +65,12 @@ def test_issue13_embedded_runtime_prints_nothing_to_stdout(tmp_path: Path) -> No
     assert done.stdout == ""
 
 
-async def test_issue13_host_logging_handler_receives_records_with_discrete_fields(
+async def test_host_logging_handler_receives_records_with_discrete_fields(
     db_path: Path, onceflow_records: list[logging.LogRecord]
 ) -> None:
     async with open_runtime(db_path) as rt:
         epoch = rt.epoch
-    by_event = {record.getMessage(): record for record in onceflow_records}
+    by_event = {record.event: record for record in onceflow_records}  # type: ignore[attr-defined]
     opened = by_event["store_opened"]
     assert (opened.name, opened.levelno) == ("onceflow.store.writer", logging.INFO)
     assert (opened.path, opened.epoch, opened.durability) == (str(db_path.resolve()), epoch, "FULL")  # type: ignore[attr-defined]
@@ -76,7 +78,7 @@ async def test_issue13_host_logging_handler_receives_records_with_discrete_field
     assert "store_closed" in by_event
 
 
-def test_issue13_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
+def test_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
     onceflow_records: list[logging.LogRecord],
 ) -> None:
     get_logger("onceflow.test").error("odd_fields", name="x", module="m", task_id="T1")
@@ -84,10 +86,74 @@ def test_issue13_a_field_named_like_a_logrecord_attribute_is_kept_renamed(
     assert (record.name, record.name_, record.module_, record.task_id) == ("onceflow.test", "x", "m", "T1")  # type: ignore[attr-defined]
 
 
-def test_issue13_a_host_that_configured_structlog_gets_the_records_there(
+def test_a_host_that_configured_structlog_gets_the_records_there(
     onceflow_records: list[logging.LogRecord],
 ) -> None:
     with capture_logs() as captured:
         get_logger("onceflow.test").warning("through_structlog", task_id="T1")
     assert captured == [{"event": "through_structlog", "task_id": "T1", "log_level": "warning"}]
     assert onceflow_records == []
+
+
+def test_a_record_through_stdlib_logging_shows_its_fields_in_any_formatter(
+    onceflow_records: list[logging.LogRecord],
+) -> None:
+    """A host with `logging.basicConfig()` (which prints only the message) sees each field, key=value."""
+    get_logger("onceflow.test").warning("run_lost", run_id=3, task_id="T-1", reason="the lease ran out")
+    [record] = onceflow_records
+    assert record.getMessage() == 'run_lost run_id=3 task_id=T-1 reason="the lease ran out"'
+    assert (record.event, record.run_id, record.task_id) == ("run_lost", 3, "T-1")  # type: ignore[attr-defined]
+    text = logging.Formatter("%(levelname)s %(name)s %(message)s").format(record)
+    assert text == 'WARNING onceflow.test run_lost run_id=3 task_id=T-1 reason="the lease ran out"'
+
+
+def test_the_json_formatter_writes_one_object_with_the_event_and_its_fields(
+    onceflow_records: list[logging.LogRecord],
+) -> None:
+    get_logger("onceflow.test").error("run_lost", run_id=3, task_id="T-1")
+    [record] = onceflow_records
+    shown = json.loads(formatter(json=True).format(record))
+    assert {k: shown[k] for k in ("event", "run_id", "task_id", "level", "logger")} == {
+        "event": "run_lost",
+        "run_id": 3,
+        "task_id": "T-1",
+        "level": "error",
+        "logger": "onceflow.test",
+    }
+    assert shown["timestamp"].endswith("Z")
+    line = formatter().format(record)
+    assert line.endswith("[error] onceflow.test run_lost run_id=3 task_id=T-1")
+
+
+def test_an_exception_logged_through_stdlib_keeps_its_traceback(
+    onceflow_records: list[logging.LogRecord],
+) -> None:
+    try:
+        raise ZeroDivisionError("boom")
+    except ZeroDivisionError:
+        get_logger("onceflow.test").error("crashed", task_id="T", exc_info=True)
+    [record] = onceflow_records
+    assert record.exc_info is not None and record.getMessage() == "crashed task_id=T"
+    assert "ZeroDivisionError: boom" in formatter().format(record)
+
+
+def test_the_cli_writes_json_logs_when_asked(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "--log-json",
+            "--verbose",
+            "demo",
+            "--db",
+            str(tmp_path / "d.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    opened = next(item for item in logged if item["event"] == "store_opened")
+    assert opened["path"] == str(tmp_path / "d.db") and opened["level"] == "info"

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: metrics through OpenTelemetry's API, read here by the SDK's in-memory reader."""
+"""Metrics through OpenTelemetry's API, read here by the SDK's in-memory reader."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ steps:
 """
 
 
-async def test_issue13_metrics_count_entries_runs_commits_and_recovered_entries(
+async def test_metrics_count_entries_runs_commits_and_recovered_entries(
     db_path: Path, clock: FakeClock, metric_reader: InMemoryMetricReader
 ) -> None:
     before = metric_points(metric_reader)

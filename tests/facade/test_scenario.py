@@ -1,4 +1,4 @@
-"""Issue 13 item 3: `onceflow test SCENARIO.yml...`, the scenario harness for workflow authors."""
+"""`onceflow test SCENARIO.yml...`, the scenario harness for workflow authors."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def to_review(**expect: Any) -> dict[str, Any]:
 MOVE = {"send": {"type": "move_task", "task_id": "T1", "step_id": "work"}}
 
 
-def test_issue13_office_cycle_scenario_two_reviewers_rejection_round_restart_mid_review(
+def test_office_cycle_scenario_two_reviewers_rejection_round_restart_mid_review(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["test", str(OFFICE_CYCLE)]) == 0
     assert capsys.readouterr().out == "ok: office-default cycle (13 steps)\n"
 
 
-def test_issue13_shipped_example_scenarios_pass(capsys: pytest.CaptureFixture[str]) -> None:
+def test_shipped_example_scenarios_pass(capsys: pytest.CaptureFixture[str]) -> None:
     folder = resources.files("onceflow") / "examples" / "scenarios"
     files = sorted(Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".yml"))
     assert len(files) == 2
@@ -73,7 +73,7 @@ def test_issue13_shipped_example_scenarios_pass(capsys: pytest.CaptureFixture[st
     assert len(lines) == 2 and all(line.startswith("ok: ") for line in lines)
 
 
-def test_issue13_an_event_mismatch_prints_a_unified_diff_and_exits_1(
+def test_an_event_mismatch_prints_a_unified_diff_and_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     wrong = {"type": "run_queued", "agent_profile_id": "r3"}
@@ -91,7 +91,7 @@ def test_issue13_an_event_mismatch_prints_a_unified_diff_and_exits_1(
     assert "--- expected" in out and "+++ actual" in out
 
 
-def test_issue13_a_scenario_stops_at_its_first_failing_step(tmp_path: Path) -> None:
+def test_a_scenario_stops_at_its_first_failing_step(tmp_path: Path) -> None:
     wrong = {"send": {"type": "get_task", "task_id": "T1"}, "result": {"step_id": "nowhere"}}
     lines: list[str] = []
     assert run_files([write(tmp_path, office(wrong, wrong))], lines.append) == 1
@@ -99,7 +99,7 @@ def test_issue13_a_scenario_stops_at_its_first_failing_step(tmp_path: Path) -> N
     assert lines[0].startswith("FAIL: inline: steps[1] (send get_task): result differs")
 
 
-def test_issue13_a_result_mismatch_shows_only_the_fields_asked_about(tmp_path: Path) -> None:
+def test_a_result_mismatch_shows_only_the_fields_asked_about(tmp_path: Path) -> None:
     path = write(
         tmp_path, office({"send": {"type": "get_task", "task_id": "T1"}, "result": {"step_id": "work"}})
     )
@@ -111,7 +111,7 @@ def test_issue13_a_result_mismatch_shows_only_the_fields_asked_about(tmp_path: P
     assert "workflow_id" not in report
 
 
-def test_issue13_expected_error_codes_and_fields(tmp_path: Path) -> None:
+def test_expected_error_codes_and_fields(tmp_path: Path) -> None:
     finish = {"type": "finish_run", "run_id": 99}
     good = office(
         {"send": finish, "error": {"code": "not_found", "field": "run_id"}},
@@ -136,7 +136,7 @@ def test_issue13_expected_error_codes_and_fields(tmp_path: Path) -> None:
     assert "refused: not_found (field run_id)" in lines[0]
 
 
-def test_issue13_any_order_finds_a_matching_even_where_a_greedy_pick_would_not(tmp_path: Path) -> None:
+def test_any_order_finds_a_matching_even_where_a_greedy_pick_would_not(tmp_path: Path) -> None:
     loose, tight = {"type": "run_queued"}, {"type": "run_queued", "agent_profile_id": "r1"}
     path = write(tmp_path, office(MOVE, to_review(events=[loose, tight], events_order="any_order")))
     assert run_files([path], lambda _: None) == 0
@@ -144,7 +144,7 @@ def test_issue13_any_order_finds_a_matching_even_where_a_greedy_pick_would_not(t
     assert run_files([in_order], lambda _: None) == 1  # r1 is queued first, so in order the tight one misses
 
 
-def test_issue13_advance_reaches_the_5_second_coalescing_window(tmp_path: Path) -> None:
+def test_advance_reaches_the_5_second_coalescing_window(tmp_path: Path) -> None:
     (tmp_path / "beating.yml").write_text(BEATING)
 
     def beat(unix: int, event: dict[str, Any]) -> dict[str, Any]:
@@ -186,11 +186,18 @@ def test_issue13_advance_reaches_the_5_second_coalescing_window(tmp_path: Path) 
             "not a field",
         ),
         ([{"advance": 1, "event_types": ["x"]}], "steps[0].event_types[0]", "unknown event type"),
-        ([{"advance": 1, "colour": "red"}], "steps[0].colour", "Extra inputs"),
+        ([{"advance": 1, "colour": "red"}], "steps[0].colour", "unknown key"),
+        ([{"advance": 1, "evnts": []}], "steps[0].evnts", "unknown key (did you mean 'events'?)"),
+        ([{"send": {"type": "move_tsk"}}], "steps[0].send.type", "(did you mean 'move_task'?)"),
+        (
+            [{"advance": 1, "events": [{"type": "transition", "to_stp": "x"}]}],
+            "steps[0].events[0].to_stp",
+            "not a field of event transition (did you mean 'to_step'?)",
+        ),
         ([], "steps", "at least 1"),
     ],
 )
-def test_issue13_a_malformed_scenario_is_a_typed_error_naming_step_and_field(
+def test_a_malformed_scenario_is_a_typed_error_naming_step_and_field(
     tmp_path: Path, steps: list[dict[str, Any]], field: str, message: str
 ) -> None:
     path = write(tmp_path, {"template": str(OFFICE_DEFAULT), "steps": steps})
@@ -200,7 +207,7 @@ def test_issue13_a_malformed_scenario_is_a_typed_error_naming_step_and_field(
     assert message in str(caught.value) and str(path) in str(caught.value)
 
 
-def test_issue13_a_command_expected_to_be_invalid_is_not_prevalidated(tmp_path: Path) -> None:
+def test_a_command_expected_to_be_invalid_is_not_prevalidated(tmp_path: Path) -> None:
     step = {
         "send": {"type": "move_task", "task_id": "T1"},
         "error": {"code": "invalid_message", "field": "step_id"},
@@ -208,7 +215,7 @@ def test_issue13_a_command_expected_to_be_invalid_is_not_prevalidated(tmp_path: 
     assert run_files([write(tmp_path, office(step))], lambda _: None) == 0
 
 
-def test_issue13_an_invalid_file_is_reported_and_the_others_still_run(
+def test_an_invalid_file_is_reported_and_the_others_still_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = write(tmp_path, {"template": "missing.yml", "steps": [{"advance": 1}]}, "bad.yml")
@@ -218,7 +225,7 @@ def test_issue13_an_invalid_file_is_reported_and_the_others_still_run(
     assert captured.out == "ok: office-default cycle (13 steps)\n"
 
 
-def test_issue13_several_scenarios_in_one_file_each_get_a_line(tmp_path: Path) -> None:
+def test_several_scenarios_in_one_file_each_get_a_line(tmp_path: Path) -> None:
     one = {"template": str(OFFICE_DEFAULT), "steps": [{"advance": 1}]}
     path = tmp_path / "two.yml"
     path.write_text(yaml.safe_dump_all([one, {**one, "name": "second"}]))
@@ -240,13 +247,12 @@ def test_issue13_several_scenarios_in_one_file_each_get_a_line(tmp_path: Path) -
         ({"a": {"b": [1]}}, {"a": {"b": [1], "c": 0}}, True),
     ],
 )
-def test_issue13_results_match_as_subsets(expected: Any, actual: Any, same: bool) -> None:
+def test_results_match_as_subsets(expected: Any, actual: Any, same: bool) -> None:
     assert matches(expected, actual) is same
 
 
-def test_issue13_readme_scenario_command_and_example_hold(tmp_path: Path) -> None:
-    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Testing a workflow", 1)[1].split("\n## ", 1)[0]
+def test_readme_scenario_command_and_example_hold(tmp_path: Path) -> None:
+    section = (HERE.parent / "docs" / "testing.md").read_text(encoding="utf-8")
     [command] = [line for line in section.splitlines() if line.startswith("onceflow test ")]
     files = sorted((HERE.parent / "onceflow" / "examples" / "scenarios").glob("*.yml"))
     assert command == "onceflow test onceflow/examples/scenarios/*.yml" and files
@@ -254,3 +260,27 @@ def test_issue13_readme_scenario_command_and_example_hold(tmp_path: Path) -> Non
     example["template"] = str(HERE.parent / "onceflow" / "examples" / "office-example.yml")
     lines: list[str] = []
     assert run_files([write(tmp_path, example)], lines.append) == 0, "\n".join(lines)
+
+
+def test_a_difference_deep_inside_a_result_names_its_path_and_both_values(tmp_path: Path) -> None:
+    listed = {"send": {"type": "list_tasks"}, "result": {"tasks": [{"step_id": "work", "colour": "red"}]}}
+    lines: list[str] = []
+    assert run_files([write(tmp_path, office(listed))], lines.append) == 1
+    report = "\n".join(lines)
+    assert 'result.tasks[0].step_id: expected "work", got "backlog"' in report
+    assert 'result.tasks[0].colour: expected "red", got (missing)' in report
+
+
+def test_an_event_difference_names_the_event_field_and_both_values(tmp_path: Path) -> None:
+    wrong = [
+        {"type": "run_queued", "agent_profile_id": "r1"},
+        {"type": "run_queued", "agent_profile_id": "r3"},
+    ]
+    lines: list[str] = []
+    assert run_files([write(tmp_path, office(MOVE, to_review(events=wrong)))], lines.append) == 1
+    report = "\n".join(lines)
+    assert 'events[1].agent_profile_id: expected "r3", got "r2"' in report
+    assert "events[0]" not in report
+    lines.clear()
+    assert run_files([write(tmp_path, office(MOVE, to_review(events=wrong[:1])))], lines.append) == 1
+    assert "expected 1 events, got 2" in "\n".join(lines)

@@ -163,7 +163,7 @@ def _step_of(client: WireClient, task: str) -> str | None:
     return reply["result"]["step_id"] if reply["ok"] else None
 
 
-def test_issue13_serve_concurrent_clients_in_separate_processes_each_get_their_replies_by_id() -> None:
+def test_serve_concurrent_clients_in_separate_processes_each_get_their_replies_by_id() -> None:
     with serving() as served:
         clients = [
             subprocess.Popen(
@@ -180,7 +180,7 @@ def test_issue13_serve_concurrent_clients_in_separate_processes_each_get_their_r
         assert {_step_of(checker, f"C{n}-{k}") for n in range(4) for k in range(15)} == {"work"}
 
 
-def test_issue13_serve_reply_echoes_string_and_int64_ids_and_refuses_bad_ones() -> None:
+def test_serve_reply_echoes_string_and_int64_ids_and_refuses_bad_ones() -> None:
     with serving() as served:
         client = served.client()
         assert client.request({"id": "req-1", **_create("T1")})["id"] == "req-1"
@@ -206,7 +206,7 @@ def test_issue13_serve_reply_echoes_string_and_int64_ids_and_refuses_bad_ones() 
         assert _step_of(client, "T-bad") is None  # a refused id never ran its command
 
 
-def test_issue13_serve_subscribe_streams_every_event_as_event_lines_with_increasing_seqs() -> None:
+def test_serve_subscribe_streams_every_event_as_event_lines_with_increasing_seqs() -> None:
     with serving() as served:
         watcher, worker = served.client(), served.client()
         subscribed = watcher.request({"id": "s", "type": "subscribe"})
@@ -235,7 +235,7 @@ def test_issue13_serve_subscribe_streams_every_event_as_event_lines_with_increas
         assert (again["ok"], again["error"]["code"]) == (False, "conflict")
 
 
-def test_issue13_serve_malformed_lines_get_typed_errors_and_the_connection_stays_usable() -> None:
+def test_serve_malformed_lines_get_typed_errors_and_the_connection_stays_usable() -> None:
     with serving("--max-line", "2000") as served:
         client = served.client()
         client.write(b"not json\n", b"[" * 100_000 + b"\n", b"\xff\xfe\n")
@@ -254,7 +254,7 @@ def test_issue13_serve_malformed_lines_get_typed_errors_and_the_connection_stays
         assert _step_of(client, "T1") == "todo"
 
 
-def test_issue13_serve_slow_reader_is_disconnected_with_an_error_line_and_never_blocks_others() -> None:
+def test_serve_slow_reader_is_disconnected_with_an_error_line_and_never_blocks_others() -> None:
     with serving("--queue-size", "4", "--grace", "60") as served:
         slow, fast = served.client(), served.client()
         assert slow.request({"type": "subscribe"})["reply"]["ok"]  # and from now on it reads nothing
@@ -271,7 +271,7 @@ def test_issue13_serve_slow_reader_is_disconnected_with_an_error_line_and_never_
         assert _step_of(fast, "T149") == "work"
 
 
-def test_issue13_serve_client_disconnecting_mid_command_loses_nothing_it_sent() -> None:
+def test_serve_client_disconnecting_mid_command_loses_nothing_it_sent() -> None:
     with serving() as served:
         gone = served.client()
         gone.write(*[_create(f"T{n}") for n in range(40)])
@@ -284,7 +284,7 @@ def test_issue13_serve_client_disconnecting_mid_command_loses_nothing_it_sent() 
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_issue13_serve_signal_drains_in_flight_commands_removes_socket_and_exits_0(signum: int) -> None:
+def test_serve_signal_drains_in_flight_commands_removes_socket_and_exits_0(signum: int) -> None:
     with serving() as served:
         client = served.client()
         client.write(*[{"id": n, **_create(f"T{n}")} for n in range(60)])
@@ -312,7 +312,7 @@ def test_issue13_serve_signal_drains_in_flight_commands_removes_socket_and_exits
         assert found == [n < len(answered) for n in range(60)]
 
 
-def test_issue13_serve_stdio_answers_each_line_and_exits_0_at_end_of_input(tmp_path: Path) -> None:
+def test_serve_stdio_answers_each_line_and_exits_0_at_end_of_input(tmp_path: Path) -> None:
     lines = [
         {"id": "a", **_create("T1")},
         {"id": "b", "type": "move_task", "task_id": "T1", "step_id": "work"},
@@ -347,7 +347,7 @@ def test_issue13_serve_stdio_answers_each_line_and_exits_0_at_end_of_input(tmp_p
     assert frames[3]["reply"]["result"]["step_id"] == "work"
 
 
-def test_issue13_serve_refuses_a_live_socket_or_an_owned_database_with_one_error_line() -> None:
+def test_serve_refuses_a_live_socket_or_an_owned_database_with_one_error_line() -> None:
     with serving() as served:
         other = _start(served.db.with_name("other.db"), ["--socket", str(served.socket)])
         _, err = other.communicate(timeout=30)
@@ -376,7 +376,7 @@ def test_split_request_strips_the_id_before_the_command_is_decoded() -> None:
     lines=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=8),
     cuts=st.lists(st.integers(min_value=1, max_value=50), max_size=20),
 )
-def test_issue13_line_reader_splits_any_chunking_and_skips_overlong_lines(
+def test_line_reader_splits_any_chunking_and_skips_overlong_lines(
     lines: list[bytes], cuts: list[int]
 ) -> None:
     data = b"".join(line + b"\n" for line in lines)
@@ -405,7 +405,7 @@ def test_issue13_line_reader_splits_any_chunking_and_skips_overlong_lines(
     assert trio.run(read_all) == [Overlong(line[:HEAD_BYTES]) if len(line) > 20 else line for line in lines]
 
 
-def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
+def test_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
     """The README's `onceflow serve` line and the shell client's lines, over --stdio (no socat here)."""
     readme = (TESTS.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Serving over a socket", 1)[1].split("\n## ", 1)[0]
@@ -428,7 +428,7 @@ def test_issue13_readme_serving_example_runs_as_written(tmp_path: Path) -> None:
     assert frames[1]["reply"]["result"]["step_id"] == "work"
 
 
-def test_issue13_serve_replaces_a_stale_socket_file_and_creates_it_owner_only() -> None:
+def test_serve_replaces_a_stale_socket_file_and_creates_it_owner_only() -> None:
     folder = Path(tempfile.mkdtemp(prefix="of-", dir="/tmp"))
     try:
         stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -451,7 +451,7 @@ def test_issue13_serve_replaces_a_stale_socket_file_and_creates_it_owner_only() 
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "soon"])
-def test_issue14_serve_refuses_a_bad_switch_interval_naming_the_flag(tmp_path: Path, bad: str) -> None:
+def test_serve_refuses_a_bad_switch_interval_naming_the_flag(tmp_path: Path, bad: str) -> None:
     done = subprocess.run(
         [
             sys.executable,

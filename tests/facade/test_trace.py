@@ -1,4 +1,4 @@
-"""Human output escapes control characters (issue 11, section 6): an id can neither forge a line nor drive
+"""Human output escapes control characters: an id can neither forge a line nor drive
 the terminal."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from onceflow.trace import describe, escape_controls
 
 
 @given(st.text())
-def test_issue11_escaped_text_holds_no_control_character_and_escaping_is_idempotent(text: str) -> None:
+def test_escaped_text_holds_no_control_character_and_escaping_is_idempotent(text: str) -> None:
     shown = escape_controls(text)
     assert not any(unicodedata.category(ch) == "Cc" for ch in shown)
     assert "\u2028" not in shown and "\u202e" not in shown
@@ -25,11 +25,11 @@ def test_issue11_escaped_text_holds_no_control_character_and_escaping_is_idempot
 
 
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp"))))
-def test_issue11_text_without_control_characters_is_shown_unchanged(text: str) -> None:
+def test_text_without_control_characters_is_shown_unchanged(text: str) -> None:
     assert escape_controls(text) == text
 
 
-def test_issue11_describe_escapes_the_ids_it_shows() -> None:
+def test_describe_escapes_the_ids_it_shows() -> None:
     event = e.TaskCreated(task_id="T1\n> forged\x1b[31m", workflow_id="wf", step_id="s\u202e")
     line = describe(event)
     assert line == "task T1\\n> forged\\x1b[31m created in wf at s\\u202e"

@@ -1,4 +1,4 @@
-"""The batched shapes of dispatch (issue 7) keep the spec's failure rules.
+"""The batched shapes of dispatch keep the spec's failure rules.
 
 - An entry's leading segment runs inside the admitting transaction, in a savepoint: when it fails, the move
   still stands and the entry stays open for the next start (AC-C4, AC-B9).

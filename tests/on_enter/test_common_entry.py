@@ -1,12 +1,12 @@
 """The common entry's one-savepoint path decides every admission exactly as the per-action path does.
 
-Issue 14 item "A writer fast path for the common entry": an on_enter of built-in clears and fan-outs is
+An on_enter of built-in clears and fan-outs is
 admitted and finished in one savepoint; any anomaly rolls it back to the per-action path. Each example
 draws a review step declaration (clears, fan-outs with reasons and payloads, sometimes an action the common
 path does not take), seats (some without an agent, per-task ones, duplicates), a WIP limit, and a sequence
 of commands (moves, redeliveries, decisions, a key taken or merged in advance). The same sequence runs on
 two runtimes, the common path on and off; the database, every reply and every log must be the same.
-Rules compared: AC-A3, AC-A5, AC-B5, AC-B6, AC-B7, AC-C1, AC-H6, issue 12 items 2-4 (coalesced keys), WIP
+Rules compared: AC-A3, AC-A5, AC-B5, AC-B6, AC-B7, AC-C1, AC-H6, coalesced keys, WIP
 admission (E2, queued placements).
 """
 
@@ -236,7 +236,7 @@ def key_in_advance(command: str, task_id: str, review: Any, seq: int) -> list[ru
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios)
-def test_issue14_the_common_entry_path_decides_every_admission_as_the_per_action_path_does(
+def test_the_common_entry_path_decides_every_admission_as_the_per_action_path_does(
     tmp_path_factory: Any, scenario: dict[str, Any]
 ) -> None:
     assert_same_outcome(tmp_path_factory.mktemp("common"), scenario)
@@ -244,9 +244,7 @@ def test_issue14_the_common_entry_path_decides_every_admission_as_the_per_action
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios)
-def test_issue14_the_task_row_cache_changes_no_outcome(
-    tmp_path_factory: Any, scenario: dict[str, Any]
-) -> None:
+def test_the_task_row_cache_changes_no_outcome(tmp_path_factory: Any, scenario: dict[str, Any]) -> None:
     """Moves starting from cached rows (actors/kernel/task_rows.py) leave the same database, replies and logs
     as moves that read every row, rows changed behind the cache ("behind") included."""
     folder = tmp_path_factory.mktemp("cache")
@@ -280,11 +278,9 @@ ANOMALIES = {
 
 
 @pytest.mark.parametrize(("before", "expected"), ANOMALIES.values(), ids=ANOMALIES.keys())
-def test_issue14_an_anomaly_takes_the_per_action_path(
-    tmp_path: Path, before: list[str], expected: str
-) -> None:
+def test_an_anomaly_takes_the_per_action_path(tmp_path: Path, before: list[str], expected: str) -> None:
     """Each anomaly the common path cannot decide alone is decided by the per-action path: a key already
-    taken or merged is suppressed (AC-H6, issue 12 item 3), a seat without an agent fails its fan-out
+    taken or merged is suppressed (AC-H6), a seat without an agent fails its fan-out
     (AC-E2)."""
     seats = ["rev-a", ""] if not before else ["rev-a"]
     scenario = {
@@ -301,7 +297,7 @@ def test_issue14_an_anomaly_takes_the_per_action_path(
         assert "fan_out_participant_failed" in [e["code"] for e in replies[-1]["events"] if "code" in e]
 
 
-def test_issue14_a_step_at_its_wip_limit_queues_the_task_as_before(tmp_path: Path) -> None:
+def test_a_step_at_its_wip_limit_queues_the_task_as_before(tmp_path: Path) -> None:
     scenario = {
         "review": ["clear", "fan_out"],
         "wip_limit": 1,
@@ -314,7 +310,7 @@ def test_issue14_a_step_at_its_wip_limit_queues_the_task_as_before(tmp_path: Pat
     assert "run_queued" not in event_types(replies[-1])
 
 
-def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
+def test_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
     """Not vacuous: an untouched entry of clears and fan-outs is admitted by the common path, in one
     savepoint holding the move, the entry, the clear, the markers and the runs."""
     calls: list[bool] = []
@@ -350,7 +346,7 @@ def test_issue14_the_common_path_takes_the_common_entry(tmp_path: Path) -> None:
     ]
 
 
-def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path: Path) -> None:
     """The common path's compare-and-set on the task's step: an admission from a row the task has already
     left is abandoned (transition_abandoned), with no entry, marker or run, as on the per-action path."""
 
@@ -378,7 +374,7 @@ def test_issue14_a_stale_task_row_abandons_the_move_and_writes_nothing(tmp_path:
     assert len(fast[1]["step_entries"]) == 1  # the first, real entry only
 
 
-def test_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path(
+def test_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path(
     tmp_path: Path,
 ) -> None:
     """A statement of the common path failing (here a trigger refusing T0's runs) rolls back only its
@@ -420,7 +416,7 @@ SEAT = st.tuples(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seats=st.lists(SEAT, max_size=7), payload=st.booleans())
-def test_issue14_ac_a5_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does(
+def test_ac_a5_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does(
     tmp_path_factory: Any, seats: list[tuple[str, str, int, str | None]], payload: bool
 ) -> None:
     """The common path's runs are built by SQL from the participant rows (`_RUNS`); they must be exactly the

@@ -1,11 +1,11 @@
 """Common entries admitted together in one writer batch decide exactly what they decide one after another.
 
-Issue 14 item "One writer request and one wake per batch of entries": the writer runs the common entries of
+The writer runs the common entries of
 one batch that share a plan, workflow and path (`common_entry.admit_group`) with one set of statements. Any
 entry the common path cannot decide alone (moved or stale, a key taken or merged, a seat without an agent)
 rolls the whole group back and each entry runs alone (`admit_common`, then the per-action path). Rules
-compared: AC-A3, AC-A5, AC-B5, AC-B6, AC-C1, AC-H6, issue 12 item 3 (coalesced keys), the cached row's
-compare-and-set (issue 14 item "A cached task row").
+compared: AC-A3, AC-A5, AC-B5, AC-B6, AC-C1, AC-H6, coalesced keys, the cached row's
+compare-and-set.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ async def one_by_one(db: Path, scenario: dict[str, Any]) -> list[Any]:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios)
-def test_issue14_a_group_of_common_entries_decides_each_as_one_after_another(
+def test_a_group_of_common_entries_decides_each_as_one_after_another(
     tmp_path_factory: Any, scenario: dict[str, Any]
 ) -> None:
     folder = tmp_path_factory.mktemp("group")
@@ -215,12 +215,12 @@ def sent_back_one_at_a_time(db: Path | str) -> None:
     assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
 
 
-def test_issue14_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> None:
+def test_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> None:
     """Not vacuous: entries with nothing in the way are decided by the group, and its result is each one's."""
     admitted_by_one_group_run(tmp_path / "together.db")
 
 
-def test_issue14_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_path: Path) -> None:
+def test_one_anomaly_sends_the_whole_group_back_to_one_at_a_time(tmp_path: Path) -> None:
     """T1's first key is taken in advance: the group is rolled back and each entry decided alone."""
     sent_back_one_at_a_time(tmp_path / "together.db")
 
@@ -249,7 +249,7 @@ async def moved_at_once(db: Path | str) -> list[Any]:
         return [replies[task_id] for task_id in ids]
 
 
-def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp_path: Path) -> None:
+def test_concurrent_moves_share_group_runs_and_every_entry_completes(tmp_path: Path) -> None:
     """End to end through `Runtime.send`: 32 tasks moved at once are admitted by group runs (the writer's
     batches), and every entry has its markers, its clear and one run per seat; the replies carry them."""
     calls: list[int] = []
@@ -279,7 +279,7 @@ def test_issue14_concurrent_moves_share_group_runs_and_every_entry_completes(tmp
         conn.close()
 
 
-def test_issue14_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> None:
+def test_the_writer_rolls_back_a_group_that_declines(tmp_path: Path) -> None:
     """store/writer.py `Grouped`: a group run that wrote and then returned None leaves nothing; each request
     then runs its own fn, in arrival order."""
 

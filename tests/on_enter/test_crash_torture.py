@@ -42,7 +42,7 @@ def test_ac_b2_ac_b6_ac_b9_sigkilled_runtimes_recover_every_entry_exactly_once(t
     assert figures["runs"] == figures["fan_outs_done"] * 3 > 0, figures
 
 
-def test_issue14_sigkilled_runtimes_on_the_common_paths_recover_every_entry_exactly_once(
+def test_sigkilled_runtimes_on_the_common_paths_recover_every_entry_exactly_once(
     tmp_path: Path,
 ) -> None:
     """bench/torture.py --common: built-in executors only, so admissions take the one-savepoint common path

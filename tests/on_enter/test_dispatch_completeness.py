@@ -226,7 +226,7 @@ async def test_ac_h3_fan_out_selects_by_role_alone_not_decision_required(runtime
 TARGETS = {
     "primary": ("primary", ("worker",)),
     "ceo": ("workspace.ceo_agent", ("ceo",)),
-    "participant_role": ("participant_role:reviewer", ("rev-a", "rev-b")),  # every match (issue 12 item 5)
+    "participant_role": ("participant_role:reviewer", ("rev-a", "rev-b")),  # every match
     "agent_profile_id": ("agent_profile_id:pinned", ("pinned",)),
 }
 

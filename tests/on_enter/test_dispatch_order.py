@@ -127,7 +127,7 @@ def attrs_step(kinds: tuple[str, ...]) -> object:
 @given(
     kinds=st.lists(st.sampled_from(KINDS), max_size=6), path=st.sampled_from(["E1", "E2", "E4", "recovery"])
 )
-def test_issue14_the_memoized_dispatch_order_equals_planning_afresh(kinds: list[str], path: str) -> None:
+def test_the_memoized_dispatch_order_equals_planning_afresh(kinds: list[str], path: str) -> None:
     # only `type` is read when planning, so configs are left out
     declaration = tuple(ActionDecl.model_construct(type=kind) for kind in kinds)
     fresh = dispatch_order(list(declaration), path)  # a list is never memoized
@@ -139,7 +139,7 @@ def test_issue14_the_memoized_dispatch_order_equals_planning_afresh(kinds: list[
     assert dispatch_order(other, path) == dispatch_order(list(other), path)  # type: ignore[arg-type]
 
 
-def test_issue14_the_dispatch_order_memo_stays_bounded() -> None:
+def test_the_dispatch_order_memo_stays_bounded() -> None:
     order._ORDERS.clear()
     kept = [(ActionDecl.model_construct(type="clear_decisions"),) for _ in range(4100)]
     for declaration in kept:

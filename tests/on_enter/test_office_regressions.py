@@ -256,7 +256,7 @@ async def test_ac_h9_on_enter_runs_are_not_coalesced(runtime: Runtime, clock: Fa
         """,
     )
     # Control: a non-on_enter queue_run of the same task for the same agent and reason within 5 s is
-    # coalesced (coalescing never crosses tasks: issue 12 item 2).
+    # coalesced (coalescing never crosses tasks).
     await ok(
         runtime, {"type": "create_task", "task_id": "C1", "workflow_id": WF, "primary_agent_id": "worker"}
     )

@@ -1,8 +1,8 @@
-"""Orchestrator parity (issue 16): a failed context reset stops the agent start; session-action identity.
+"""Orchestrator parity: a failed context reset stops the agent start; session-action identity.
 
-Item 1 resolves AC-D1 against AC-C3 (on-enter-action-dispatch.md): after a failed reset_agent_context the
+It resolves AC-D1 against AC-C3 (on-enter-action-dispatch.md): after a failed reset_agent_context the
 later session actions of that entry are not requested, engine-owned ones still run (AC-A10), and a WARNING
-says which were skipped. Item 3: every session-action request names its entry and declared position.
+says which were skipped. And every session-action request names its entry and declared position.
 Entries are driven through the protocol (dispatch_support.enter), never through the dispatcher.
 """
 
@@ -62,7 +62,7 @@ AROUND_RESET = f"""
 async def test_ac_d1_failed_reset_stops_later_session_actions_on_every_hoisting_path(
     runtime: Runtime, path: str
 ) -> None:
-    """AC-D1 vs AC-C3, decided (issue 16 item 1): a failed reset_agent_context is not followed by the
+    """AC-D1 vs AC-C3, decided: a failed reset_agent_context is not followed by the
     agent start, nor by any other session action of that entry.
 
     AC-D1 freezes processOnEnter's reset-before-auto_start ordering, and Kandev stops the session actions at
@@ -187,7 +187,7 @@ async def test_ac_b8_recovery_never_requests_a_session_action_skipped_after_a_fa
     assert second_host.session_actions == []
 
 
-# --- item 3: the identity a host deduplicates on -----------------------------------------------------
+# --- the identity a host deduplicates on -----------------------------------------------------
 
 TWICE = """
 - type: auto_start_agent
@@ -213,7 +213,7 @@ class StartsOncePerEntry(RecordingHost):
 
 
 async def test_session_action_request_carries_entry_identity_and_position(runtime: Runtime) -> None:
-    """Issue 16 item 3: on E4 a step declaring auto_start_agent twice asks twice (AC-A13, AC-H4); each
+    """On E4 a step declaring auto_start_agent twice asks twice (AC-A13, AC-H4); each
     request and its session_action event carry (task, step, entry_seq), the trigger and the declared
     position, so a host keyed on the entry starts the agent once — and again on the next entry."""
     await setup(runtime, TWICE)
@@ -288,7 +288,7 @@ class StartsOncePerAdmission(RecordingHost):
 async def test_session_action_admission_seq_names_the_entry_of_a_step_without_a_record(
     runtime: Runtime, path: str
 ) -> None:
-    """Issue 16 item 3 on a step whose on_enter declares only host-owned actions: AC-E5 allocates no
+    """On a step whose on_enter declares only host-owned actions: AC-E5 allocates no
     step-entry record there (`entry_seq` is None), yet every request carries the task's admission counter,
     +1 at every step entry on every path, so a host keyed on (task_id, admission_seq) starts the agent once
     per entry — including on E4, which asks for both declared starts (AC-A13, AC-H4) — and again on the

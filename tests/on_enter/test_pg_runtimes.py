@@ -1,4 +1,4 @@
-"""Several runtimes on one PostgreSQL database (issue 15): epochs whose liveness is real, the sweep that
+"""Several runtimes on one PostgreSQL database: epochs whose liveness is real, the sweep that
 finishes a dead runtime's entries while the others keep serving, and `--db postgresql://…`."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ async def _claimed_by(pg_url: str, epoch: str, kinds: list[str]) -> None:
         )
 
 
-async def test_issue15_a_live_runtime_finishes_the_entry_a_dead_runtimes_epoch_left_without_a_restart(
+async def test_a_live_runtime_finishes_the_entry_a_dead_runtimes_epoch_left_without_a_restart(
     pg_url: str,
 ) -> None:
     kinds = kinds_of(entries_yaml(REVIEW_FIRST), "review")
@@ -64,7 +64,7 @@ async def test_issue15_a_live_runtime_finishes_the_entry_a_dead_runtimes_epoch_l
     assert [(t, s, seq) for t, s, seq, _, _ in host.code_reviews] == [("T1", "review", 1)]
 
 
-async def test_issue15_a_starting_runtime_leaves_a_live_peers_claim_to_the_peer(pg_url: str) -> None:
+async def test_a_starting_runtime_leaves_a_live_peers_claim_to_the_peer(pg_url: str) -> None:
     """The start-up scan too: on SQLite any other epoch is dead, on PostgreSQL only one whose lock is free."""
     kinds = kinds_of(entries_yaml(REVIEW_FIRST), "review")
     async with open_runtime(pg_url) as first:
@@ -78,7 +78,7 @@ async def test_issue15_a_starting_runtime_leaves_a_live_peers_claim_to_the_peer(
             assert (await second.services.store.transact(lambda c: states(c, KEY)))[0][2] == "in_progress"
 
 
-def test_issue15_cli_run_accepts_a_postgresql_url(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_run_accepts_a_postgresql_url(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(
         [
             "run",

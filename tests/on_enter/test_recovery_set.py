@@ -1,6 +1,6 @@
 """The recovery scan's set-oriented common case decides every entry exactly as the per-entry path does.
 
-Issue 14 item "Recovery: set-oriented SQL for the common case, the per-entry path for the rest"; the rules
+Recovery: set-oriented SQL for the common case, the per-entry path for the rest; the rules
 compared are AC-B9 (a1) (a2) (b) (c) (d), AC-B5, AC-B6 and AC-C1's keys. Each example writes a random crash
 state (entries open, superseded, left, with markers, a changed digest, per-task seats, taken or merged keys,
 a seat without an agent) into a copy of one prepared database, then restarts three copies: the set path with
@@ -229,7 +229,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios)
-def test_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_does(
+def test_the_set_path_recovers_every_crash_state_as_the_per_entry_path_does(
     prepared: Path, tmp_path: Path, scenario: dict[str, Any]
 ) -> None:
     dbs = {name: tmp_path / f"{name}.db" for name in ("set", "per_entry", "quiet")}
@@ -254,9 +254,7 @@ def test_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_d
 
 
 @pytest.mark.parametrize("listening", [False, True])
-def test_issue14_the_set_path_takes_the_common_entries(
-    prepared: Path, tmp_path: Path, listening: bool
-) -> None:
+def test_the_set_path_takes_the_common_entries(prepared: Path, tmp_path: Path, listening: bool) -> None:
     """The equivalence above is not vacuous: untouched entries are finished by the set path, whether the
     events are built (a subscriber) or not (as at every real start)."""
     db = tmp_path / "common.db"
@@ -325,9 +323,7 @@ ODD_REVIEWERS = ("rév:1", "rev'2")
 
 
 @pytest.mark.parametrize("listening", [False, True])
-def test_issue14_the_set_path_writes_the_per_entry_paths_keys_byte_for_byte(
-    tmp_path: Path, listening: bool
-) -> None:
+def test_the_set_path_writes_the_per_entry_paths_keys_byte_for_byte(tmp_path: Path, listening: bool) -> None:
     """The set path builds idempotency keys, payloads and reasons in SQL: for task and agent ids with colons,
     quotes, non-ASCII and astral characters, an entry_seq of two digits and a non-ASCII payload, every row
     is the per-entry path's (AC-C1 keys, AC-H2 payloads)."""
@@ -405,7 +401,7 @@ def crash_with_trigger(prepared: Path, db: Path, trigger: str) -> None:
     run_still(run)
 
 
-def test_issue11_issue14_an_error_ending_the_transaction_in_the_set_path_fails_the_batch_whole(
+def test_an_error_ending_the_transaction_in_the_set_path_fails_the_batch_whole(
     prepared: Path, tmp_path: Path
 ) -> None:
     """SQLite leaves the transaction inside the multi-row runs insert: nothing of the batch commits (no
@@ -431,7 +427,7 @@ def test_issue11_issue14_an_error_ending_the_transaction_in_the_set_path_fails_t
     assert all(row[6] == 1 for row in state["step_entries"])
 
 
-def test_issue14_a_statement_failing_in_the_set_path_leaves_the_entries_to_the_per_entry_path(
+def test_a_statement_failing_in_the_set_path_leaves_the_entries_to_the_per_entry_path(
     prepared: Path, tmp_path: Path
 ) -> None:
     """A constraint failure inside the set statements rolls back its savepoint only; the per-entry path then
@@ -473,7 +469,7 @@ def small_batches(size: int) -> Iterator[list[tuple[int, int]]]:
         recovery.BATCH_SIZE, recovery.REQUEST_SIZE, recovery.recover_request = original
 
 
-def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_one_by_one_ends_it(
+def test_one_store_request_covers_set_path_batches_but_a_batch_decided_one_by_one_ends_it(
     prepared: Path, tmp_path: Path
 ) -> None:
     """Six untouched entries in batches of two: one request covers all three batches; the same entries
@@ -498,9 +494,7 @@ def test_issue14_one_store_request_covers_set_path_batches_but_a_batch_decided_o
     assert snapshot(dbs["set"]) == snapshot(dbs["per_entry"])
 
 
-def test_issue11_issue14_a_request_failing_in_a_later_batch_fails_that_batch_only(
-    prepared: Path, tmp_path: Path
-) -> None:
+def test_a_request_failing_in_a_later_batch_fails_that_batch_only(prepared: Path, tmp_path: Path) -> None:
     """The transaction ends inside the third batch of a request (T4's runs): the request is tried again
     batch by batch, so T0 to T3 are recovered and only T4 and T5 are logged failed and left open (AC-B9(f));
     the next start, without the fault, finishes them."""

@@ -1,7 +1,7 @@
 """A code review launched again after a crash carries the same review-run id; a new entry's launch a new one.
 
 AC-A8 accepts at-least-once across a crash; the host gets the entry identity (task, step, entry_seq) and a
-stable review-run id, and can list review runs, so it can start each pass once (issue 12 item 7).
+stable review-run id, and can list review runs, so it can start each pass once.
 """
 
 from __future__ import annotations

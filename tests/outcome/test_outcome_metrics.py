@@ -1,4 +1,4 @@
-"""Issue 13 item 4: `onceflow.outcomes` counts outcomes entering each delivery phase (AC-CO-3's phases)."""
+"""`onceflow.outcomes` counts outcomes entering each delivery phase (AC-CO-3's phases)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.testing import RecordingCoordinator
 
 
-async def test_issue13_outcome_metrics_count_each_phase_entered_once(
+async def test_outcome_metrics_count_each_phase_entered_once(
     db_path: Path, clock: FakeClock, metric_reader: InMemoryMetricReader
 ) -> None:
     before = metric_points(metric_reader)

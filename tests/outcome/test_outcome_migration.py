@@ -1,4 +1,4 @@
-"""A database written before onceflow spoke Gas City's wire format migrates (issue 12; store/schema.py #8).
+"""A database written before onceflow spoke Gas City's wire format migrates (store/schema.py migration 8).
 
 The old rows are written here with plain SQL exactly as a schema-7 onceflow stored them (`producer_fence`,
 `run_id`, Unix-seconds `occurred_at`, the old outcome id over sorted-key JSON, acks without
@@ -107,7 +107,7 @@ def _schema_7_database(path: Path) -> None:
     conn.close()
 
 
-async def test_issue12_migration_8_rewrites_stored_outcomes_in_gas_citys_format(
+async def test_migration_8_rewrites_stored_outcomes_in_gas_citys_format(
     db_path: Path, clock: FakeClock, autojump_clock: MockClock
 ) -> None:
     _schema_7_database(db_path)

@@ -1,4 +1,4 @@
-"""Issue 13 item 3: a scenario's `advance` moves Trio time too, so coordinator retries and the outcome
+"""A scenario's `advance` moves Trio time too, so coordinator retries and the outcome
 redelivery timer (AC-CO-4, AC-CO-7, AC-CO-8) can be reached from a scenario file."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def get(outcome_id: str, **result: Any) -> dict[str, Any]:
     return {"send": {"type": "get_outcome", "outcome_id": outcome_id}, "result": result}
 
 
-def test_issue13_scenario_advance_drives_coordinator_retries_and_the_redelivery_timer(tmp_path: Path) -> None:
+def test_scenario_advance_drives_coordinator_retries_and_the_redelivery_timer(tmp_path: Path) -> None:
     env = envelope()
     oid = env["outcome_id"]
     ack = {key: env[key] for key in ("store_ref", "outcome_id", "work_id")}

@@ -1,4 +1,4 @@
-"""Gas City's wire format, byte for byte (issue 12; gascity-wire-format.md; AC-CO-1, -2, -4, -5, -16).
+"""Gas City's wire format, byte for byte (gascity-wire-format.md; AC-CO-1, -2, -4, -5, -16).
 
 The vectors here do not come from onceflow: every JSON text is written out by hand exactly as Go's
 json.Marshal emits Gas City's structs (fields in struct order, no whitespace, `omitempty` optionals left out,
@@ -137,7 +137,7 @@ def test_ac_co_2_derive_outcome_id_refuses_a_field_no_envelope_could_carry() -> 
         )
 
 
-def test_issue12_a_go_envelope_round_trips_byte_for_byte_through_the_exported_types() -> None:
+def test_a_go_envelope_round_trips_byte_for_byte_through_the_exported_types() -> None:
     parsed = onceflow.OutcomeEnvelope.model_validate_json(GO_ENVELOPE)
     assert parsed.model_dump_json() == GO_ENVELOPE
     request = onceflow.OutcomeDeliveryRequest(envelope=parsed, delivery_cycle="cycle-000003")
@@ -289,7 +289,7 @@ async def test_ac_co_16_the_first_matching_ack_names_the_acknowledger(
     assert late.error is not None and late.error.code == "conflict"
 
 
-def test_issue12_the_outcome_types_a_host_needs_are_exported_from_onceflow() -> None:
+def test_the_outcome_types_a_host_needs_are_exported_from_onceflow() -> None:
     for name in (
         "OutcomeEnvelope",
         "OutcomeDeliveryRequest",

@@ -1,8 +1,8 @@
 """The common paths on PostgreSQL: the one-savepoint common entry and the set-oriented recovery decide
-exactly as the per-action / per-entry paths do, there too (issue 15 with issue 14's common paths).
+exactly as the per-action / per-entry paths do, there too.
 
 The SQL of both paths is SQLite's (json_each, `?NNN` parameters, `CROSS JOIN ... ON`); store/postgres.py
-translates it, and the writer runs it pipelined. These are issue 14's equivalence tests
+translates it, and the writer runs it pipelined. These are the common paths' equivalence tests
 (tests/on_enter/test_common_entry.py, test_recovery_set.py) replayed on a PostgreSQL database per run, with
 their scenarios, plus the database-error case as a PostgreSQL trigger: the failing statement is one whose
 answer the pipeline reads late, so it also checks that its error is raised inside the savepoint that
@@ -120,14 +120,14 @@ def same_outcome(server: PostgresServer, scenario: dict[str, Any]) -> list[Any]:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=common.scenarios)
-def test_issue15_issue14_the_common_entry_decides_every_admission_as_the_per_action_path_on_postgres(
+def test_the_common_entry_decides_every_admission_as_the_per_action_path_on_postgres(
     postgres_server: PostgresServer, scenario: dict[str, Any]
 ) -> None:
     same_outcome(postgres_server, scenario)
 
 
 @pytest.mark.parametrize(("before", "expected"), common.ANOMALIES.values(), ids=common.ANOMALIES.keys())
-def test_issue15_issue14_an_anomaly_takes_the_per_action_path_on_postgres(
+def test_an_anomaly_takes_the_per_action_path_on_postgres(
     postgres_server: PostgresServer, before: list[str], expected: str
 ) -> None:
     scenario = {
@@ -142,7 +142,7 @@ def test_issue15_issue14_an_anomaly_takes_the_per_action_path_on_postgres(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seats=st.lists(common.SEAT, max_size=7), payload=st.booleans())
-def test_issue15_issue14_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does_on_postgres(
+def test_the_runs_statement_seats_a_fan_out_as_dedupe_seats_does_on_postgres(
     postgres_server: PostgresServer, seats: list[tuple[str, str, int, str | None]], payload: bool
 ) -> None:
     """The common path's SQL-built runs (participants read, deduplicated, keyed and ordered by the database)
@@ -175,7 +175,7 @@ def counting(name: str, module: Any) -> tuple[list[Any], Callable[[], None]]:
     return calls, lambda: setattr(module, name, original)
 
 
-def test_issue15_the_common_entry_path_is_taken_on_postgres(pg_url: str) -> None:
+def test_the_common_entry_path_is_taken_on_postgres(pg_url: str) -> None:
     """Not vacuous: on PostgreSQL an untouched common entry is admitted by the one-savepoint path."""
     calls, undo = counting("admit_common", admission)
     try:
@@ -200,7 +200,7 @@ CREATE TRIGGER refuse BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION refuse
 """
 
 
-def test_issue15_issue14_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path_on_postgres(
+def test_a_database_error_in_the_common_path_rolls_back_to_the_per_action_path_on_postgres(
     postgres_server: PostgresServer,
 ) -> None:
     """A statement of the common path failing on PostgreSQL (a trigger refusing T0's runs) rolls back only
@@ -265,7 +265,7 @@ def crashed(server: PostgresServer, prepared: str, scenario: dict[str, Any]) -> 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=recovery_set.scenarios)
-def test_issue15_issue14_the_set_path_recovers_every_crash_state_as_the_per_entry_path_on_postgres(
+def test_the_set_path_recovers_every_crash_state_as_the_per_entry_path_on_postgres(
     postgres_server: PostgresServer, prepared: str, scenario: dict[str, Any]
 ) -> None:
     dbs = {name: crashed(postgres_server, prepared, scenario) for name in ("set", "per_entry", "quiet")}
@@ -283,7 +283,7 @@ def test_issue15_issue14_the_set_path_recovers_every_crash_state_as_the_per_entr
     assert renumbered(same(quiet_logs), ranks["quiet"]) == renumbered(slow_logs, ranks["per_entry"])
 
 
-def test_issue15_the_set_path_takes_the_common_entries_on_postgres(
+def test_the_set_path_takes_the_common_entries_on_postgres(
     postgres_server: PostgresServer, prepared: str
 ) -> None:
     """Not vacuous: on PostgreSQL the start-up scan finishes untouched open entries set-wise, several in one

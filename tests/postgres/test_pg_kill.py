@@ -1,4 +1,4 @@
-"""Three runtime processes on one PostgreSQL database, SIGKILLed at random and restarted (issue 15).
+"""Three runtime processes on one PostgreSQL database, SIGKILLed at random and restarted.
 
 Each runtime is `onceflow serve --db postgresql://… --socket …` in its own process. Driver threads push
 the Office Default rejection-then-approval script for a stream of tasks, every command to a random live
@@ -329,7 +329,7 @@ def drive(
         errors.append(exc)
 
 
-async def test_issue15_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_nothing_twice(
+async def test_three_runtimes_sigkilled_30_times_lose_nothing_and_apply_nothing_twice(
     pg_url: str, tmp_path: Path
 ) -> None:
     steps, expected_runs, expected_facts = await baseline(tmp_path)

@@ -1,4 +1,4 @@
-"""Coordinator outcome delivery with several runtimes on one PostgreSQL database (issue 15, gap 2).
+"""Coordinator outcome delivery with several runtimes on one PostgreSQL database.
 
 An outcome is delivered by the runtime holding its claim (store/outcome_claims.py) until a fenced
 acknowledgement completes it; no other runtime delivers or acknowledges it meanwhile, and when the claiming
@@ -59,7 +59,7 @@ def acks_by_outcome(coordinators: list[RecordingCoordinator]) -> dict[str, list[
     return calls
 
 
-async def test_issue15_outcomes_resumed_by_several_runtimes_are_delivered_and_acknowledged_once(
+async def test_outcomes_resumed_by_several_runtimes_are_delivered_and_acknowledged_once(
     pg_url: str,
 ) -> None:
     """Three runtimes; twenty outcomes readied at random ones; then two runtimes restart, so that each
@@ -99,7 +99,7 @@ async def test_issue15_outcomes_resumed_by_several_runtimes_are_delivered_and_ac
     assert not coordinators[3].deliveries and not coordinators[4].deliveries  # the late ones claimed none
 
 
-async def test_issue15_an_outcome_whose_delivering_runtime_was_sigkilled_is_resumed_by_a_live_one(
+async def test_an_outcome_whose_delivering_runtime_was_sigkilled_is_resumed_by_a_live_one(
     pg_url: str,
 ) -> None:
     """A runtime process begins delivery cycle 1 and is SIGKILLed before the coordinator answers. A runtime
@@ -154,7 +154,7 @@ async def claimable(url: str, outcome_id: str) -> bool:
     return await trio.to_thread.run_sync(ask)
 
 
-async def test_issue15_an_outcome_actor_whose_runtime_lost_its_connection_stops_and_is_resumed(
+async def test_an_outcome_actor_whose_runtime_lost_its_connection_stops_and_is_resumed(
     pg_url: str,
 ) -> None:
     """The server ends the delivering runtime's session while the coordinator holds its delivery: the

@@ -1,4 +1,4 @@
-"""A runtime that stops answering loses its epoch within the stated bound (issue 15).
+"""A runtime that stops answering loses its epoch within the stated bound.
 
 A SIGSTOPped runtime process is what the server sees of a runtime frozen or cut off while idle: its writer
 sends no more heartbeats, so `idle_session_timeout` (10 s, `postgres.PARTITION_BOUND`) ends its session and
@@ -30,7 +30,7 @@ trio.run(main)
 """
 
 
-async def test_issue15_a_frozen_runtime_loses_its_epoch_within_the_partition_bound(pg_url: str) -> None:
+async def test_a_frozen_runtime_loses_its_epoch_within_the_partition_bound(pg_url: str) -> None:
     child = subprocess.Popen([sys.executable, "-c", CHILD, pg_url], stdout=subprocess.PIPE, text=True)
     probe = postgres.connect(pg_url)
 

@@ -1,4 +1,4 @@
-"""Group commit on PostgreSQL that is not round-trip bound (issue 15): the writer's transaction runs in
+"""Group commit on PostgreSQL that is not round-trip bound: the writer's transaction runs in
 psycopg's pipeline mode (`PgConnection.pipelined`), a statement's answer is waited for only where it is
 read, and an error is still raised inside the savepoint, and the request, that issued the statement. Also the
 dialect layer the common paths need (json_each, numbered parameters, `CROSS JOIN ... ON`).
@@ -27,14 +27,14 @@ def rows(url: str) -> list[tuple[Any, ...]]:
         return conn.execute("SELECT id, name FROM items ORDER BY id").fetchall()
 
 
-def test_issue15_numbered_parameters_become_positional_ones_in_their_order() -> None:
+def test_numbered_parameters_become_positional_ones_in_their_order() -> None:
     statement = translate("SELECT ?2, ?1 WHERE x = ?1 AND y = ?")
     assert statement.text == "SELECT %s, %s WHERE x = %s AND y = %s"
     assert statement.params_for(("a", "b", "c")) == ["b", "a", "a", "c"]
     assert translate("SELECT ? + ?").order is None  # unnumbered: the caller's order, as given
 
 
-def test_issue15_json_each_reads_elements_as_json_or_as_text() -> None:
+def test_json_each_reads_elements_as_json_or_as_text() -> None:
     read_into = translate(
         "SELECT value ->> 0 FROM json_each(?1) AS j CROSS JOIN t AS u ON u.a = j.value ->> 1"
     )
@@ -47,7 +47,7 @@ def test_issue15_json_each_reads_elements_as_json_or_as_text() -> None:
     assert scalars.text == "SELECT key, value FROM " + each.format("json_array_elements_text") + " AS _each"
 
 
-def test_issue15_json_each_keys_count_from_zero_as_in_sqlite(pg_url: str) -> None:
+def test_json_each_keys_count_from_zero_as_in_sqlite(pg_url: str) -> None:
     conn = postgres.connect(pg_url)
     try:
         rows = conn.execute("SELECT key, value FROM json_each(?)", ('["a", "b"]',)).fetchall()
@@ -56,7 +56,7 @@ def test_issue15_json_each_keys_count_from_zero_as_in_sqlite(pg_url: str) -> Non
     assert [tuple(row) for row in rows] == [(0, "a"), (1, "b")]
 
 
-def test_issue15_a_pipelined_transaction_waits_only_where_an_answer_is_read(pg_url: str) -> None:
+def test_a_pipelined_transaction_waits_only_where_an_answer_is_read(pg_url: str) -> None:
     """Ten unread inserts, one read, a commit: two round trips (the read, the commit), not twelve."""
     conn = postgres.connect(pg_url)
     try:
@@ -77,7 +77,7 @@ def test_issue15_a_pipelined_transaction_waits_only_where_an_answer_is_read(pg_u
     assert len(rows(pg_url)) == 10
 
 
-def test_issue15_an_unread_statements_error_is_raised_inside_the_savepoint_that_issued_it(
+def test_an_unread_statements_error_is_raised_inside_the_savepoint_that_issued_it(
     pg_url: str,
 ) -> None:
     """A failing insert nobody reads is raised at its savepoint's RELEASE, which then rolls the savepoint
@@ -101,7 +101,7 @@ def test_issue15_an_unread_statements_error_is_raised_inside_the_savepoint_that_
     assert rows(pg_url) == [(1, "kept"), (3, "after")]
 
 
-def test_issue15_a_read_raises_the_error_of_an_earlier_unread_statement(pg_url: str) -> None:
+def test_a_read_raises_the_error_of_an_earlier_unread_statement(pg_url: str) -> None:
     """Answers come in order: reading a later statement raises the earlier failure (the one the caller
     would have seen first on SQLite), and a ROLLBACK TO after it still works."""
     conn = postgres.connect(pg_url)
@@ -122,7 +122,7 @@ def test_issue15_a_read_raises_the_error_of_an_earlier_unread_statement(pg_url: 
     assert rows(pg_url) == [(1, "ok")]
 
 
-async def test_issue15_group_commit_gives_an_unread_statements_error_to_its_own_request(pg_url: str) -> None:
+async def test_group_commit_gives_an_unread_statements_error_to_its_own_request(pg_url: str) -> None:
     """Three requests of three tasks in one batch, each with an insert whose answer it never reads; A and B
     insert the same key, so the second of them fails. Only that one gets the error; the others commit.
     Round trips from the release of the request holding the writer: its COMMIT, then one for BEGIN and the
@@ -161,7 +161,7 @@ async def test_issue15_group_commit_gives_an_unread_statements_error_to_its_own_
     assert waited == 1 + 1 + 3 + 1 + 1
 
 
-async def test_issue15_a_common_entry_costs_a_handful_of_round_trips(pg_url: str) -> None:
+async def test_a_common_entry_costs_a_handful_of_round_trips(pg_url: str) -> None:
     """The move into a step of a clear and a fan-out to two reviewers, admitted by the common entry and
     pipelined: at most 10 round trips for the whole command alone (measured: 10, i.e. the task read's batch:
     its lock, the read, COMMIT; the admission's batch: its lock, the step compare-and-set, the entry insert,
@@ -202,7 +202,7 @@ steps:
     assert waited <= 10
 
 
-def test_issue15_a_connection_lost_mid_pipeline_is_an_io_fault_that_ends_the_transaction(pg_url: str) -> None:
+def test_a_connection_lost_mid_pipeline_is_an_io_fault_that_ends_the_transaction(pg_url: str) -> None:
     """The server ends the session while a pipelined transaction is open: the next read raises the I/O
     fault (retryable storage_io) and the connection reports itself broken, outside any transaction, so the
     writer fails the batch whole and reconnects."""
@@ -224,7 +224,7 @@ def test_issue15_a_connection_lost_mid_pipeline_is_an_io_fault_that_ends_the_tra
     assert rows(pg_url) == []
 
 
-def test_issue15_executemany_in_a_pipelined_transaction_answers_its_rowcount_in_one_wait(pg_url: str) -> None:
+def test_executemany_in_a_pipelined_transaction_answers_its_rowcount_in_one_wait(pg_url: str) -> None:
     conn = postgres.connect(pg_url)
     try:
         conn.execute(TABLE)

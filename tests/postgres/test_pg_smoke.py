@@ -5,6 +5,6 @@ from __future__ import annotations
 from onceflow.actors.runtime.startup import open_runtime
 
 
-async def test_issue15_runtime_opens_on_postgres(pg_url: str) -> None:
+async def test_runtime_opens_on_postgres(pg_url: str) -> None:
     async with open_runtime(pg_url) as rt:
         assert rt.services.store.postgres

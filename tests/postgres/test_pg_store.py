@@ -1,4 +1,4 @@
-"""The store actor on a real PostgreSQL server (issue 15): dialect, typed faults, task locks, epochs."""
+"""The store actor on a real PostgreSQL server: dialect, typed faults, task locks, epochs."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _seed_task(conn: sqlite3.Connection, task_id: str = "T") -> None:
     )
 
 
-async def test_issue15_open_store_on_postgres_creates_the_schema_at_the_current_version(pg_url: str) -> None:
+async def test_open_store_on_postgres_creates_the_schema_at_the_current_version(pg_url: str) -> None:
     async with open_store(pg_url) as store:
         assert store.postgres and "postgresql://" in str(store.path)
         version = await store.transact(
@@ -56,7 +56,7 @@ async def test_issue15_open_store_on_postgres_creates_the_schema_at_the_current_
         ]
 
 
-async def test_issue15_postgres_schema_has_sqlites_tables_and_columns(pg_url: str, tmp_path: Any) -> None:
+async def test_postgres_schema_has_sqlites_tables_and_columns(pg_url: str, tmp_path: Any) -> None:
     """store/pg_schema.py restates store/schema.py for PostgreSQL: the two must not drift apart. Every
     table and column SQLite's migrations end with exists on PostgreSQL and the other way round (PostgreSQL
     adds only an explicit `rowid` where the store reads SQLite's implicit one, and its version table)."""
@@ -84,7 +84,7 @@ async def test_issue15_postgres_schema_has_sqlites_tables_and_columns(pg_url: st
     assert on_sqlite - on_postgres == set()
 
 
-async def test_issue15_runtimes_starting_together_migrate_once(pg_url: str) -> None:
+async def test_runtimes_starting_together_migrate_once(pg_url: str) -> None:
     opened: list[str] = []
 
     async def one() -> None:
@@ -97,7 +97,7 @@ async def test_issue15_runtimes_starting_together_migrate_once(pg_url: str) -> N
     assert len(set(opened)) == 3
 
 
-async def test_issue15_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_url: str) -> None:
+async def test_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_url: str) -> None:
     def fn(conn: sqlite3.Connection) -> tuple[Any, ...]:
         first = conn.execute(
             "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
@@ -126,7 +126,7 @@ async def test_issue15_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_
     assert percent == ("5%x",)
 
 
-async def test_issue15_a_constraint_violation_is_an_integrity_error_and_rolls_back_alone(pg_url: str) -> None:
+async def test_a_constraint_violation_is_an_integrity_error_and_rolls_back_alone(pg_url: str) -> None:
     async with open_store(pg_url, max_batch=8) as store:
         await store.transact(_add_workflow("w1"))
         with pytest.raises(sqlite3.IntegrityError):
@@ -134,7 +134,7 @@ async def test_issue15_a_constraint_violation_is_an_integrity_error_and_rolls_ba
         assert await store.transact(_add_workflow("w2")) == "w2"  # the transaction survived the savepoint
 
 
-async def test_issue15_a_read_only_transaction_is_storage_read_only(pg_url: str) -> None:
+async def test_a_read_only_transaction_is_storage_read_only(pg_url: str) -> None:
     def write_read_only(conn: sqlite3.Connection) -> None:
         conn.execute("SET TRANSACTION READ ONLY")
         _add_workflow("w")(conn)
@@ -146,7 +146,7 @@ async def test_issue15_a_read_only_transaction_is_storage_read_only(pg_url: str)
     assert isinstance(caught.value.__cause__, sqlite3.Error)
 
 
-async def test_issue15_a_deadlock_is_storage_busy_and_retryable(pg_url: str) -> None:
+async def test_a_deadlock_is_storage_busy_and_retryable(pg_url: str) -> None:
     """Two sessions lock two rows in opposite orders; PostgreSQL aborts one with 40P01 → busy."""
     other = psycopg.connect(pg_url, autocommit=True)
     other.execute("SET deadlock_timeout = '20s'")  # the store's session runs the check, and loses
@@ -183,13 +183,14 @@ async def test_issue15_a_deadlock_is_storage_busy_and_retryable(pg_url: str) -> 
         other.close()
 
 
-async def test_issue15_a_lost_connection_is_storage_io_and_the_writer_renews_its_epoch(pg_url: str) -> None:
+async def test_a_lost_connection_is_storage_io_and_the_writer_renews_its_epoch(pg_url: str) -> None:
     admin = psycopg.connect(pg_url, autocommit=True)
     try:
         async with open_store(pg_url) as store:
             old = store.epoch
             pid = await store.transact(lambda conn: conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # wait_for: the backend is gone (its advisory locks with it), not only signalled.
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
             with pytest.raises(StorageError) as caught:
                 await store.transact(_add_workflow("w1"))
             assert caught.value.kind == "io" and caught.value.retryable
@@ -207,7 +208,7 @@ async def test_issue15_a_lost_connection_is_storage_io_and_the_writer_renews_its
         admin.close()
 
 
-def test_issue15_engines_whose_advisory_locks_are_stubs_are_refused(pg_url: str) -> None:
+def test_engines_whose_advisory_locks_are_stubs_are_refused(pg_url: str) -> None:
     """verify_real_locks refuses a second 'session' that is granted a lock the first holds: here the same
     session, whose locks are re-entrant, stands in for a stub engine that grants every lock."""
     conn = postgres.connect(pg_url)
@@ -221,7 +222,7 @@ def test_issue15_engines_whose_advisory_locks_are_stubs_are_refused(pg_url: str)
         other.close()
 
 
-async def test_issue15_an_epoch_is_live_while_its_runtime_holds_the_connection(pg_url: str) -> None:
+async def test_an_epoch_is_live_while_its_runtime_holds_the_connection(pg_url: str) -> None:
     probe = postgres.connect(pg_url)
 
     def live(epoch: str) -> bool:
@@ -243,7 +244,7 @@ async def test_issue15_an_epoch_is_live_while_its_runtime_holds_the_connection(p
         probe.close()
 
 
-async def test_issue15_claim_marker_leaves_a_live_peers_claim_and_reclaims_a_dead_ones(pg_url: str) -> None:
+async def test_claim_marker_leaves_a_live_peers_claim_and_reclaims_a_dead_ones(pg_url: str) -> None:
     key = EntryKey("T", "s", 1)
 
     def seed(conn: sqlite3.Connection) -> None:
@@ -281,7 +282,7 @@ async def test_issue15_claim_marker_leaves_a_live_peers_claim_and_reclaims_a_dea
         assert marker.epoch == me.epoch != peer_epoch
 
 
-async def test_issue15_one_tasks_transactions_are_serialized_across_runtimes(pg_url: str) -> None:
+async def test_one_tasks_transactions_are_serialized_across_runtimes(pg_url: str) -> None:
     """Read-modify-write of one counter from two runtimes at once, every transaction in the task's scope:
     without the task lock READ COMMITTED loses updates; with it none is lost."""
     rounds = 40
@@ -308,7 +309,7 @@ async def test_issue15_one_tasks_transactions_are_serialized_across_runtimes(pg_
     assert total == (4 * rounds,)
 
 
-async def test_issue15_a_batch_never_waits_for_a_task_held_by_another_runtime(pg_url: str) -> None:
+async def test_a_batch_never_waits_for_a_task_held_by_another_runtime(pg_url: str) -> None:
     """Runtime B's batch is [task X, task T] while runtime A holds T's lock: X commits at once, T after A."""
     async with open_store(pg_url) as a, open_store(pg_url, max_batch=8) as b:
         await a.transact(_seed_task)
@@ -350,7 +351,7 @@ async def test_issue15_a_batch_never_waits_for_a_task_held_by_another_runtime(pg
         assert sorted(done) == ["T", "T", "X"]
 
 
-async def test_issue15_an_idle_writer_heartbeats_and_renews_its_epoch_once_its_session_is_gone(
+async def test_an_idle_writer_heartbeats_and_renews_its_epoch_once_its_session_is_gone(
     pg_url: str,
 ) -> None:
     admin = psycopg.connect(pg_url, autocommit=True)
@@ -370,7 +371,7 @@ async def test_issue15_an_idle_writer_heartbeats_and_renews_its_epoch_once_its_s
         admin.close()
 
 
-async def test_issue15_a_writer_without_a_round_trip_for_fence_after_seconds_is_fenced(
+async def test_a_writer_without_a_round_trip_for_fence_after_seconds_is_fenced(
     pg_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(writer, "FENCE_AFTER", 0.2)
@@ -393,7 +394,7 @@ async def test_issue15_a_writer_without_a_round_trip_for_fence_after_seconds_is_
         release.clear()
 
 
-async def test_issue15_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg_url: str) -> None:
+async def test_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg_url: str) -> None:
     """busy_timeout is the lock wait on PostgreSQL too: a task locked by another runtime's open
     transaction fails the request as busy (retryable) once it has waited that long."""
     other = postgres.connect(pg_url)
@@ -430,7 +431,7 @@ async def test_issue15_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg
         (psycopg.errors.SyntaxError("x"), None),
     ],
 )
-def test_issue15_postgres_errors_map_to_storage_kinds(error: psycopg.Error, kind: str | None) -> None:
+def test_postgres_errors_map_to_storage_kinds(error: psycopg.Error, kind: str | None) -> None:
     mapped = postgres.as_sqlite_error(error)
     assert faults.storage_kind(mapped) == kind
     assert isinstance(mapped, sqlite3.IntegrityError) == isinstance(error, psycopg.errors.IntegrityError)

@@ -1,5 +1,5 @@
-"""The PostgreSQL sweep's liveness gaps (issue 15, "Live runtimes periodically scan for, and finish, entries
-whose epoch is dead — not only at start-up"): an entry a dead runtime committed without any claim is
+"""The PostgreSQL sweep's liveness gaps (live runtimes periodically scan for, and finish, entries
+whose epoch is dead — not only at start-up): an entry a dead runtime committed without any claim is
 finished by a live runtime as soon as its creating epoch is dead, one of unknown creating epoch (from before
 `step_entries.created_epoch`) once older than the grace period (`GRACE_INTERVALS` sweep intervals), a live
 runtime's entry never however long its dispatch waits on a host action, and a WIP slot a dead runtime freed
@@ -134,7 +134,7 @@ def created_epoch(url: str, key: EntryKey) -> str | None:
     return row[0]  # type: ignore[no-any-return]
 
 
-async def test_issue15_sweep_finishes_a_dead_runtimes_claimless_entry_exactly_once(pg_url: str) -> None:
+async def test_sweep_finishes_a_dead_runtimes_claimless_entry_exactly_once(pg_url: str) -> None:
     """An open entry without any marker, left by a runtime that died, is finished by a live runtime
     without any restart within ~2 sweep intervals (it is older than the grace period): one clear, each
     reviewer's run queued once, the entry terminal; later sweeps leave it alone."""
@@ -228,7 +228,7 @@ def queued(url: str, task_id: str) -> bool:
     return not row[0]
 
 
-async def test_issue15_sweep_promotes_into_a_slot_a_dead_runtime_freed(pg_url: str) -> None:
+async def test_sweep_promotes_into_a_slot_a_dead_runtime_freed(pg_url: str) -> None:
     """A dead runtime committed the move that freed the only slot of a WIP-limited step and died before
     promoting: a live runtime's sweep admits the queued task within ~2 intervals, without any restart."""
     interval = 0.2

@@ -1,4 +1,4 @@
-"""The read-only views on PostgreSQL (issue 15, "`--db postgresql://…` everywhere a database is accepted").
+"""The read-only views on PostgreSQL.
 
 `onceflow tasks|runs|entries|decisions|outcomes --db postgresql://…` shows the same rows as on SQLite,
 reads beside live runtimes without blocking them, runs in a session that cannot write, and reports each way
@@ -77,7 +77,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_issue15_every_view_on_postgres_shows_the_rows_and_table_it_shows_on_sqlite(
+async def test_every_view_on_postgres_shows_the_rows_and_table_it_shows_on_sqlite(
     pg_url: str, tmp_path: Path, mock_clock: MockClock
 ) -> None:
     """Trio's clock stands still and the server's stands at `START`, the wall clock's reading: both
@@ -109,7 +109,7 @@ async def test_issue15_every_view_on_postgres_shows_the_rows_and_table_it_shows_
     assert sorted(row["phase"] for row in shown) == sorted([outcomes.ACKNOWLEDGED, outcomes.NEEDS_ACK])
 
 
-async def test_issue15_views_read_beside_live_runtimes_without_blocking_them(pg_url: str) -> None:
+async def test_views_read_beside_live_runtimes_without_blocking_them(pg_url: str) -> None:
     """Two runtimes serve the database. While a view's read transaction is open, both runtimes' commands
     complete (a view takes no lock a runtime waits for); then views run in a loop beside the runtimes'
     commands, and every view and every command succeeds."""
@@ -153,7 +153,7 @@ async def test_issue15_views_read_beside_live_runtimes_without_blocking_them(pg_
         assert max(viewed) > 0
 
 
-async def test_issue15_a_view_session_is_read_only_and_cannot_write(pg_url: str) -> None:
+async def test_a_view_session_is_read_only_and_cannot_write(pg_url: str) -> None:
     await _filled(pg_url)
     with open_read_only(pg_url) as conn:
         assert conn.execute("SHOW transaction_read_only").fetchone() == ("on",)
@@ -169,7 +169,7 @@ async def test_issue15_a_view_session_is_read_only_and_cannot_write(pg_url: str)
         assert check.execute("SELECT count(*) FROM tasks").fetchone() == (3,)
 
 
-async def test_issue15_views_hold_no_advisory_lock_and_mint_no_epoch(pg_url: str) -> None:
+async def test_views_hold_no_advisory_lock_and_mint_no_epoch(pg_url: str) -> None:
     await _filled(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as check:
         epochs_before = check.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
@@ -209,7 +209,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return lines[0]
 
 
-async def test_issue15_view_errors_are_one_line_exit_2_never_the_password(
+async def test_view_errors_are_one_line_exit_2_never_the_password(
     pg_url: str,
     postgres_server: PostgresServer,
     credentialed: Callable[[str], str],
@@ -256,7 +256,7 @@ async def test_issue15_view_errors_are_one_line_exit_2_never_the_password(
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
-async def test_issue15_views_refuse_another_schema_version_on_postgres(
+async def test_views_refuse_another_schema_version_on_postgres(
     pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await _filled(pg_url)

@@ -1,4 +1,4 @@
-"""WIP limits with several runtimes on one PostgreSQL database (issue 15, multi-runtime gap 1).
+"""WIP limits with several runtimes on one PostgreSQL database.
 
 Admissions into one WIP-limited step are serialized across runtimes by a transaction-scoped advisory lock
 keyed by (workflow, step), taken before the occupancy count (store/wip.py `serialize_admissions`). Without it
@@ -58,7 +58,7 @@ def admitted_at(url: str, step: str) -> int:
     return int(count)
 
 
-async def test_issue15_wip_three_runtimes_moving_and_creating_into_one_step_never_over_admit(
+async def test_wip_three_runtimes_moving_and_creating_into_one_step_never_over_admit(
     pg_url: str,
 ) -> None:
     """Three runtimes (three writer connections) move and create different tasks into one step with WIP
@@ -123,7 +123,7 @@ def admit(conn: Any, task: str) -> bool:
     return True
 
 
-def test_issue15_wip_admission_waits_for_the_other_runtimes_admitting_transaction(pg_url: str) -> None:
+def test_wip_admission_waits_for_the_other_runtimes_admitting_transaction(pg_url: str) -> None:
     """Deterministic: while one transaction has admitted A into a step of limit 1 and not committed, a
     second one's room check for B blocks on the step's lock, then sees the step full once A commits."""
     with two_transactions(pg_url) as (one, two):
@@ -147,7 +147,7 @@ def test_issue15_wip_admission_waits_for_the_other_runtimes_admitting_transactio
     assert admitted_at(pg_url, "narrow") == 1
 
 
-def test_issue15_wip_without_the_step_lock_two_transactions_both_see_room(
+def test_wip_without_the_step_lock_two_transactions_both_see_room(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check above can fail: with `serialize_admissions` a no-op (the code before the fix), the same
@@ -161,7 +161,7 @@ def test_issue15_wip_without_the_step_lock_two_transactions_both_see_room(
     assert admitted_at(pg_url, "narrow") == 2
 
 
-def test_issue15_wip_step_lock_is_a_no_op_on_sqlite(tmp_path: Any) -> None:
+def test_wip_step_lock_is_a_no_op_on_sqlite(tmp_path: Any) -> None:
     """SQLite's one writer serializes every transaction already: no statement is added there."""
     statements: list[str] = []
     with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as conn:

@@ -1,4 +1,4 @@
-"""Configured durations are finite and positive everywhere (issue 11, section 5: a NaN redelivery interval
+"""Configured durations are finite and positive everywhere (a NaN redelivery interval
 was accepted and redelivered in a hot loop)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ NOT_DURATIONS = [math.nan, math.inf, -math.inf, 0.0, -1.0, -1e-9, 10**400, "60",
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers())
-def test_issue11_a_duration_is_accepted_exactly_when_finite_and_positive(value: float) -> None:
+def test_a_duration_is_accepted_exactly_when_finite_and_positive(value: float) -> None:
     if math.isfinite(value) and value > 0:
         assert seconds("interval", value) == float(value)
     else:
@@ -28,7 +28,7 @@ def test_issue11_a_duration_is_accepted_exactly_when_finite_and_positive(value: 
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
-def test_issue11_an_idle_timeout_may_be_zero_but_must_be_finite_and_not_negative(value: float) -> None:
+def test_an_idle_timeout_may_be_zero_but_must_be_finite_and_not_negative(value: float) -> None:
     if math.isfinite(value) and value >= 0:
         assert seconds("idle", value, allow_zero=True) == value
     else:
@@ -37,7 +37,7 @@ def test_issue11_an_idle_timeout_may_be_zero_but_must_be_finite_and_not_negative
 
 
 @pytest.mark.parametrize("value", NOT_DURATIONS, ids=repr)
-async def test_issue11_open_runtime_refuses_a_bad_redelivery_interval_before_opening_anything(
+async def test_open_runtime_refuses_a_bad_redelivery_interval_before_opening_anything(
     db_path: Path, value: Any
 ) -> None:
     with pytest.raises(ValueError, match="redelivery_interval"):
@@ -47,7 +47,7 @@ async def test_issue11_open_runtime_refuses_a_bad_redelivery_interval_before_ope
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "0"], ids=repr)
-async def test_issue11_open_runtime_refuses_a_bad_actor_idle_timeout_before_opening_anything(
+async def test_open_runtime_refuses_a_bad_actor_idle_timeout_before_opening_anything(
     db_path: Path, value: Any
 ) -> None:
     with pytest.raises(ValueError, match="actor_idle_timeout"):
@@ -60,7 +60,7 @@ async def test_issue11_open_runtime_refuses_a_bad_actor_idle_timeout_before_open
     "field", ["initial_interval", "maximum_interval", "attempt_timeout", "cycle_timeout"]
 )
 @pytest.mark.parametrize("value", [math.nan, math.inf, 0.0, -2.0], ids=repr)
-def test_issue11_retry_policy_durations_are_finite_and_positive(field: str, value: float) -> None:
+def test_retry_policy_durations_are_finite_and_positive(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"^{field} must be"):
         RetryPolicy(**{field: value})
 
@@ -69,8 +69,6 @@ def test_issue11_retry_policy_durations_are_finite_and_positive(field: str, valu
     ("field", "value"),
     [("backoff_coefficient", math.nan), ("backoff_coefficient", 0.5), ("maximum_attempts", 0)],
 )
-def test_issue11_retry_policy_refuses_a_coefficient_below_one_and_no_attempts(
-    field: str, value: float
-) -> None:
+def test_retry_policy_refuses_a_coefficient_below_one_and_no_attempts(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"^{field} must be"):
         RetryPolicy(**{field: value})

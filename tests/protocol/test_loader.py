@@ -534,10 +534,10 @@ def test_any_unknown_action_config_key_is_named(key: str) -> None:
     assert f"unknown key {key!r}" in str(caught.value)
 
 
-# --- every problem at once, with the closest known name (issue 11, section 6) ---------------------------
+# --- every problem at once, with the closest known name ---------------------------
 
 
-def test_issue11_every_field_error_of_a_template_is_reported_not_only_the_first() -> None:
+def test_every_field_error_of_a_template_is_reported_not_only_the_first() -> None:
     data = _base()
     data["stpes"] = data.pop("steps")
     with pytest.raises(WorkflowError) as caught:
@@ -574,7 +574,7 @@ def test_issue11_every_field_error_of_a_template_is_reported_not_only_the_first(
     assert str(caught.value) == "t.yml: step 'todo': field 'colr': unknown key 'colr' (did you mean 'color'?)"
 
 
-def test_issue11_an_unknown_key_with_no_close_name_gets_no_suggestion() -> None:
+def test_an_unknown_key_with_no_close_name_gets_no_suggestion() -> None:
     data = _base()
     data["zzzzzz"] = 1
     with pytest.raises(WorkflowError) as caught:

@@ -137,7 +137,7 @@ async def test_cross_field_validation_error_does_not_name_the_type_tag_as_field(
 
 # --- the JSON-lines codec ---------------------------------------------------------------------------
 
-# Ids refuse control characters (issue 11, "Bounded everything"): category Cc is exactly those.
+# Ids refuse control characters: category Cc is exactly those.
 id_chars = st.characters(blacklist_categories=("Cc", "Cs"))
 ids = st.text(id_chars, min_size=1, max_size=20)
 move_tasks = st.builds(c.MoveTask, task_id=ids, step_id=ids)
@@ -196,3 +196,29 @@ async def test_a_refused_reply_names_the_type_it_read(
     assert not reply.ok and reply.error is not None and reply.error.code == "invalid_message"
     assert reply.command == command
     encode(reply).encode("utf-8")  # whatever was sent, the reply encodes
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "said"),
+    [
+        (
+            {"type": "move_tsk", "task_id": "T1"},
+            "type",
+            "unknown command type 'move_tsk' (did you mean 'move_task'?)",
+        ),
+        ({"type": "move_task", "task_id": "T1", "stepid": "work"}, "stepid", "(did you mean 'step_id'?)"),
+        (
+            {"type": "children_completed", "task_id": "T1", "children": [{"task_id": "c1", "stat": "x"}]},
+            "children.0.stat",
+            "(did you mean 'state'?)",
+        ),
+        ({"type": "move_task", "task_id": "T1", "step_id": "work", "zzzzzz": 1}, "zzzzzz", "unknown field"),
+    ],
+)
+async def test_an_unknown_command_or_field_is_answered_with_the_closest_known_name(
+    reviewing: Runtime, message: dict[str, Any], field: str, said: str
+) -> None:
+    reply = await send(reviewing, message)
+    assert reply.error is not None and (reply.error.code, reply.error.field) == ("invalid_message", field)
+    assert said in reply.error.message and ("did you mean" in said) == ("did you mean" in reply.error.message)
+    await assert_intact(reviewing)

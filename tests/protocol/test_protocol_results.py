@@ -1,4 +1,4 @@
-"""`Reply.result` is typed per command (issue 13 item 5): every result a handler builds has its model's shape.
+"""`Reply.result` is typed per command: every result a handler builds has its model's shape.
 
 The handlers build plain dicts; `protocol/results.py` declares each command's result type. Here a board is
 driven through every command type, on a real SQLite file, and every reply's result, as the JSON a host
@@ -212,7 +212,7 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     return c
 
 
-async def test_issue13_every_result_has_its_declared_shape(runtime: Runtime, kandev_templates: Path) -> None:
+async def test_every_result_has_its_declared_shape(runtime: Runtime, kandev_templates: Path) -> None:
     """Every command type is driven, every result validates (model and JSON Schema), and every declared
     variant of a command's result occurs at least once (a list query returned at least one row)."""
     checked = await drive_every_command(runtime, kandev_templates)
@@ -221,7 +221,7 @@ async def test_issue13_every_result_has_its_declared_shape(runtime: Runtime, kan
         assert _declared_shapes(declared) <= checked.seen[command], command
 
 
-def test_issue13_every_command_type_declares_a_result_type() -> None:
+def test_every_command_type_declares_a_result_type() -> None:
     commands = {model.model_fields["type"].default for model in COMMAND_TYPES}
     assert set(results.RESULTS) == commands
 
@@ -235,7 +235,7 @@ def test_issue13_every_command_type_declares_a_result_type() -> None:
         ("finish_run", {"run_id": 1, "status": "done"}),  # not one of the values
     ],
 )
-def test_issue13_a_result_of_another_shape_is_refused(command: str, result: dict[str, Any]) -> None:
+def test_a_result_of_another_shape_is_refused(command: str, result: dict[str, Any]) -> None:
     """The check is not vacuous: a drifted shape fails both the model and the JSON Schema."""
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(result, results.results_schema()[command])
@@ -243,7 +243,7 @@ def test_issue13_a_result_of_another_shape_is_refused(command: str, result: dict
         results.result_of(Reply(command=command, ok=True, result=result))
 
 
-def test_issue13_result_of_gives_the_typed_result() -> None:
+def test_result_of_gives_the_typed_result() -> None:
     reply = Reply(command="move_task", ok=True, result={"moved": True, "step_id": "work"})
     assert results.result_of(reply) == results.MoveResult(moved=True, step_id="work")
     refused = Reply(command="move_task", ok=False, error={"code": "not_found", "message": "no task"})
@@ -251,7 +251,7 @@ def test_issue13_result_of_gives_the_typed_result() -> None:
         results.result_of(refused)
 
 
-def test_issue13_schema_prints_each_commands_result(capsys: pytest.CaptureFixture[str]) -> None:
+def test_schema_prints_each_commands_result(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert set(printed["results"]) == set(results.RESULTS)

@@ -1,4 +1,4 @@
-"""Templates are bounded and cheap (issue 11, "`Runtime.send` never raises" and "Bounded everything").
+"""Templates are bounded and cheap.
 
 Hostile YAML is refused by the loader with a WorkflowError naming the file, the step and the field (or the
 line, for what YAML itself refuses); validation is linear in the steps; a restart costs a transaction only
@@ -82,21 +82,21 @@ def chain(n: int) -> str:
 @pytest.mark.parametrize(
     "value", ["2001-13-45", "2001-12-25", "2001-12-14t21:59:43.10-05:00", "!!timestamp 2001-13-45"]
 )
-def test_issue11_date_like_scalars_stay_their_text_as_kandev_reads_them(value: str) -> None:
+def test_date_like_scalars_stay_their_text_as_kandev_reads_them(value: str) -> None:
     """A scalar YAML 1.1 resolves as a timestamp is kept as its text (Go's yaml.v3 does so for a string
     field): `name: 2001-13-45` no longer raises ValueError from inside PyYAML, and no date object escapes."""
     workflow = load_workflow_text(MINIMAL.replace("name: Fixture", f"name: {value}", 1))
     assert workflow.name == value.removeprefix("!!timestamp ")
 
 
-def test_issue11_a_date_where_an_integer_belongs_names_step_and_field() -> None:
+def test_a_date_where_an_integer_belongs_names_step_and_field() -> None:
     error = refused(MINIMAL.replace("position: 0", "position: 2001-12-25", 1))
     assert (error.step_id, error.field) == ("todo", "steps[0].position")
     assert "valid integer" in error.message
 
 
 @pytest.mark.parametrize("literal", ["9" * 5000, "-" + "9" * 5000, "0x" + "f" * 5000, "1" + "_0" * 4000])
-def test_issue11_a_5000_digit_position_names_step_and_field(literal: str) -> None:
+def test_a_5000_digit_position_names_step_and_field(literal: str) -> None:
     error = refused(MINIMAL.replace("position: 0", f"position: {literal}", 1))
     assert (error.step_id, error.field) == ("todo", "steps[0].position")
     assert "9223372036854775807" in error.message or "-9223372036854775808" in error.message
@@ -115,13 +115,13 @@ def test_issue11_a_5000_digit_position_names_step_and_field(literal: str) -> Non
     ],
     ids=["flow_sequences", "flow_mappings", "block_sequences"],
 )
-def test_issue11_hundreds_of_levels_of_nesting_are_refused_naming_the_line(deep: str) -> None:
+def test_hundreds_of_levels_of_nesting_are_refused_naming_the_line(deep: str) -> None:
     error = refused(MINIMAL + deep + "\n")
     assert error.field == "" and f"nested deeper than {MAX_YAML_DEPTH} levels" in error.message
     assert "(line " in error.message
 
 
-def test_issue11_nesting_up_to_the_limit_loads_into_a_payload() -> None:
+def test_nesting_up_to_the_limit_loads_into_a_payload() -> None:
     """The bound is on nesting past MAX_YAML_DEPTH, not on payloads: a payload nested 50 deep loads."""
     depth = 50
     payload = "              deep: " + "[" * depth + "1" + "]" * depth + "\n"
@@ -137,7 +137,7 @@ ALIAS_BOMB = "".join(
 )
 
 
-def test_issue11_yaml_aliases_are_refused_naming_the_line() -> None:
+def test_yaml_aliases_are_refused_naming_the_line() -> None:
     """An 823-byte alias bomb nested 9 deep under a queue_run payload used to register and then freeze the
     process at every entry of the step (the payload expanded and hashed); aliases are now refused."""
     text = with_payload(ALIAS_BOMB)
@@ -149,18 +149,18 @@ def test_issue11_yaml_aliases_are_refused_naming_the_line() -> None:
     assert time.perf_counter() - started < 5  # refused before anything is expanded
 
 
-def test_issue11_an_anchor_without_alias_still_loads() -> None:
+def test_an_anchor_without_alias_still_loads() -> None:
     assert load_workflow_text(MINIMAL.replace("name: Fixture", "name: &n Fixture", 1)).name == "Fixture"
 
 
-def test_issue11_template_size_is_capped_in_utf8_bytes() -> None:
+def test_template_size_is_capped_in_utf8_bytes() -> None:
     padding = "# " + "é" * (MAX_TEMPLATE_BYTES // 2) + "\n"  # fewer characters than the cap, more bytes
     assert len(MINIMAL + padding) < MAX_TEMPLATE_BYTES < len((MINIMAL + padding).encode())
     error = refused(MINIMAL + padding)
     assert error.field == "" and f"at most {MAX_TEMPLATE_BYTES} bytes" in error.message
 
 
-def test_issue11_payload_encoded_size_is_capped_naming_step_and_field() -> None:
+def test_payload_encoded_size_is_capped_naming_step_and_field() -> None:
     error = refused(with_payload(f"              blob: {'x' * MAX_PAYLOAD_BYTES}\n"))
     assert (error.step_id, error.field) == ("review", "steps[2].events.on_enter[0].config.payload")
     assert f"the limit is {MAX_PAYLOAD_BYTES}" in error.message
@@ -174,19 +174,19 @@ def test_issue11_payload_encoded_size_is_capped_naming_step_and_field() -> None:
         ("              blob: !!binary aGVsbG8=\n", "JSON"),
     ],
 )
-def test_issue11_a_payload_that_is_not_json_is_refused_at_load(payload: str, fragment: str) -> None:
+def test_a_payload_that_is_not_json_is_refused_at_load(payload: str, fragment: str) -> None:
     """Refused when registered, not when the step is entered (its canonical JSON is hashed per entry)."""
     error = refused(with_payload(payload))
     assert (error.step_id, error.field) == ("review", "steps[2].events.on_enter[0].config.payload")
     assert fragment in error.message
 
 
-def test_issue11_step_count_is_capped() -> None:
+def test_step_count_is_capped() -> None:
     error = refused(chain(MAX_TEMPLATE_STEPS + 1))
     assert error.field == "steps" and str(MAX_TEMPLATE_STEPS) in error.message
 
 
-def test_issue11_actions_per_trigger_are_capped() -> None:
+def test_actions_per_trigger_are_capped() -> None:
     actions = "".join("        - type: move_to_next\n" for _ in range(MAX_TEMPLATE_ACTIONS + 1))
     text = MINIMAL.replace(
         "      on_turn_complete:\n        - type: move_to_next\n", "      on_turn_complete:\n" + actions
@@ -195,13 +195,13 @@ def test_issue11_actions_per_trigger_are_capped() -> None:
     assert (error.step_id, error.field) == ("work", "steps[1].events.on_turn_complete")
 
 
-def test_issue11_a_step_id_is_bounded_like_a_protocol_id() -> None:
+def test_a_step_id_is_bounded_like_a_protocol_id() -> None:
     error = refused(MINIMAL.replace("id: todo", "id: " + "t" * 257, 1))
     assert error.field == "steps[0].id"
     assert refused(MINIMAL.replace("id: todo", 'id: "to\\ndo"', 1)).field == "steps[0].id"
 
 
-async def test_issue11_hostile_templates_over_the_protocol_get_workflow_invalid(runtime: Runtime) -> None:
+async def test_hostile_templates_over_the_protocol_get_workflow_invalid(runtime: Runtime) -> None:
     """Through `register_workflow`: one typed reply naming the source, the runtime keeps serving."""
     for text in (
         with_payload(ALIAS_BOMB),
@@ -217,7 +217,7 @@ async def test_issue11_hostile_templates_over_the_protocol_get_workflow_invalid(
 # --- feeder links: linear validation -----------------------------------------------------------------
 
 
-def test_issue11_feeder_cycle_check_is_linear() -> None:
+def test_feeder_cycle_check_is_linear() -> None:
     """20,000 chained feeders (20 times the step cap) checked in well under 10 s: ~0.03 s here. The former
     walk, a list scan per link per step, was cubic (1,000 steps took seconds, 2,000 took 23 s), and even a
     quadratic one would need minutes at this size."""
@@ -233,7 +233,7 @@ def test_issue11_feeder_cycle_check_is_linear() -> None:
     assert time.perf_counter() - started < 10
 
 
-def test_issue11_a_feeder_chain_at_the_step_cap_validates() -> None:
+def test_a_feeder_chain_at_the_step_cap_validates() -> None:
     workflow = load_workflow_text(chain(MAX_TEMPLATE_STEPS))
     assert (
         workflow.fed_by("s0") == (workflow.step("s1"),)
@@ -241,7 +241,7 @@ def test_issue11_a_feeder_chain_at_the_step_cap_validates() -> None:
     )
 
 
-def test_issue11_a_cycle_is_reported_at_its_first_step_with_its_links() -> None:
+def test_a_cycle_is_reported_at_its_first_step_with_its_links() -> None:
     """A chain leading into a cycle is not itself reported; the cycle's first step (in file order) is."""
     text = chain(4).replace(
         "    wip_limit: 5\n    pull_from_step_id: s0\n", "    wip_limit: 5\n    pull_from_step_id: s3\n", 1
@@ -252,7 +252,7 @@ def test_issue11_a_cycle_is_reported_at_its_first_step_with_its_links() -> None:
     assert error.message == "pull_from_step_id links form a cycle: s1 -> s3 -> s2 -> s1"
 
 
-def test_issue11_a_feeder_chain_through_an_unknown_step_names_that_step() -> None:
+def test_a_feeder_chain_through_an_unknown_step_names_that_step() -> None:
     """s1 pulls from s2, which pulls from a step that does not exist: s2 is named (this used to escape the
     loader as a KeyError, raised out of `Runtime.send`)."""
     text = chain(3).replace("pull_from_step_id: s1", "pull_from_step_id: ghost", 1)
@@ -265,7 +265,7 @@ def test_issue11_a_feeder_chain_through_an_unknown_step_names_that_step() -> Non
 # --- the runtime: parse off the Trio thread, restart without a transaction per step -------------------
 
 
-async def test_issue11_registration_parses_in_a_worker_thread(
+async def test_registration_parses_in_a_worker_thread(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Parsing a template at the step cap is CPU-bound; other Trio tasks keep running meanwhile (the parse
@@ -311,7 +311,7 @@ async def count_transactions(monkeypatch: pytest.MonkeyPatch, work: Callable[[],
     return count
 
 
-async def test_issue11_restart_costs_no_transaction_per_idle_step(
+async def test_restart_costs_no_transaction_per_idle_step(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Start-up promotion reads where tasks stand once and promotes only steps someone can enter: a
@@ -328,7 +328,7 @@ async def test_issue11_restart_costs_no_transaction_per_idle_step(
     assert await count_transactions(monkeypatch, restart) < 10
 
 
-async def test_issue11_start_up_still_pulls_from_a_feeder_and_onwards(db_path: Path) -> None:
+async def test_start_up_still_pulls_from_a_feeder_and_onwards(db_path: Path) -> None:
     """What start-up promotion did before it skipped idle steps, it still does: a task admitted at a feeder
     is pulled into the step with room (rule 2), and on into the step that step feeds, in position order."""
     async with open_runtime(db_path) as rt:

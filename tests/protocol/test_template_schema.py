@@ -1,4 +1,4 @@
-"""`onceflow schema --template`: the template format's JSON Schema, for an editor (issue 13 item 5).
+"""`onceflow schema --template`: the template format's JSON Schema, for an editor.
 
 Checked with the `jsonschema` package, as a YAML language server would use it: every fixture template
 validates, and for a table of edits the schema and the loader agree (both accept, or both refuse).
@@ -90,7 +90,7 @@ def loads(data: dict[str, Any], *, import_path: bool = False) -> bool:
     return True
 
 
-def test_issue13_every_fixture_template_validates_against_the_template_schema(kandev_templates: Path) -> None:
+def test_every_fixture_template_validates_against_the_template_schema(kandev_templates: Path) -> None:
     files = [
         *sorted(kandev_templates.glob("*.yml")),
         *sorted((REPO / "tests" / "fixtures" / "workflows").glob("*.yml")),
@@ -169,7 +169,7 @@ GUARD = {"role": "reviewer", "threshold": "all_approve"}
         ("steps.0.id", "x" * 257, False),
     ],
 )
-def test_issue13_template_schema_and_loader_agree(path: str, value: Any, valid: bool) -> None:
+def test_template_schema_and_loader_agree(path: str, value: Any, valid: bool) -> None:
     """An edit the loader refuses is flagged by the schema (what an editor underlines), and one it accepts
     is not."""
     data = edited(path, value)
@@ -177,7 +177,7 @@ def test_issue13_template_schema_and_loader_agree(path: str, value: Any, valid: 
     assert validator().is_valid(data) is valid
 
 
-def test_issue13_template_schema_for_the_import_path_admits_its_extra_actions() -> None:
+def test_template_schema_for_the_import_path_admits_its_extra_actions() -> None:
     data = edited(
         "steps.0.events.on_enter.0", {"type": "run_code_review", "config": {"agent_profile_id": "bot"}}
     )
@@ -185,7 +185,7 @@ def test_issue13_template_schema_for_the_import_path_admits_its_extra_actions() 
     assert not loads(data) and not validator().is_valid(data)
 
 
-def test_issue13_schema_template_prints_the_template_schema(capsys: pytest.CaptureFixture[str]) -> None:
+def test_schema_template_prints_the_template_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schema", "--template"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(template_schema()))
@@ -205,7 +205,7 @@ MINIMAL_CONFIG: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("import_path", [False, True])
-def test_issue13_template_schema_allows_each_action_type_exactly_where_the_loader_does(
+def test_template_schema_allows_each_action_type_exactly_where_the_loader_does(
     import_path: bool,
 ) -> None:
     """Every action type under every trigger: the schema's per-trigger allow-lists are the loader's."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import decide, list_runs, ok, to_review
+from helpers import REPO, decide, list_runs, ok, to_review
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol.codec import EVENT_ADAPTER
+from onceflow.protocol.codec import EVENT_ADAPTER, command_schema, decode_command
+from onceflow.protocol.errors import ProtocolError
+from onceflow.protocol.operation_ids import operation_id
 from onceflow.protocol.results import results_schema
 from onceflow.protocol.times import RFC3339_UTC, rfc3339, rfc3339_or_none, unix_seconds
 
@@ -60,3 +62,85 @@ async def test_results_and_events_carry_rfc3339_times(office: Runtime) -> None:
     await decide(office, "T1", "review", "rev-b", "approved")
     listed = await ok(office, {"type": "list_decisions", "task_id": "T1"})
     assert all(RFC3339_UTC.match(d["created_at"]) for d in listed.result["decisions"])
+
+
+def _properties(schema: Any, path: str = "") -> list[tuple[str, str, Any]]:
+    """Every property anywhere in a JSON Schema: (path, name, its schema)."""
+    found = []
+    if isinstance(schema, dict):
+        for name, sub in schema.get("properties", {}).items():
+            found.append((path, name, sub))
+        for key, sub in schema.items():
+            found.extend(_properties(sub, f"{path}.{key}"))
+    elif isinstance(schema, list):
+        for n, sub in enumerate(schema):
+            found.extend(_properties(sub, f"{path}[{n}]"))
+    return found
+
+
+def test_every_time_a_command_takes_accepts_rfc3339_and_says_so() -> None:
+    """A command field described in Unix seconds also accepts RFC 3339 UTC text (the schema's string
+    option, with the format's pattern), and its description names both."""
+    unix = [
+        (path, name, sub)
+        for path, name, sub in _properties(command_schema()["command"])
+        if "unix" in sub.get("description", "").lower().replace("unix>", "")
+    ]
+    assert {name for _, name, _ in unix} >= {"retry_at", "unix", "period_start"}
+    for path, name, sub in unix:
+        strings = [o for o in sub.get("anyOf", [sub]) if o.get("type") == "string"]
+        assert strings and strings[0].get("pattern") == RFC3339_UTC.pattern, (path, name)
+        assert "RFC 3339" in sub["description"], (path, name)
+
+
+def test_the_docs_never_call_a_time_unix_seconds_without_rfc3339() -> None:
+    """Wherever README or docs/ speak of Unix seconds on the wire, the same paragraph says RFC 3339: the
+    protocol's one format, a number of Unix seconds being only also accepted on input."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for paragraph in page.read_text(encoding="utf-8").split("\n\n"):
+            for line in paragraph.splitlines():
+                if "unix seconds" in line.lower():
+                    assert "RFC 3339" in paragraph, (page.name, line)
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        ("2026-03-01T12:00:00Z", 1_772_366_400.0),
+        ("2026-03-01T12:00:00.250Z", 1_772_366_400.25),
+        (1_772_366_400.5, 1_772_366_400.5),
+        ("1772366400", 1_772_366_400.0),  # a numeric string, as pydantic always read it
+    ],
+)
+def test_retry_at_reads_rfc3339_or_unix_seconds(sent: Any, read: float) -> None:
+    command = decode_command(
+        {"type": "finish_run", "run_id": 1, "status": "failed", "unfenced": True, "retry_at": sent}
+    )
+    assert command.retry_at == read  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("field", "sent", "said"),
+    [
+        ("retry_at", "tomorrow", "RFC 3339"),
+        ("retry_at", "2026-03-01T12:00:00+01:00", "RFC 3339"),
+        ("unix", "2026-03-01T12:00:00.5Z", "whole seconds"),
+    ],
+)
+def test_a_time_in_another_format_is_refused_naming_the_field(field: str, sent: str, said: str) -> None:
+    base: dict[str, Any] = (
+        {"type": "finish_run", "run_id": 1, "status": "failed", "unfenced": True}
+        if field == "retry_at"
+        else {"type": "heartbeat", "task_id": "T", "step_id": "s"}
+    )
+    with pytest.raises(ProtocolError) as refused:
+        decode_command({**base, field: sent})
+    assert refused.value.field == field and said in refused.value.message
+
+
+def test_a_heartbeat_time_in_rfc3339_names_the_same_operation_as_its_unix_seconds() -> None:
+    as_text = decode_command(
+        {"type": "heartbeat", "task_id": "T", "step_id": "s", "unix": "2026-03-01T12:00:00Z"}
+    )
+    as_number = decode_command({"type": "heartbeat", "task_id": "T", "step_id": "s", "unix": 1_772_366_400})
+    assert operation_id(as_text) == operation_id(as_number)  # type: ignore[arg-type] == "heartbeat:T:s:1772366400"

@@ -1,4 +1,4 @@
-"""Events and replies built without validation are the validated ones (issue 14, "Events cheap to build").
+"""Events and replies built without validation are the validated ones.
 
 `protocol/trusted.py` builds the hot path's events and every `Runtime.send` reply without pydantic
 validation. A host must observe nothing of it: each built instance must equal the validated
@@ -128,12 +128,12 @@ def _hash(model: BaseModel) -> int | str:
 
 
 @given(case=builders_and_arguments)
-def test_issue14_a_trusted_event_equals_the_validated_one(case: tuple[Callable[..., BaseModel], Any]) -> None:
+def test_a_trusted_event_equals_the_validated_one(case: tuple[Callable[..., BaseModel], Any]) -> None:
     builder, arguments = case
     assert_same(builder(**arguments), MODELS[builder](**arguments))
 
 
-def test_issue14_each_trusted_builder_takes_exactly_its_models_fields() -> None:
+def test_each_trusted_builder_takes_exactly_its_models_fields() -> None:
     """A field added to a model without its builder fails here, not silently in a reply."""
     for builder, model in MODELS.items():
         parameters = set(inspect.signature(builder).parameters)
@@ -141,7 +141,7 @@ def test_issue14_each_trusted_builder_takes_exactly_its_models_fields() -> None:
     assert set(inspect.signature(trusted.reply).parameters) == set(Reply.model_fields) - {"type", "ok"}
 
 
-def test_issue14_a_trusted_event_stays_frozen() -> None:
+def test_a_trusted_event_stays_frozen() -> None:
     event = trusted.run_queued(
         run_id=1, task_id="T", step_id="s", agent_profile_id="a", reason="r", idempotency_key=None
     )
@@ -156,7 +156,7 @@ events = st.lists(
 
 
 @given(command=text, produced=events, result=json_value)
-def test_issue14_a_trusted_ok_reply_serializes_as_the_validated_one(
+def test_a_trusted_ok_reply_serializes_as_the_validated_one(
     command: str, produced: list[Any], result: Any
 ) -> None:
     built = trusted.reply(command, list(produced), result=result)
@@ -166,7 +166,7 @@ def test_issue14_a_trusted_ok_reply_serializes_as_the_validated_one(
 
 
 @given(command=text, produced=events, code=text, field=optional_text, retryable=st.booleans())
-def test_issue14_a_trusted_error_reply_serializes_as_the_validated_one(
+def test_a_trusted_error_reply_serializes_as_the_validated_one(
     command: str, produced: list[Any], code: str, field: str | None, retryable: bool
 ) -> None:
     error = ErrorInfo(code=code, message="m", field=field, retryable=retryable)
@@ -175,7 +175,7 @@ def test_issue14_a_trusted_error_reply_serializes_as_the_validated_one(
     assert_same(built, validated)
 
 
-def test_issue14_an_outbox_reply_is_a_copy_of_its_events_so_far() -> None:
+def test_an_outbox_reply_is_a_copy_of_its_events_so_far() -> None:
     """Validation copied the list: an event emitted after the reply was built is not in it."""
     out = Outbox(EventHub())
     out.emit(StepEntered(task_id="T", step_id="s", entry_seq=1, entry_path="E2"))
@@ -185,7 +185,7 @@ def test_issue14_an_outbox_reply_is_a_copy_of_its_events_so_far() -> None:
     assert reply == Reply(command="move_task", ok=True, result={"task_id": "T"}, events=out.events[:1])
 
 
-def test_issue14_a_diagnostic_with_a_level_not_in_the_protocol_is_refused_naming_level() -> None:
+def test_a_diagnostic_with_a_level_not_in_the_protocol_is_refused_naming_level() -> None:
     hub = EventHub()
     subscriber = hub.subscribe()
     out = Outbox(hub)
@@ -196,7 +196,7 @@ def test_issue14_a_diagnostic_with_a_level_not_in_the_protocol_is_refused_naming
         subscriber.receive_nowait()
 
 
-def test_issue14_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_event() -> None:
+def test_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_event() -> None:
     hub = EventHub()
     subscriber = hub.subscribe()
     out = Outbox(hub)
@@ -208,7 +208,7 @@ def test_issue14_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_eve
     assert subscriber.receive_nowait() is out.events[0]
 
 
-def test_issue14_emit_counts_exactly_the_events_count_event_counts() -> None:
+def test_emit_counts_exactly_the_events_count_event_counts() -> None:
     """The emitter skips `count_event` for types outside COUNTED_EVENTS: each event type the hot path emits
     counts exactly when its type is in that set, and the set is the types `count_event` knows."""
     reader = InMemoryMetricReader()
@@ -262,7 +262,7 @@ class _Records(logging.Handler):
 
 
 @pytest.mark.parametrize("host_level", [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR])
-def test_issue14_a_log_below_the_hosts_level_is_dropped_before_it_is_built(host_level: int) -> None:
+def test_a_log_below_the_hosts_level_is_dropped_before_it_is_built(host_level: int) -> None:
     """Without structlog configured each level reaches `logging` exactly when the logger is enabled for it
     (as `filter_by_level` decided before), with its fields as discrete attributes; `logging.disable` too."""
     name = f"onceflow.test_trusted.{host_level}"
@@ -277,7 +277,7 @@ def test_issue14_a_log_below_the_hosts_level_is_dropped_before_it_is_built(host_
         log.warning("w", task_id="T")
         log.error("e", task_id="T")
         expected = [n for n, level in zip("diwe", (10, 20, 30, 40), strict=True) if level >= host_level]
-        assert [r.getMessage() for r in handler.records] == expected
+        assert [r.event for r in handler.records] == expected  # type: ignore[attr-defined]
         assert all(getattr(r, "task_id", None) == "T" for r in handler.records)
         logging.disable(logging.CRITICAL)
         log.error("dropped", task_id="T")

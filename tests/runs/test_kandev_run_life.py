@@ -327,3 +327,18 @@ async def test_concurrent_claimers_never_share_a_run(runtime: Runtime) -> None:
         for _ in range(60):
             nursery.start_soon(claimer)
     assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 120
+
+
+async def test_retry_at_in_rfc3339_schedules_the_same_retry_as_unix_seconds_and_comes_back_as_sent(
+    runtime: Runtime, hand_clock: HandClock
+) -> None:
+    """A host writes `retry_at` in the protocol's one time format, and reads the same text back."""
+    run = await worker_run(runtime)
+    reset = rfc3339(round(hand_clock.now) + 3600)  # whole seconds, so the text round-trips exactly
+    reply = await fail(runtime, run, retry_at=reset)
+    [scheduled] = events(reply, "run_retry_scheduled")
+    assert (reply.result["retry_at"], scheduled.retry_at) == (reset, reset)
+    hand_clock.advance(unix_seconds(reset) - hand_clock.now - 1)
+    assert await claim(runtime, "worker") is None
+    hand_clock.advance(1)
+    assert (await claimed(runtime, "worker"))["id"] == run["id"]

@@ -396,8 +396,12 @@ async def test_a_worker_iterated_without_entering_it_says_so(rt: Runtime) -> Non
             pass
 
 
-def test_run_error_refuses_a_retry_time_that_is_not_unix_seconds() -> None:
-    for retry_at in (-1.0, float("inf"), float("nan"), True):
+def test_run_error_takes_a_retry_time_in_rfc3339_or_unix_seconds_and_refuses_others() -> None:
+    assert (
+        RunError("x", retry_at="2026-03-01T12:00:00Z").retry_at
+        == RunError("x", retry_at=1_772_366_400).retry_at
+    )
+    for retry_at in (-1.0, float("inf"), float("nan"), True, "tomorrow", "2026-03-01T12:00:00+01:00"):
         with pytest.raises(ProtocolError) as refused:
             RunError("x", retry_at=retry_at)
         assert refused.value.field == "retry_at"

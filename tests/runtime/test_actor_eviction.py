@@ -1,4 +1,4 @@
-"""Idle task actors are evicted and re-spawned on demand (issue 7's memory target), without losing a message,
+"""Idle task actors are evicted and re-spawned on demand, without losing a message,
 cancelling a command in flight, or forgetting anything committed."""
 
 from __future__ import annotations
@@ -145,11 +145,11 @@ async def test_with_a_zero_timeout_racing_senders_never_lose_a_message(
         assert rt.live_actors == 0
 
 
-async def test_issue14_a_zero_timeout_evicts_without_a_cancel_scope_per_message(
+async def test_a_zero_timeout_evicts_without_a_cancel_scope_per_message(
     db_path: Path, kandev_templates: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At the default timeout an emptied mailbox evicts its actor at once: no deadline is armed and no
-    Cancelled is raised and caught per message (issue 14: that cost ~10 % of an entry's CPU). Messages
+    Cancelled is raised and caught per message (that cost ~10 % of an entry's CPU). Messages
     queued behind one another are still served by the same actor, in order."""
     armed: list[float] = []
     move_on_after = trio.move_on_after

@@ -1,4 +1,4 @@
-"""An idle task's command runs on its asker's own Trio task (issue 14, item "No per-message actor churn").
+"""An idle task's command runs on its asker's own Trio task.
 
 The actor model stays: a task's commands never overlap, one finishes before the next starts, nothing is lost
 when senders race an eviction, a cancelled asker still completes its command, a crash is logged and the
@@ -87,7 +87,7 @@ async def _runtime_with(rt: Runtime, *task_ids: str) -> None:
         await ok(rt, {"type": "create_task", "task_id": task_id, "workflow_id": "tiny"})
 
 
-async def test_issue14_an_idle_tasks_command_runs_on_the_askers_own_task(db_path: Path) -> None:
+async def test_an_idle_tasks_command_runs_on_the_askers_own_task(db_path: Path) -> None:
     host = ProbeHost()
     async with open_runtime(db_path, host=host, clock=FakeClock()) as rt:
         await _runtime_with(rt, "T1")
@@ -102,7 +102,7 @@ _SENDER = st.tuples(st.integers(0, 5), st.sampled_from(STEPS), st.integers(0, 1)
 _ROUND = st.lists(_SENDER, min_size=2, max_size=8)
 
 
-async def test_issue14_racing_senders_are_serialized_per_task_and_none_is_lost(db_path: Path) -> None:
+async def test_racing_senders_are_serialized_per_task_and_none_is_lost(db_path: Path) -> None:
     """Hypothesis picks, per sender, how many checkpoints it waits before sending, its target step and its
     task (two tasks); the host's preflight checkpoints too. A task's commands never overlap, every sender is
     answered, and once all are answered no actor is left."""
@@ -169,7 +169,7 @@ async def test_a_cancelled_asker_still_completes_its_lent_command_then_sees_the_
         assert rt.live_actors == 0
 
 
-async def test_issue14_a_crash_in_a_lent_command_is_logged_and_the_queued_commands_are_served(
+async def test_a_crash_in_a_lent_command_is_logged_and_the_queued_commands_are_served(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = TaskActor.handle
@@ -206,7 +206,7 @@ async def test_issue14_a_crash_in_a_lent_command_is_logged_and_the_queued_comman
         assert rt.live_actors == 0
 
 
-async def test_issue14_shutdown_waits_for_a_lent_command_and_serves_what_queued_behind_it(
+async def test_shutdown_waits_for_a_lent_command_and_serves_what_queued_behind_it(
     db_path: Path,
 ) -> None:
     host = ProbeHost()
@@ -263,7 +263,7 @@ class _PlainHost(RecordingHost):
     """A RecordingHost subclass with an instance dict (no override of its own)."""
 
 
-async def test_issue14_the_preflight_await_is_skipped_only_for_the_default_host(db_path: Path) -> None:
+async def test_the_preflight_await_is_skipped_only_for_the_default_host(db_path: Path) -> None:
     """The engine skips awaiting `RecordingHost.preflight_transition` (it accepts everything); a preflight
     set on the host instance is still asked, and its refusal still refuses the move."""
     host = _PlainHost()

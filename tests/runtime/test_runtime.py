@@ -89,9 +89,7 @@ async def test_second_runtime_on_the_same_file_fails_at_once(db_path: Path, cloc
         assert (await ok(again, {"type": "list_runs"})).result["runs"] == []
 
 
-async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
-    db_path: Path, clock: FakeClock
-) -> None:
+async def test_a_hard_link_to_a_live_runtimes_database_is_refused(db_path: Path, clock: FakeClock) -> None:
     linked = db_path.with_name("linked.db")
     async with open_runtime(db_path, clock=clock) as first:
         os.link(db_path, linked)
@@ -104,10 +102,10 @@ async def test_issue11_a_hard_link_to_a_live_runtimes_database_is_refused(
         assert (await ok(again, {"type": "list_runs"})).result["runs"] == []
 
 
-# --- a single cause surfaces as itself (issue 11, section 5) -----------------------------------------
+# --- a single cause surfaces as itself -----------------------------------------
 
 
-async def test_issue11_an_error_in_the_body_surfaces_as_itself_not_as_an_exception_group(
+async def test_an_error_in_the_body_surfaces_as_itself_not_as_an_exception_group(
     db_path: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(FileNotFoundError) as info:
@@ -125,7 +123,7 @@ def break_the_workflows_table(conn: sqlite3.Connection) -> None:
     )
 
 
-async def test_issue11_a_runtime_that_fails_to_open_raises_the_single_cause(db_path: Path) -> None:
+async def test_a_runtime_that_fails_to_open_raises_the_single_cause(db_path: Path) -> None:
     async with open_runtime(db_path):
         pass
     conn = sqlite3.connect(db_path)
@@ -139,7 +137,7 @@ async def test_issue11_a_runtime_that_fails_to_open_raises_the_single_cause(db_p
         pass
 
 
-async def test_issue11_a_cause_keeps_its_own_context(db_path: Path) -> None:
+async def test_a_cause_keeps_its_own_context(db_path: Path) -> None:
     with pytest.raises(ValueError, match="bad value") as info:
         async with open_runtime(db_path):
             try:
@@ -150,7 +148,7 @@ async def test_issue11_a_cause_keeps_its_own_context(db_path: Path) -> None:
     assert info.value.__suppress_context__
 
 
-async def test_issue11_several_causes_stay_an_exception_group(db_path: Path) -> None:
+async def test_several_causes_stay_an_exception_group(db_path: Path) -> None:
     with pytest.raises(BaseExceptionGroup) as info:
         async with open_runtime(db_path):
             raise ExceptionGroup("two", [ValueError("a"), KeyError("b")])
@@ -158,7 +156,7 @@ async def test_issue11_several_causes_stay_an_exception_group(db_path: Path) -> 
     assert info.value.subgroup(KeyError) is not None
 
 
-async def test_issue11_a_cancelled_runtime_still_exits_through_its_cancel_scope(db_path: Path) -> None:
+async def test_a_cancelled_runtime_still_exits_through_its_cancel_scope(db_path: Path) -> None:
     with trio.move_on_after(0.05) as scope:
         async with open_runtime(db_path):
             await trio.sleep_forever()
@@ -325,12 +323,12 @@ async def test_send_after_close_replies_instead_of_raising(db_path: Path, clock:
     assert not runtime_reply.ok
 
 
-async def test_issue12_creating_a_task_at_its_start_step_is_not_an_entry_so_on_enter_is_the_hosts_job(
+async def test_creating_a_task_at_its_start_step_is_not_an_entry_so_on_enter_is_the_hosts_job(
     office: Runtime, host: RecordingHost
 ) -> None:
     """office-default's start step (work) declares on_enter auto_start_agent. Creating a task there is not a
     step entry (spec: out of scope), so nothing of it runs: starting the agent at creation is the host's
-    job. Entering the same step later does run it (issue 12 item 8)."""
+    job. Entering the same step later does run it."""
     created = await create_task(office, "T1", step_id=None)
     assert await step_of(office, "T1") == "work"
     assert [e.type for e in created.events] == ["task_created"]
@@ -341,7 +339,7 @@ async def test_issue12_creating_a_task_at_its_start_step_is_not_an_entry_so_on_e
     assert [e.step_id for e in events(entered, "step_entered")] == ["work"]
 
 
-def test_issue14_switch_interval_holds_while_the_runtime_is_open_and_is_restored(tmp_path: Path) -> None:
+def test_switch_interval_holds_while_the_runtime_is_open_and_is_restored(tmp_path: Path) -> None:
     """`open_runtime(switch_interval=...)`: the GIL switch interval while open, the previous one after, even
     when the body raises; None leaves it alone."""
     before = sys.getswitchinterval()
@@ -362,7 +360,7 @@ def test_issue14_switch_interval_holds_while_the_runtime_is_open_and_is_restored
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
-def test_issue14_a_bad_switch_interval_is_refused_before_anything_opens(tmp_path: Path, bad: float) -> None:
+def test_a_bad_switch_interval_is_refused_before_anything_opens(tmp_path: Path, bad: float) -> None:
     async def main() -> None:
         async with open_runtime(tmp_path / "c.db", switch_interval=bad):
             pass

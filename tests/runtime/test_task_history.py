@@ -270,3 +270,32 @@ steps:
   - {id: a, name: A, position: 0, is_start_step: true}
   - {id: b, name: B, position: 1}
 """
+
+
+async def test_the_entries_view_shows_every_entry_the_history_tells(
+    db_path: Path | str, kandev_templates: Path
+) -> None:
+    """`onceflow entries` lists each entry a transition in the history made, the steps that allocate no
+    entry record (Work, Done: only host-owned on_enter actions) included, with the same path and entry."""
+    clock = FakeClock()
+    async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
+        await first_part(rt, clock, kandev_templates)
+        await second_part(rt, clock)
+        items = (await history(rt, "T1"))["items"]
+        shown = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli", "entries", "--db", str(db_path), "--task", "T1", "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert shown.returncode == 0, shown.stderr
+    entries = [json.loads(line) for line in shown.stdout.splitlines()]
+    told = sorted(
+        (i["detail"]["to_step"], i["detail"]["entry_path"], i["detail"]["entry_seq"] or 0)
+        for i in items
+        if i["kind"] == "transition" and not i["detail"]["queued"]
+    )
+    assert sorted((e["step_id"], e["entry_path"], e["entry_seq"] or 0) for e in entries) == told
+    assert any(e["entry_seq"] is None for e in entries) and any(e["entry_seq"] for e in entries)
+    keys = [(e["step_id"], e["entry_seq"] is not None) for e in entries]
+    assert keys == sorted(keys)  # (task, step) order, as the records always were

@@ -1,4 +1,4 @@
-"""The board the storage-fault tests share: 40 reviewers fanned out on entering Review (issue 11, item 4).
+"""The board the storage-fault tests share: 40 reviewers fanned out on entering Review.
 
 Used by tests/store/test_storage_faults.py, tests/store/test_storage_full_disk.py and its child process.
 """
@@ -65,7 +65,7 @@ async def cap_pages(store: StoreActor, extra: int | None) -> None:
 
 def small_cache(conn: sqlite3.Connection) -> None:
     """Keep one page in memory (SQLite's floor applies), so a big transaction spills pages to the WAL as it
-    goes and a full disk stops it mid fan-out, as it did in issue 11, not only at COMMIT."""
+    goes and a full disk stops it mid fan-out, not only at COMMIT."""
     conn.execute("PRAGMA cache_size=1")
 
 

@@ -1,6 +1,6 @@
 """Storage faults in the store: their classification, savepoints on a dead transaction, and group commit.
 
-Issue 11, items 2 and 4: after an error that ends the transaction, the whole request and every request of
+After an error that ends the transaction, the whole request and every request of
 its batch fail, none is told it succeeded, and nothing is written outside BEGIN ... COMMIT.
 """
 
@@ -134,7 +134,7 @@ def test_savepoint_whose_block_swallowed_a_transaction_ending_error_does_not_rel
         with (
             pytest.raises(sqlite3.OperationalError, match="transaction ended inside savepoint sp"),
             savepoint(conn, "sp"),
-            contextlib.suppress(sqlite3.Error),  # the catch-and-continue shape issue 11 found
+            contextlib.suppress(sqlite3.Error),  # the catch-and-continue shape that once hid a fault
         ):
             conn.execute("INSERT INTO t VALUES (randomblob(?))", (BIG,))
 

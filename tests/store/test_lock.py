@@ -84,7 +84,7 @@ def other_names(db: Path) -> list[Path]:
     return [linked, symlinked, db.parent / "sub" / ".." / db.name]
 
 
-def test_issue11_every_name_of_an_owned_database_is_refused_in_process(tmp_path: Path) -> None:
+def test_every_name_of_an_owned_database_is_refused_in_process(tmp_path: Path) -> None:
     db = tmp_path / "o.db"
     with acquire_database_lock(db):
         names = other_names(db)
@@ -98,7 +98,7 @@ def test_issue11_every_name_of_an_owned_database_is_refused_in_process(tmp_path:
             pass
 
 
-def test_issue11_every_name_of_an_owned_database_is_refused_from_another_process(tmp_path: Path) -> None:
+def test_every_name_of_an_owned_database_is_refused_from_another_process(tmp_path: Path) -> None:
     db = tmp_path / "o.db"
     with acquire_database_lock(db):
         names = other_names(db)

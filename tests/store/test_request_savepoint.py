@@ -1,7 +1,7 @@
 """`request_savepoint`: the common entry's block rolled back to the writer's own per-request savepoint.
 
-Issue 14 item "A writer fast path for the common entry" (its savepoint is the request's, two statements
-fewer per entry); issue 11 item 4 (after an error that ended the transaction nothing more is executed).
+The writer's fast path for the common entry (its savepoint is the request's, two statements
+fewer per entry); and after an error that ended the transaction nothing more is executed).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def rows(conn: sqlite3.Connection) -> list[tuple[int]]:
     return conn.execute("SELECT x FROM t ORDER BY x").fetchall()
 
 
-def test_issue14_request_savepoint_keeps_the_block_that_returns(tmp_path: Path) -> None:
+def test_request_savepoint_keeps_the_block_that_returns(tmp_path: Path) -> None:
     conn = open_request(tmp_path / "db")
     with request_savepoint(conn):
         conn.execute("INSERT INTO t VALUES (1)")
@@ -35,7 +35,7 @@ def test_issue14_request_savepoint_keeps_the_block_that_returns(tmp_path: Path) 
     assert rows(conn) == [(1,)]
 
 
-def test_issue14_request_savepoint_rolls_back_a_raising_block_and_the_request_goes_on(tmp_path: Path) -> None:
+def test_request_savepoint_rolls_back_a_raising_block_and_the_request_goes_on(tmp_path: Path) -> None:
     conn = open_request(tmp_path / "db")
     with pytest.raises(ValueError, match="anomaly"), request_savepoint(conn):
         conn.execute("INSERT INTO t VALUES (1)")
@@ -47,7 +47,7 @@ def test_issue14_request_savepoint_rolls_back_a_raising_block_and_the_request_go
     assert rows(conn) == [(2,)]
 
 
-def test_issue11_request_savepoint_touches_nothing_after_the_transaction_ended(tmp_path: Path) -> None:
+def test_request_savepoint_touches_nothing_after_the_transaction_ended(tmp_path: Path) -> None:
     """A block that ended the transaction: its error propagates untouched (no ROLLBACK TO on a connection
     with no transaction); a block that returns with the transaction gone fails, never kept silently."""
     conn = open_request(tmp_path / "db")

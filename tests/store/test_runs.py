@@ -144,8 +144,8 @@ async def test_a_failing_coalesced_key_undoes_the_merge(tmp_path: Path) -> None:
         assert (row.id, row.coalesced_count, row.payload) == (first.run_id, 0, {"n": 1})
 
 
-async def test_issue12_coalescing_never_crosses_tasks(tmp_path: Path) -> None:
-    """Two tasks sharing an agent, same reason within 5 s: each task keeps its own run (item 2)."""
+async def test_coalescing_never_crosses_tasks(tmp_path: Path) -> None:
+    """Two tasks sharing an agent, same reason within 5 s: each task keeps its own run."""
     async with open_store(tmp_path / "db") as store:
         await _tasks(store, "T1", "T2")
         a = await _enqueue(store, RunRequest("ceo", "T1", "work", "agent_error"), T0)
@@ -157,8 +157,8 @@ async def test_issue12_coalescing_never_crosses_tasks(tmp_path: Path) -> None:
         assert [(r.task_id, r.coalesced_count) for r in rows] == [("T1", 1), ("T2", 0)]
 
 
-async def test_issue12_a_coalesced_enqueue_records_its_own_key(tmp_path: Path) -> None:
-    """k2 merges into k1's run; k2 redelivered after the 5 s window is a no-op, not a second run (item 3)."""
+async def test_a_coalesced_enqueue_records_its_own_key(tmp_path: Path) -> None:
+    """k2 merges into k1's run; k2 redelivered after the 5 s window is a no-op, not a second run."""
     async with open_store(tmp_path / "db") as store:
         first = await _enqueue(store, RunRequest("agent", None, None, "r", idempotency_key="k1"), T0)
         merged = await _enqueue(store, RunRequest("agent", None, None, "r", idempotency_key="k2"), T0 + 1)

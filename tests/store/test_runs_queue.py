@@ -1,4 +1,4 @@
-"""The runs queue seen through the protocol: coalescing scope and coalesced keys (issue 12 items 2, 3)."""
+"""The runs queue seen through the protocol: coalescing scope and coalesced keys."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ async def _agent_error(rt: Runtime, task_id: str, run_id: str) -> list[str]:
     return [e.type for e in reply.events if e.type.startswith("run_")]
 
 
-async def test_issue12_coalescing_never_crosses_tasks(runtime: Runtime, clock: FakeClock) -> None:
-    """Two tasks sharing the workspace CEO agent error within 5 s: each task gets its own run (item 2)."""
+async def test_coalescing_never_crosses_tasks(runtime: Runtime, clock: FakeClock) -> None:
+    """Two tasks sharing the workspace CEO agent error within 5 s: each task gets its own run."""
     await register(runtime, AGENT_ERROR_TO_CEO)
     await _task(runtime, "T1")
     await _task(runtime, "T2")
@@ -70,9 +70,9 @@ async def test_issue12_coalescing_never_crosses_tasks(runtime: Runtime, clock: F
     assert [(r["task_id"], r["coalesced_count"]) for r in queued] == [("T1", 1), ("T2", 0)]
 
 
-async def test_issue12_a_coalesced_enqueue_is_a_no_op_when_redelivered_after_a_restart(db_path: Path) -> None:
+async def test_a_coalesced_enqueue_is_a_no_op_when_redelivered_after_a_restart(db_path: Path) -> None:
     """agent_error r-2 merges into r-1's run; redelivered after a restart (the ledger starts empty) it queues
-    nothing, because the merge recorded r-2's key (item 3)."""
+    nothing, because the merge recorded r-2's key."""
     clock = FakeClock()
     async with open_runtime(db_path, host=RecordingHost(), clock=clock) as rt:
         await register(rt, AGENT_ERROR_TO_CEO)
@@ -149,7 +149,7 @@ steps:
 
 async def test_ac_a7_participant_role_target_wakes_every_match(runtime: Runtime) -> None:
     """rev-a and rev-b seated: queue_run to participant_role:reviewer queues one run for each, each with its
-    own key, on an event trigger and on on_enter alike (issue 12 item 5; AC-A7's same target resolution)."""
+    own key, on an event trigger and on on_enter alike (AC-A7's same target resolution)."""
     await register(runtime, ROLE_TARGET)
     for step in ("work", "review"):
         for reviewer in ("rev-a", "rev-b"):

@@ -1,4 +1,4 @@
-"""Storage faults are typed refusals and never half-commit (issue 11, items 2 and 4).
+"""Storage faults are typed refusals and never half-commit.
 
 A full database is made in-process with a capped `PRAGMA max_page_count` on the writer's own connection
 (SQLite then answers SQLITE_FULL and rolls the whole transaction back, as a full disk can); a busy one by a

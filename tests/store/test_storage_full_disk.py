@@ -1,4 +1,4 @@
-"""A real full disk mid fan-out commits nothing, and a retry once space returns is exact (issue 11, item 4).
+"""A real full disk mid fan-out commits nothing, and a retry once space returns is exact.
 
 Two real limits: a file-size limit (`RLIMIT_FSIZE`) in a child process, which every OS user can set, and,
 where the test may mount one (root), a size-capped tmpfs volume filled to the last byte. The in-process

@@ -91,7 +91,7 @@ def sqlite_temporary_files() -> list[str]:
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd (Linux)")
 async def test_a_request_savepoint_journal_stays_in_memory(tmp_path: Path) -> None:
-    """Issue 14: a request runs in a savepoint whose journal keeps every page the request changes. With
+    """A request runs in a savepoint whose journal keeps every page the request changes. With
     SQLite's default temp_store it spills past 64 KiB into a temporary file, created and unlinked per spill
     (about one entry in three at 1 task). A request rewriting ~40 pages holds no such file."""
     async with open_store(tmp_path / "o.db") as store:
@@ -345,7 +345,7 @@ async def test_second_open_fails_at_once_and_reopen_after_close_works(tmp_path: 
         assert await again.transact(workflow_ids) == {"first"}
 
 
-async def test_issue11_a_missing_directory_is_an_error_and_no_folder_is_created(tmp_path: Path) -> None:
+async def test_a_missing_directory_is_an_error_and_no_folder_is_created(tmp_path: Path) -> None:
     path = tmp_path / "missing" / "o.db"
     with pytest.raises(FileNotFoundError) as info:
         async with open_store(path):

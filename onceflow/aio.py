@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 
@@ -233,7 +233,7 @@ class AsyncioRuntime:
 
     def runs(
         self,
-        agent_profile_id: str,
+        agent_profile_id: str | Sequence[str] | None,
         *,
         lease_seconds: float | None = None,
         wait_seconds: float = 60.0,

@@ -13,6 +13,8 @@ subcommand runs its own Trio run.
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json] [--limit N]
                                                               read-only views (onceflow.views), streamed
+  onceflow queue --db FILE|URL [--json]                       per agent: queued, claimed, ceiling, oldest age,
+                                                              paused, refused in the last hour
   onceflow history --db FILE|URL --task ID [--json] [--limit N]
                                                               a task's history (onceflow.history)
   onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
@@ -373,7 +375,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("onceflow.cli:_add_schema", "print the protocol's JSON Schema"),
     **{
         view: ("onceflow.views:add_commands", f"show the {view} of a database {_READ_ONLY}")
-        for view in ("tasks", "runs", "entries", "decisions", "outcomes", "workflows")
+        for view in ("tasks", "runs", "entries", "decisions", "outcomes", "workflows", "queue")
     },
     "history": ("onceflow.history:add_command", f"show a task's history {_READ_ONLY}"),
     "prune": ("onceflow.prune:add_commands", "delete resolved history older than the retention, now"),

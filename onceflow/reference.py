@@ -23,7 +23,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_WINDOW, SEQ_BLOCK
 from onceflow.actors.runtime.host_broker import MAX_OFFERS
-from onceflow.protocol import errors, host_calls, limits, results, times, tracecontext
+from onceflow.protocol import causation, errors, host_calls, limits, results, times, tracecontext
+from onceflow.protocol.causation import CAUSE_FIELDS
 from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event, Reply
@@ -433,12 +434,12 @@ def _reply() -> str:
 
 def _commands() -> str:
     defs = COMMAND_ADAPTER.json_schema()["$defs"]
-    parts = ["## Commands", _trace_context(defs)]
+    parts = ["## Commands", _trace_context(defs), _causation(defs)]
     for model in COMMAND_TYPES:
         schema = defs[model.__name__]
         tag = _tag(model)
         result = _python_type(results.RESULTS[tag])
-        skip = ("type", *TRACE_FIELDS)
+        skip = ("type", *TRACE_FIELDS, *CAUSE_FIELDS)
         parts += [f"### `{tag}`", _paragraphs(schema.get("description", "")), _fields(schema, skip=skip)]
         parts.append(f"**Result:** {result}.")
     return "\n\n".join(parts)
@@ -455,6 +456,19 @@ def _trace_context(defs: Mapping[str, Any]) -> str:
         + "."
     )
     return "\n\n".join(["### Trace context", intro, text, _fields(fields)])
+
+
+def _causation(defs: Mapping[str, Any]) -> str:
+    """The causation fields, said once: every command has them (protocol/causation.py)."""
+    schema = defs[COMMAND_TYPES[0].__name__]
+    fields = {"properties": {name: schema["properties"][name] for name in CAUSE_FIELDS}}
+    text = _paragraphs(inspect.getdoc(causation) or "").split("\n\n", 1)[1]
+    intro = (
+        "Every command below also accepts the two causation fields, left out of its table: "
+        + ", ".join(f"`{name}`" for name in CAUSE_FIELDS)
+        + "."
+    )
+    return "\n\n".join(["### Causation", intro, text, _fields(fields)])
 
 
 def _events() -> str:

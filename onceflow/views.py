@@ -1,7 +1,7 @@
-"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes, workflow versions.
-Main thread, its own read-only connection (never the writer's).
+"""Read-only views of a board's database: tasks, runs, step entries, decisions, outcomes, workflow versions,
+the queue. Main thread, its own read-only connection (never the writer's).
 
-`onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json]` reads the
+`onceflow tasks|runs|entries|decisions|outcomes|workflows|queue --db FILE|URL [--task ID] [--json]` reads the
 database while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that
 never writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
 committed state. A `postgresql://` URL is opened with store/postgres.py's `connect` in a read-only session
@@ -13,6 +13,10 @@ one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol
 lists every step entry `history` tells of: the entry records, and the entries of steps that allocate none
 (their on_enter declares only host-owned actions, as Work and Done do), read from their transitions with
 `entry_seq` None.
+
+`onceflow queue` is `queue_stats` per agent (queued, claimed, ceiling, oldest age, paused, refused in the last
+hour), then a `(global)` line when a global limit is set; ages are judged by this process's clock on SQLite,
+by the server's on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -24,19 +28,20 @@ import itertools
 import json
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.protocol.times import rfc3339
-from onceflow.store import history, outcomes, participants, runs, step_entries, tasks, workflows
+from onceflow.store import flow, history, outcomes, participants, runs, step_entries, tasks, workflows
 from onceflow.store.connection import Connection
 from onceflow.store.records import TaskRecord
 from onceflow.store.schema import SCHEMA_VERSION
 from onceflow.store.urls import database_arg, is_postgres_url, redacted
 
-VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes", "workflows")
+VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes", "workflows", "queue")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
 CANNOT_RUN = 2
 """Exit status when the database cannot be read: `onceflow.cli.CANNOT_RUN` (cli imports this module)."""
@@ -321,6 +326,35 @@ def _workflows(conn: Connection, _: str | None) -> Iterator[list[Row]]:
     ]
 
 
+def _queue(conn: Connection, _: str | None) -> Iterator[list[Row]]:
+    agents, limits, _pauses, _now = flow.queue_stats(conn, time.time())
+    page: list[Row] = [
+        {
+            "agent_profile_id": a.agent_profile_id,
+            "queued": a.queued,
+            "claimed": a.claimed,
+            "max_concurrent": a.max_concurrent,
+            "runs_per_hour": a.runs_per_hour,
+            "oldest_age_s": None if a.oldest_age is None else round(a.oldest_age, 3),
+            "paused": a.paused,
+            "rate_limited_last_hour": a.rate_limited_last_hour,
+        }
+        for a in agents
+    ]
+    for limit in limits:
+        if limit.scope == "global":
+            page.append(
+                {
+                    "agent_profile_id": "(global)",
+                    "queued": sum(row["queued"] for row in page),
+                    "claimed": sum(row["claimed"] for row in page),
+                    "max_concurrent": limit.max_concurrent,
+                    "runs_per_hour": limit.runs_per_hour,
+                }
+            )
+    yield page
+
+
 _QUERIES: dict[str, Callable[[Connection, str | None], Iterator[list[Row]]]] = {
     "tasks": _tasks,
     "runs": _runs,
@@ -328,6 +362,7 @@ _QUERIES: dict[str, Callable[[Connection, str | None], Iterator[list[Row]]]] = {
     "decisions": _decisions,
     "outcomes": _outcomes,
     "workflows": _workflows,
+    "queue": _queue,
 }
 
 # What a table shows per view (JSON lines carry every field). Nested values are rendered as compact JSON.
@@ -338,6 +373,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
              "requested_at", "idempotency_key"),
     "entries": ("task_id", "step_id", "entry_seq", "entry_path", "terminal", "markers"),
     "decisions": ("id", "task_id", "step_id", "role", "decider_id", "decision", "created_at", "comment"),
+    "queue": ("agent_profile_id", "queued", "claimed", "max_concurrent", "runs_per_hour", "oldest_age_s",
+              "paused", "rate_limited_last_hour"),
     "outcomes": ("outcome_id", "phase", "delivery_attempts", "duplicate_signals", "stale_acknowledgements",
                  "coordinator_fence", "delivered_at", "acknowledged_at", "last_delivery_error"),
     "workflows": ("workflow_id", "newest", "versions", "live_tasks_by_version"),

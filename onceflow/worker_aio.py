@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -98,7 +98,9 @@ class AsyncioRuns:
         ShuttingDownError: the runtime is not open.
     """
 
-    def __init__(self, owner: AsyncioRuntime, agent_profile_id: str, **options: Any) -> None:
+    def __init__(
+        self, owner: AsyncioRuntime, agent_profile_id: str | Sequence[str] | None, **options: Any
+    ) -> None:
         if owner._runtime is None or not owner._accepting:
             raise ShuttingDownError("the runtime is shutting down")
         self._owner = owner

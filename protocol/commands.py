@@ -11,10 +11,20 @@ surrogate is not valid Unicode and is refused. Operation-id shapes follow operat
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeGuard, cast, get_args
+import json
+from typing import Annotated, Any, Literal, TypeGuard, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from onceflow.protocol.causation import Causation
 from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.host_calls import CallKind, CallStatus
 from onceflow.protocol.limits import (
@@ -51,8 +61,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
 
-class _Command(_Model, TraceContext):
-    """A command: its own fields and the trace context every command may carry (`tracecontext.py`)."""
+class _Command(_Model, TraceContext, Causation):
+    """A command: its own fields, and the trace context (`tracecontext.py`) and causation (`causation.py`)
+    every command may carry."""
 
 
 class RegisterWorkflow(_Command):
@@ -259,22 +270,40 @@ Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
 
 class ClaimRun(_Command):
-    """Claim the oldest eligible run of an agent profile (reply result: the run with its `claim_token` and
-    lease, or null): a queued run whose retry time has come, or a claimed one whose lease expired. Each
-    claim mints a new `claim_token` (the fencing token `renew_run` and `finish_run` take) and counts an
-    attempt. A run past its age limit is cancelled on the way (`run_cancelled`, reason `run_too_old`), never
-    handed out; a run of a step entry its task has left was cancelled when it left (`entry_left`)."""
+    """Claim the next eligible run of an agent profile, of any of several, or of any agent (reply result: the
+    run with its `claim_token` and lease, or null): a queued run whose retry time has come, or a claimed one
+    whose lease expired; the lowest priority class first (after aging), then the oldest; across several
+    agents, the least recently served agent first within a class. Each claim mints a new `claim_token` (the
+    fencing token `renew_run` and `finish_run` take) and counts an attempt. A run past its age limit is
+    cancelled on the way (`run_cancelled`, reason `run_too_old`), never handed out; a run of a step entry
+    its task has left was cancelled when it left (`entry_left`). Runs of agents at their `max_concurrent`
+    ceiling (or with the global one reached), and paused runs, are not handed out: a null result then comes
+    with a `run_claim_held` event in the reply saying why (`at_capacity` with the limit, or `paused`)."""
 
     type: Literal["claim_run"] = "claim_run"
     """The command name."""
-    agent_profile_id: Id
-    """The agent profile claiming work."""
+    agent_profile_id: Id | None = None
+    """The agent profile claiming work (or `agent_profile_ids`; neither: any agent)."""
+    agent_profile_ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_LIST_ITEMS)] | None = None
+    """Claim for any of these agent profiles, fairly (not with `agent_profile_id`)."""
     lease_seconds: Seconds | None = None
     """How long the claim holds before the run returns to the queue unless renewed; None: the runtime's
     `RunPolicy.lease` (at most its `max_lease`)."""
     wait_seconds: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0
     """When no run is eligible, wait up to this many seconds for one (a long poll; no busy polling) before
     answering null. A wait that is cancelled (the client went away) claims nothing."""
+
+    @model_validator(mode="after")
+    def _one_agent_field(self) -> ClaimRun:
+        if self.agent_profile_id is not None and self.agent_profile_ids is not None:
+            raise ValueError("send agent_profile_id or agent_profile_ids, not both")
+        return self
+
+    def agents(self) -> list[str] | None:
+        """The agent profiles claimed for (None: any), without repeats, in the order given."""
+        if self.agent_profile_id is not None:
+            return [self.agent_profile_id]
+        return None if self.agent_profile_ids is None else list(dict.fromkeys(self.agent_profile_ids))
 
 
 class RenewRun(_Command):
@@ -290,6 +319,22 @@ class RenewRun(_Command):
     """The token its claim returned."""
     lease_seconds: Seconds | None = None
     """The new lease from now; None: the runtime's `RunPolicy.lease`."""
+
+
+MAX_RESULT_BYTES = 64 * 1024
+"""The most bytes of canonical JSON a run's `result` may take."""
+
+
+def _json_result(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be JSON (string keys, no NaN or infinity): {exc}") from None
+    if len(encoded) > MAX_RESULT_BYTES:
+        raise ValueError(f"encodes to {len(encoded)} bytes of JSON; the limit is {MAX_RESULT_BYTES}")
+    return value
 
 
 class FinishRun(_Command):
@@ -319,6 +364,9 @@ class FinishRun(_Command):
     retry_at: Instant | None = None
     """When to retry, instead of the backoff (a rate limit's reset time): RFC 3339 UTC, or a number of Unix
     seconds."""
+    result: Annotated[Any, AfterValidator(_json_result)] = None
+    """What the run produced (any JSON, at most 64 KiB as canonical JSON): stored with the run, returned by
+    `get_run` and `list_runs`, pruned with it. None: nothing stored."""
 
     @field_validator("unfenced")
     @classmethod
@@ -341,6 +389,117 @@ class CancelRun(_Command):
     """The run."""
     reason: Name = "cancelled_by_host"
     """Why (the `run_cancelled` event carries it)."""
+
+
+class GetRun(_Command):
+    """One run as `list_runs` shows it (its stored `result` included); `not_found` naming `run_id` when there
+    is none (or it was pruned)."""
+
+    type: Literal["get_run"] = "get_run"
+    """The command name."""
+    run_id: Int64
+    """The run."""
+
+
+class RequeueRun(_Command):
+    """Hand a claimed run back to the queue (a compare-and-set on the current `claim_token`): queued again in
+    its place in line (its attempt counted), for any claimer; a stale token is a `conflict` naming
+    `claim_token`. `run_requeued` says so."""
+
+    type: Literal["requeue_run"] = "requeue_run"
+    """The command name."""
+    run_id: Int64
+    """The claimed run."""
+    claim_token: Id
+    """The token its claim returned."""
+
+
+class RetryRun(_Command):
+    """Queue a fresh run for a failed or cancelled one (also one refused `rate_limited`: an operator's retry
+    passes the limits): same agent, task, step, reason and payload, priority at most 1 (recovery), in the
+    same causation chain, linked by `retry_of`. Any other status is a `conflict` naming `run_id`."""
+
+    type: Literal["retry_run"] = "retry_run"
+    """The command name."""
+    run_id: Int64
+    """The failed or cancelled run."""
+
+
+Count = Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
+"""A positive integer limit (sent as a JSON number; 0 is refused: pausing is how to stop)."""
+
+
+class SetLimits(_Command):
+    """Set an agent profile's (or the global) flow limits; a limit left out is kept, `null` removes it.
+    `max_concurrent`: the most live claims at once (claimed, lease not expired), checked in the claim's
+    own transaction on every runtime; `runs_per_hour`: the most runs queued in the last hour (runs of
+    human-rooted chains exempt; an enqueue past it is `rate_limited`). Limits are durable."""
+
+    type: Literal["set_limits"] = "set_limits"
+    """The command name."""
+    scope: Literal["agent", "global"]
+    """agent (with `id`) or global (without)."""
+    id: Id | None = None
+    """The agent profile (scope agent only)."""
+    max_concurrent: Count | None = None
+    """The ceiling of live claims (1..1000000; null: none)."""
+    runs_per_hour: Count | None = None
+    """The hourly rate of new runs (1..1000000; null: none)."""
+
+    @model_validator(mode="after")
+    def _scoped(self) -> SetLimits:
+        if (self.scope == "agent") != (self.id is not None):
+            raise ValueError("id is required for scope agent and refused for scope global")
+        return self
+
+
+PauseScope = Literal["agent", "workflow", "task", "all"]
+
+
+class _Scoped(_Command):
+    scope: PauseScope
+    """agent, workflow or task (with `id`), or all (without)."""
+    id: Id | None = None
+    """The agent profile, workflow or task (not for all)."""
+
+    @model_validator(mode="after")
+    def _scoped(self) -> _Scoped:
+        if (self.scope == "all") != (self.id is None):
+            raise ValueError("id is required for scopes agent, workflow and task, and refused for all")
+        return self
+
+
+class Pause(_Scoped):
+    """Stop handing out the scope's runs (claims answer null with `run_claim_held`, reason `paused`); they
+    keep queueing and keep their order. Durable, and on PostgreSQL held by every runtime."""
+
+    type: Literal["pause"] = "pause"
+    """The command name."""
+    reason: Text = ""
+    """Why (shown by `list_pauses` and `onceflow queue`)."""
+
+
+class Resume(_Scoped):
+    """Lift the scope's pause: its runs go out again in their order (another pause covering them still
+    holds)."""
+
+    type: Literal["resume"] = "resume"
+    """The command name."""
+
+
+class ListPauses(_Command):
+    """Every pause in force, oldest first."""
+
+    type: Literal["list_pauses"] = "list_pauses"
+    """The command name."""
+
+
+class QueueStats(_Command):
+    """The queue per agent (queued, claimed, ceiling, oldest age, paused, rate-limited in the last hour),
+    the limits and the pauses (what `onceflow queue` shows)."""
+
+    type: Literal["queue_stats"] = "queue_stats"
+    """The command name."""
 
 
 # --- event triggers: each carries what its operation id is built from -----------------------------
@@ -712,6 +871,14 @@ Command = Annotated[
     | GetTask
     | ListTasks
     | ListRuns
+    | GetRun
+    | RequeueRun
+    | RetryRun
+    | SetLimits
+    | Pause
+    | Resume
+    | ListPauses
+    | QueueStats
     | ListDecisions
     | ListStepEntries
     | ListReviewRuns
@@ -758,6 +925,14 @@ RuntimeCommand = (
     | RenewRun
     | FinishRun
     | CancelRun
+    | GetRun
+    | RequeueRun
+    | RetryRun
+    | SetLimits
+    | Pause
+    | Resume
+    | ListPauses
+    | QueueStats
     | ListTasks
     | ListRuns
     | ListReviewRuns

@@ -143,6 +143,14 @@ class RunQueued(_Event):
     """The action's `reason` (default: the trigger's name)."""
     idempotency_key: str | None
     """The key that deduplicates it for 24 hours after it resolves (None: not deduplicated)."""
+    outcome: Literal["queued"] = "queued"
+    """The enqueue's outcome (every enqueue event carries one: queued, deduped, coalesced, rate_limited)."""
+    priority: int = 2
+    """Its priority class (0 human, 1 recovery, 2 event, 3 periodic)."""
+    parent_run_id: int | None = None
+    """The run that caused it (None: a root)."""
+    causation_depth: int = 0
+    """Its depth in its causation chain (a root is 0)."""
 
 
 class RunSuppressed(_Event):
@@ -161,6 +169,8 @@ class RunSuppressed(_Event):
     """The enqueue's reason."""
     idempotency_key: str
     """The honoured key."""
+    outcome: Literal["deduped"] = "deduped"
+    """The enqueue's outcome: deduped."""
 
 
 class RunCoalesced(_Event):
@@ -178,6 +188,87 @@ class RunCoalesced(_Event):
     """The shared reason."""
     coalesced_count: int
     """How many enqueues the run now stands for, beyond the first."""
+    outcome: Literal["coalesced"] = "coalesced"
+    """The enqueue's outcome: coalesced."""
+
+
+class RunRateLimited(_Event):
+    """An enqueue was refused by a flow limit (committed): no run will do it. It is kept as a cancelled run
+    (`run_id`, outcome_reason `rate_limited`) for `list_runs` and `queue_stats`; its idempotency key was not
+    used, so the same enqueue goes through once the limit allows. `retry_run` queues it anyway."""
+
+    type: Literal["run_rate_limited"] = "run_rate_limited"
+    """The event name."""
+    run_id: int
+    """The refused run (cancelled)."""
+    task_id: str | None
+    """The task the enqueue was for."""
+    agent_profile_id: str
+    """The agent profile the enqueue was for."""
+    reason: str
+    """The enqueue's reason."""
+    outcome: Literal["rate_limited"] = "rate_limited"
+    """The enqueue's outcome: rate_limited."""
+    limit: str
+    """The limit that refused it: max_causation_depth (the chain would be deeper), self_triggers (a fourth
+    run of one agent for one reason, caused by its own runs, in one chain), runs_per_hour (the agent's), or
+    global_runs_per_hour."""
+    limit_value: int
+    """The limit's value."""
+    parent_run_id: int | None
+    """The run that caused the enqueue."""
+    causation_depth: int
+    """The depth the run would have had."""
+
+
+class RunClaimHeld(_Event):
+    """A claim found eligible runs but handed none out (in the `claim_run` reply only, never broadcast): the
+    agents are at their ceiling or the global one is reached (`at_capacity`), or the runs are paused."""
+
+    type: Literal["run_claim_held"] = "run_claim_held"
+    """The event name."""
+    reason: Literal["at_capacity", "paused"]
+    """Why no run was handed out."""
+    limit_scope: Literal["agent", "global"] | None = None
+    """For at_capacity: whose ceiling (None for paused)."""
+    limit_id: str | None = None
+    """For an agent's ceiling: the agent profile."""
+    max_concurrent: int | None = None
+    """For at_capacity: the ceiling."""
+
+
+class RunRequeued(_Event):
+    """A host handed a claimed run back (`requeue_run`, committed): queued again in its place in line."""
+
+    type: Literal["run_requeued"] = "run_requeued"
+    """The event name."""
+    run_id: int
+    """The run."""
+    task_id: str | None
+    """The task it is for."""
+    agent_profile_id: str
+    """The agent profile it is for."""
+    attempt: int
+    """Claims it has had so far."""
+
+
+class FlowChanged(_Event):
+    """Flow control changed (committed): `set_limits`, `pause` or `resume` took effect."""
+
+    type: Literal["flow_changed"] = "flow_changed"
+    """The event name."""
+    change: Literal["limits_set", "paused", "resumed"]
+    """What changed."""
+    scope: str
+    """The scope: agent or global (limits); agent, workflow, task or all (pauses)."""
+    id: str | None
+    """The agent profile, workflow or task (None: global or all)."""
+    max_concurrent: int | None = None
+    """limits_set: the ceiling now (None: none)."""
+    runs_per_hour: int | None = None
+    """limits_set: the hourly rate now (None: none)."""
+    reason: str | None = None
+    """paused: why."""
 
 
 class _RunChange(_Event):
@@ -366,6 +457,10 @@ Event = Annotated[
     | RunQueued
     | RunSuppressed
     | RunCoalesced
+    | RunRateLimited
+    | RunClaimHeld
+    | RunRequeued
+    | FlowChanged
     | RunClaimed
     | RunFinished
     | RunRetryScheduled

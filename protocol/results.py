@@ -158,6 +158,29 @@ class RunInfo(TypedDict):
     """Why it was failed, cancelled or queued again (run_too_old, entry_left, lease_expired, ...)."""
     last_error: str | None
     """What the host last reported when an attempt failed."""
+    priority: int
+    """Its priority class: 0 human, 1 recovery, 2 event (the default), 3 periodic; claims take the lowest
+    class first (a run waiting longer than the policy's `aging_s` is promoted, never into 0)."""
+    parent_run_id: int | None
+    """The run whose work caused it (the enqueuing command's `caused_by_run_id`); None: a root."""
+    causation_depth: int
+    """How many runs lie between it and its chain's root (a root is 0)."""
+    chain_id: int
+    """Its causation chain: the root run's id (a root's own id)."""
+    human_rooted: bool
+    """True when its chain's root came from a command sent with `actor_kind: human` (exempt from
+    `runs_per_hour`)."""
+    retry_of: int | None
+    """The failed or cancelled run `retry_run` queued it for."""
+    result: Any
+    """What the host's `finish_run` reported as the run's result (JSON, at most 64 KiB); None: none."""
+    enqueue_outcome: Literal["queued", "rate_limited"]
+    """`queued`, or `rate_limited`: its enqueue was refused by the limit `rate_limit` (it is kept cancelled,
+    outcome_reason `rate_limited`, never handed out). Enqueues merged into it count in `coalesced_count`; a
+    deduplicated enqueue makes no run (its `run_suppressed` event names this one)."""
+    rate_limit: str | None
+    """The limit that refused its enqueue: max_causation_depth, self_triggers, runs_per_hour,
+    global_runs_per_hour; None when queued."""
 
 
 @_result
@@ -189,6 +212,116 @@ class RunCancelledResult(TypedDict):
     """The run."""
     cancelled: bool
     """False when it was already cancelled (a no-op)."""
+
+
+@_result
+class RunRequeued(TypedDict):
+    """`requeue_run`: the claim handed back; the run is queued again in its place in line."""
+
+    run_id: int
+    """The run."""
+    status: RunStatus
+    """queued."""
+
+
+@_result
+class RunRetried(TypedDict):
+    """`retry_run`: the fresh run queued for a failed or cancelled one."""
+
+    run_id: int
+    """The new run (`retry_of` names the old one)."""
+    retry_of: int
+    """The run retried."""
+
+
+@_result
+class LimitInfo(TypedDict):
+    """A limit set with `set_limits` (None: not set)."""
+
+    scope: Literal["agent", "global"]
+    """agent or global."""
+    id: str | None
+    """The agent profile (scope agent); None for global."""
+    max_concurrent: int | None
+    """The most live claims (claimed, lease not expired) at once."""
+    runs_per_hour: int | None
+    """The most runs queued in the last hour (runs of human-rooted chains exempt)."""
+
+
+@_result
+class PauseInfo(TypedDict):
+    """A pause (`pause`, `list_pauses`)."""
+
+    scope: Literal["agent", "workflow", "task", "all"]
+    """What it pauses."""
+    id: str | None
+    """The agent profile, workflow or task; None for all."""
+    reason: str
+    """Why (as given)."""
+    paused_at: str
+    """Since when (RFC 3339 UTC)."""
+
+
+@_result
+class PauseResult(TypedDict):
+    """`pause`: the pause in force."""
+
+    pause: PauseInfo
+    """The pause (a scope paused already keeps its first pause)."""
+    created: bool
+    """False when the scope was paused already (a no-op)."""
+
+
+@_result
+class ResumeResult(TypedDict):
+    """`resume`: the pause lifted; its runs go out again in their order."""
+
+    resumed: bool
+    """False when the scope was not paused (a no-op)."""
+
+
+@_result
+class PauseList(TypedDict):
+    """`list_pauses`: every pause, oldest first."""
+
+    pauses: list[PauseInfo]
+    """The pauses."""
+
+
+@_result
+class AgentQueueStats(TypedDict):
+    """One agent's line of `queue_stats`."""
+
+    agent_profile_id: str
+    """The agent profile."""
+    queued: int
+    """Runs queued (retries waiting included)."""
+    claimed: int
+    """Runs claimed."""
+    max_concurrent: int | None
+    """Its ceiling; None: none."""
+    runs_per_hour: int | None
+    """Its hourly rate; None: none."""
+    oldest_age_s: float | None
+    """Seconds its oldest queued run has waited; None: none queued."""
+    paused: bool
+    """True while a pause of the agent (or of all) holds."""
+    rate_limited_last_hour: int
+    """Its enqueues refused in the last hour."""
+
+
+@_result
+class QueueStatsResult(TypedDict):
+    """`queue_stats`: the queue per agent, the limits and the pauses."""
+
+    agents: list[AgentQueueStats]
+    """Per agent with an open run, a limit, a pause or a refusal in the last hour, by id."""
+    limits: list[LimitInfo]
+    """Every limit, global first."""
+    pauses: list[PauseInfo]
+    """Every pause."""
+    as_of: str
+    """When it was read (RFC 3339 UTC; on PostgreSQL the server's clock)."""
 
 
 @_result
@@ -841,6 +974,14 @@ RESULTS: Mapping[str, Any] = MappingProxyType(
         "renew_run": RunRenewed,
         "finish_run": FinishOutcome,
         "cancel_run": RunCancelledResult,
+        "get_run": RunInfo,
+        "requeue_run": RunRequeued,
+        "retry_run": RunRetried,
+        "set_limits": LimitInfo,
+        "pause": PauseResult,
+        "resume": ResumeResult,
+        "list_pauses": PauseList,
+        "queue_stats": QueueStatsResult,
         "task_comment": TriggerResult,
         "blockers_resolved": TriggerResult,
         "children_completed": ChildrenCompletedResult | ChildrenNotTerminal | AlreadyApplied,

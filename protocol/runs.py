@@ -61,6 +61,10 @@ class RunPolicy:
       ask for.
     - `max_attempts`: claims at most (leases that expired included) before the run fails
       (`too_many_attempts`), so a run that kills every host it reaches stops being handed out.
+    - `aging_s`: a queued run waiting longer than this is promoted one priority class per `aging_s` waited,
+      never into class 0 (human) (docs/flow.md).
+    - `max_causation_depth`: the deepest a run caused by runs may be (a root is 0); an enqueue deeper is
+      refused `rate_limited` (limit `max_causation_depth`).
 
     Every time is measured on the runtime's clock, monotonic while the process lives (on PostgreSQL the
     database server's clock): a wall-clock step changes no lease, retry or age (docs/guarantees.md, "Time").
@@ -77,6 +81,8 @@ class RunPolicy:
     lease: float = attrs.field(default=300.0, validator=_duration)
     max_lease: float = attrs.field(default=3600.0, validator=_duration)
     max_attempts: int = attrs.field(default=20, validator=_count)
+    aging_s: float = attrs.field(default=900.0, validator=_duration)
+    max_causation_depth: int = attrs.field(default=8, validator=_count)
 
     def __attrs_post_init__(self) -> None:
         if self.lease > self.max_lease:

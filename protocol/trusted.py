@@ -49,7 +49,18 @@ _TASK_CREATED_SET = {"task_id", "workflow_id", "step_id"}
 _TRANSITION_SET = {"task_id", "workflow_id", "from_step", "to_step", "trigger"}
 _STEP_ENTERED_SET = {"task_id", "step_id", "entry_seq", "entry_path"}
 _DECISIONS_CLEARED_SET = {"task_id", "step_id", "deleted"}
-_RUN_QUEUED_SET = {"run_id", "task_id", "step_id", "agent_profile_id", "reason", "idempotency_key"}
+_RUN_QUEUED_SET = {
+    "run_id",
+    "task_id",
+    "step_id",
+    "agent_profile_id",
+    "reason",
+    "idempotency_key",
+    "outcome",
+    "priority",
+    "parent_run_id",
+    "causation_depth",
+}
 _ACTION_OUTCOME_SET = {"task_id", "step_id", "trigger", "position", "kind", "outcome", "detail"}
 _DIAGNOSTIC_SET = {"level", "code", "fields"}
 
@@ -110,6 +121,10 @@ def run_queued(
     agent_profile_id: str,
     reason: str,
     idempotency_key: str | None,
+    outcome: Literal["queued"] = "queued",
+    priority: int = 2,
+    parent_run_id: int | None = None,
+    causation_depth: int = 0,
 ) -> RunQueued:
     """`RunQueued(...)` with every field given, unvalidated (module docstring)."""
     values = {
@@ -120,6 +135,10 @@ def run_queued(
         "agent_profile_id": agent_profile_id,
         "reason": reason,
         "idempotency_key": idempotency_key,
+        "outcome": outcome,
+        "priority": priority,
+        "parent_run_id": parent_run_id,
+        "causation_depth": causation_depth,
     }
     return _instance(RunQueued, values, _RUN_QUEUED_SET)
 

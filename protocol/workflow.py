@@ -216,6 +216,8 @@ def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 _Payload = Annotated[dict[str, Any] | None, AfterValidator(_json_payload)]
+RunPriority = Annotated[int, Field(ge=0, le=3)]
+"""A run's priority class (0 human, 1 recovery, 2 event, 3 periodic)."""
 _StepId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 _Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
@@ -295,6 +297,9 @@ class QueueRunConfig(_Model):
     """The run's reason; absent: the trigger's name."""
     payload: _Payload = None
     """Data handed to the agent with the run (a mapping, at most 64 KiB as canonical JSON)."""
+    priority: RunPriority | None = None
+    """The runs' priority class: 0 human, 1 recovery, 2 event (absent: 2), 3 periodic; claims take the
+    lowest class first."""
 
     @field_validator("target")
     @classmethod
@@ -318,6 +323,9 @@ class QueueRunForEachParticipantConfig(_Model):
     """The runs' reason; absent: the trigger's name."""
     payload: _Payload = None
     """Data handed to each agent with its run (a mapping, at most 64 KiB as canonical JSON)."""
+    priority: RunPriority | None = None
+    """The runs' priority class: 0 human, 1 recovery, 2 event (absent: 2), 3 periodic; claims take the
+    lowest class first."""
 
 
 class SetSessionModeConfig(_Model):

@@ -27,6 +27,7 @@ from onceflow.store.common_entry import Admission, Admitted, Plan, admit_common,
 from onceflow.store.connection import Connection
 from onceflow.store.epochs import EpochSource
 from onceflow.store.executors import Executor
+from onceflow.store.flow import Cause
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import Change
 from onceflow.store.savepoint import savepoint
@@ -49,7 +50,8 @@ class EntryRequest:
     `common` the step's common-entry plan when the whole entry may run in one savepoint; `lead` the
     dispatch's leading segment (its actions, and whether it is the entry's last engine chunk) when no host
     action comes first; `trigger` and `operation_id` what moved it (the history's transition item,
-    store/history.py; "" when it carries no operation id).
+    store/history.py; "" when it carries no operation id); `cause` the moving command's causation
+    (store/flow.py).
 
     Built once per entry and frozen without slots: a frozen slotted class sets each of its ten fields
     through `object.__setattr__`, a dict class writes its `__dict__` directly (about 40 % fewer
@@ -67,6 +69,7 @@ class EntryRequest:
     executors: Mapping[str, Executor]
     trigger: str = ""
     operation_id: str = ""
+    cause: Cause | None = None
 
 
 @attrs.frozen
@@ -134,7 +137,14 @@ def admit(conn: Connection, request: EntryRequest, source: EpochSource) -> Enter
         return Entered("admitted", key, left=leaving.changes())
     actions, finish = request.lead
     segment = Segment(
-        request.entered, target, key, actions, request.executors, check_digest=False, finish=finish
+        request.entered,
+        target,
+        key,
+        actions,
+        request.executors,
+        check_digest=False,
+        finish=finish,
+        cause=request.cause,
     )
     try:
         with savepoint(conn, "dispatch"):

@@ -31,7 +31,7 @@ import attrs
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store import faults, history, keys, runs, tasks, wip
+from onceflow.store import faults, flow, history, keys, runs, tasks, wip
 from onceflow.store.connection import Connection
 from onceflow.store.executors import fan_out_digest, fan_out_reason
 from onceflow.store.participants import seats_sql
@@ -175,6 +175,8 @@ def _admit(
     cause: tuple[str, str],
 ) -> Admitted:
     step = plan.step
+    if plan.fan_outs and flow.rates_set(conn):
+        raise Anomaly("an hourly rate to check per run")
     if not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
         raise Anomaly("a queued placement")
     moved = tasks.move_task_step(
@@ -365,6 +367,8 @@ def _admit_group(
         raise Anomaly("a WIP limit: admitted one at a time")
     if len({admission.task.id for admission in admissions}) != len(admissions):
         raise Anomaly("a task twice")
+    if plan.fan_outs and flow.rates_set(conn):
+        raise Anomaly("an hourly rate to check per run")
     members = json.dumps([_member(admission) for admission in admissions])
     if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")

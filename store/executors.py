@@ -24,12 +24,14 @@ from onceflow.protocol.events import (
     Event,
     RunCoalesced,
     RunQueued,
+    RunRateLimited,
     RunSuppressed,
 )
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store import faults, runs, tasks
 from onceflow.store import participants as participant_rows
 from onceflow.store.connection import Connection
+from onceflow.store.flow import Cause
 from onceflow.store.keys import EntryScope, OperationScope, config_digest
 from onceflow.store.participants import dedupe_seats
 from onceflow.store.records import Participant, TaskRecord
@@ -59,7 +61,8 @@ class Effect:
 class ActionContext:
     """Who and where an action runs for. `trigger` names the firing trigger (its reason default); `keys`
     scopes the idempotency keys of the runs it queues (None: the trigger carries no operation id, so its
-    runs have none); `now` is Unix seconds."""
+    runs have none); `now` is Unix seconds; `cause` the causation of the command it runs for (store/flow.py;
+    None: its runs start chains of their own)."""
 
     task: TaskRecord
     step_id: str
@@ -68,6 +71,7 @@ class ActionContext:
     keys: EntryScope | OperationScope | None
     exclude_from_coalescing: bool
     now: float
+    cause: Cause | None = None
 
     def key_for(self, agent_profile_id: str, digest: str) -> str | None:
         """The idempotency key of this action's run for `agent_profile_id` (store/keys.py), or None."""
@@ -104,7 +108,20 @@ def clear_decisions(conn: Connection, ctx: ActionContext) -> Effect:
 def _enqueue(conn: Connection, request: runs.RunRequest, now: float) -> tuple[runs.EnqueueResult, Event]:
     result = runs.enqueue_run(conn, request, now)
     event: Event
-    if result.outcome == "suppressed":
+    if result.outcome == "rate_limited":
+        assert result.refusal is not None
+        line = result.lineage
+        event = RunRateLimited(
+            run_id=result.run_id,
+            task_id=request.task_id,
+            agent_profile_id=request.agent_profile_id,
+            reason=request.reason,
+            limit=result.refusal.limit,
+            limit_value=result.refusal.value,
+            parent_run_id=line.parent_run_id,
+            causation_depth=line.depth,
+        )
+    elif result.outcome == "suppressed":
         event = RunSuppressed(
             existing_run_id=result.run_id,
             task_id=request.task_id,
@@ -128,8 +145,17 @@ def _enqueue(conn: Connection, request: runs.RunRequest, now: float) -> tuple[ru
             agent_profile_id=request.agent_profile_id,
             reason=request.reason,
             idempotency_key=request.idempotency_key,
+            priority=request.priority,
+            parent_run_id=result.lineage.parent_run_id,
+            causation_depth=result.lineage.depth,
         )
     return result, event
+
+
+def _priority(action: ActionDecl) -> int:
+    """The priority class an action's runs get: its config's `priority`, else 2 (event)."""
+    priority: int | None = getattr(action.config, "priority", None)
+    return 2 if priority is None else priority
 
 
 def _participant_failed(
@@ -239,6 +265,8 @@ def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action:
             payload=payload,
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
+            priority=_priority(action),
+            cause=ctx.cause,
             **ctx.origin(task),
         )
         try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
@@ -313,6 +341,8 @@ def queue_run(conn: Connection, ctx: ActionContext, action: ActionDecl) -> Effec
             payload=payload,
             idempotency_key=ctx.key_for(agent, digest),
             exclude_from_coalescing=ctx.exclude_from_coalescing,
+            priority=_priority(action),
+            cause=ctx.cause,
             **ctx.origin(task),
         )
         events.append(_enqueue(conn, request, ctx.now)[1])

@@ -298,6 +298,39 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE tasks ADD COLUMN workflow_version BIGINT NOT NULL DEFAULT 1;
     CREATE INDEX tasks_by_workflow_version ON tasks(workflow_id, workflow_version);
     """,
+    # 20: flow control (store/schema.py's migration 20).
+    """
+    ALTER TABLE runs ADD COLUMN priority BIGINT NOT NULL DEFAULT 2;
+    ALTER TABLE runs ADD COLUMN parent_run_id BIGINT;
+    ALTER TABLE runs ADD COLUMN causation_depth BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN chain_id BIGINT;
+    ALTER TABLE runs ADD COLUMN human_rooted BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN self_trigger BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN retry_of BIGINT;
+    ALTER TABLE runs ADD COLUMN result TEXT;
+    ALTER TABLE runs ADD COLUMN rate_limit TEXT;
+    CREATE INDEX runs_self_triggers ON runs(chain_id, agent_profile_id, reason) WHERE self_trigger = 1;
+    CREATE INDEX runs_by_agent_time ON runs(agent_profile_id, requested_at);
+    CREATE TABLE run_limits (
+        scope          TEXT NOT NULL,
+        target_id      TEXT NOT NULL,
+        max_concurrent BIGINT,
+        runs_per_hour  BIGINT,
+        updated_at     DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, target_id)
+    );
+    CREATE TABLE run_pauses (
+        scope     TEXT NOT NULL,
+        target_id TEXT NOT NULL,
+        reason    TEXT NOT NULL,
+        paused_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, target_id)
+    );
+    CREATE TABLE run_turns (
+        agent_profile_id TEXT PRIMARY KEY,
+        turn             BIGINT NOT NULL
+    );
+    """,
 )
 """PostgreSQL forms of store/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

@@ -88,7 +88,10 @@ RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
 @attrs.frozen
 class RunRecord:
     """A row of the runs queue. `payload` is the decoded JSON object or None (SQL NULL); times are Unix
-    seconds; `claim_token` is the current (or last) claim's fencing token."""
+    seconds; `claim_token` is the current (or last) claim's fencing token. Flow control (store/flow.py):
+    `priority` 0..3, causation (`parent_run_id`, `causation_depth`, `chain_id`: the root run's id,
+    `human_rooted`), `retry_of`, the decoded `result`, and `rate_limit`: the limit that refused its enqueue
+    (the run is then cancelled `rate_limited`)."""
 
     id: int
     agent_profile_id: str
@@ -113,6 +116,14 @@ class RunRecord:
     outcome_reason: str | None = None
     last_error: str | None = None
     finished_at: float | None = None
+    priority: int = 2
+    parent_run_id: int | None = None
+    causation_depth: int = 0
+    chain_id: int | None = None
+    human_rooted: bool = False
+    retry_of: int | None = None
+    result: object = None
+    rate_limit: str | None = None
 
 
 @attrs.frozen

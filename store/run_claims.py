@@ -37,8 +37,8 @@ import attrs
 
 from onceflow.protocol.errors import ConflictError, FenceRequiredError, NotFoundError
 from onceflow.protocol.runs import RunPolicy
-from onceflow.store import keys, runs
-from onceflow.store.clock import Clocked, clamp_leases, judge
+from onceflow.store import flow, keys, runs
+from onceflow.store.clock import SERVER_CLOCK, Clocked, clamp_leases, judge
 from onceflow.store.connection import Connection
 from onceflow.store.records import RunRecord
 from onceflow.store.runs import COLUMNS, Change, EnqueueResult, RunRequest, run_from_row
@@ -49,25 +49,39 @@ CANDIDATES = 64
 
 
 @attrs.frozen
+class Held:
+    """Why a claim handed out nothing though runs were eligible: `at_capacity` (an agent's ceiling, scope
+    agent with its id, or the global one) or `paused`."""
+
+    reason: Literal["at_capacity", "paused"]
+    scope: Literal["agent", "global"] | None = None
+    target_id: str | None = None
+    max_concurrent: int | None = None
+
+
+@attrs.frozen
 class Claimed:
     """What a claim did: the run it claimed (None: none eligible), the changes on the way (the stale runs
-    it cancelled, an expired lease it took over), and in how many seconds the agent's next run becomes
+    it cancelled, an expired lease it took over), in how many seconds the agents' next run becomes
     eligible (measured on the clock that judged the claim, store/clock.py; None: no unresolved run of the
-    agent is waiting for a time)."""
+    agents is waiting for a time), and why eligible runs were held back (`held`)."""
 
     run: RunRecord | None
     changes: tuple[Change, ...] = ()
     next_eligible_in: float | None = None
+    held: Held | None = None
 
 
-_CANDIDATE = Clocked.of(
-    "SELECT " + COLUMNS + ", {now} FROM runs WHERE agent_profile_id = ?1 AND status IN ('queued', 'claimed')"
-    " AND ((status = 'queued' AND (retry_at IS NULL OR retry_at <= {now}))"
+_ELIGIBLE = (
+    "status IN ('queued', 'claimed') AND ((status = 'queued' AND (retry_at IS NULL OR retry_at <= {now}))"
     " OR (status = 'claimed' AND lease_expires_at <= {now}))"
-    " ORDER BY requested_at, id LIMIT 1",
-    "?2",
 )
-_CANDIDATE_PG = _CANDIDATE.postgres + " FOR UPDATE SKIP LOCKED"
+_CLASS = {  # the priority class after aging: one class up per aging_s waited, never into 0
+    False: "CASE WHEN priority = 0 THEN 0"
+    " ELSE MAX(1, priority - CAST(({now} - requested_at) / ?2 AS INTEGER)) END",
+    True: "CASE WHEN priority = 0 THEN 0 ELSE GREATEST(1, priority - FLOOR(({now} - requested_at) / ?2)) END",
+}
+_TURN = "COALESCE((SELECT t.turn FROM run_turns t WHERE t.agent_profile_id = runs.agent_profile_id), 0)"
 _CLAIM = (
     "UPDATE runs SET status = 'claimed', claim_token = ?1, attempt = attempt + 1, claimed_at = ?2,"
     " lease_expires_at = ?2 + ?3, wait_seconds = ?3, retry_at = NULL WHERE id = ?4 AND status = 'queued'"
@@ -75,15 +89,61 @@ _CLAIM = (
 )
 
 
-def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, policy: RunPolicy) -> Claimed:
-    """Claim the agent's oldest eligible run for `lease` seconds (module docstring), minting its token.
-    `now` is the runtime's clock; on PostgreSQL the server's clock judges instead (store/clock.py)."""
+def _candidates(postgres: bool, agents: list[str] | None, skip: int, paused: bool = True) -> str:
+    """The claim's candidate query: one eligible run of `agents` (None: any) less `skip` excluded agents,
+    not paused (unless `paused` is False), lowest class first, then (across agents) the least recently
+    served agent, then the oldest. Parameters: ?1 now (SQLite), ?2 aging_s, then the agents, then the
+    excluded ones."""
+    now = SERVER_CLOCK if postgres else "?1"
+    where = [_ELIGIBLE.format(now=now)]
+    n = 3
+    if agents is not None:
+        marks = ", ".join(f"?{n + i}" for i in range(len(agents)))
+        where.append(f"agent_profile_id = ?{n}" if len(agents) == 1 else f"agent_profile_id IN ({marks})")
+        n += len(agents)
+    if skip:
+        where.append(f"agent_profile_id NOT IN ({', '.join(f'?{n + i}' for i in range(skip))})")
+    if paused:
+        where.append(f"NOT {flow.PAUSED}")
+    order = [_CLASS[postgres].format(now=now)]
+    if agents is None or len(agents) > 1:
+        order.append(_TURN)
+    order += ["requested_at", "id"]
+    sql = f"SELECT {COLUMNS}, {now} FROM runs WHERE {' AND '.join(where)} ORDER BY {', '.join(order)} LIMIT 1"
+    return sql + " FOR UPDATE OF runs SKIP LOCKED" if postgres and paused else sql
+
+
+def claim(
+    conn: Connection, agents: str | list[str] | None, now: float, lease: float, policy: RunPolicy
+) -> Claimed:
+    """Claim the next eligible run of `agents` (one agent, a list, or None: any) for `lease` seconds
+    (module docstring), minting its token. `now` is the runtime's clock; on PostgreSQL the server's clock
+    judges instead (store/clock.py).
+
+    Flow control (store/flow.py): agents at their ceiling, or every agent once the global ceiling is
+    reached, get nothing (`held` at_capacity); paused runs are skipped (`held` paused when nothing else was
+    eligible); the lowest priority class after aging goes first. The ceilings are read (on PostgreSQL
+    locked) in this transaction, so every runtime counts the same claims."""
+    agent_list = [agents] if isinstance(agents, str) else agents
+    postgres = on_postgres(conn)
     changes: list[Change] = []
-    candidate = _CANDIDATE_PG if on_postgres(conn) else _CANDIDATE.sqlite
+    ceilings = flow.ceilings(conn, agent_list, now)
+    if ceilings.global_full is not None:
+        return Claimed(None, (), None, Held("at_capacity", "global", None, ceilings.global_full))
+    full = sorted(ceilings.full)
+    if agent_list is not None:
+        open_agents = [agent for agent in agent_list if agent not in ceilings.full]
+        if not open_agents:
+            agent = agent_list[0]
+            return Claimed(None, (), None, Held("at_capacity", "agent", agent, ceilings.full[agent]))
+        agent_list, full = open_agents, []
+    candidate = _candidates(postgres, agent_list, len(full))
+    args = (now, policy.aging_s, *(agent_list or ()), *full)
     for _ in range(CANDIDATES):
-        row = conn.execute(candidate, (agent_profile_id, now)).fetchone()
+        row = conn.execute(candidate, args).fetchone()
         if row is None:
-            return Claimed(None, tuple(changes), next_eligible(conn, agent_profile_id, now))
+            held = _held_back(conn, agent_list, ceilings, args, postgres)
+            return Claimed(None, tuple(changes), next_eligible(conn, agent_list, now), held)
         run, now = run_from_row(row), float(row[-1])
         if run.status == "claimed":  # its holder's lease ran out: end the claim, then look again
             changes.extend(_expired(conn, run, now, policy))
@@ -102,6 +162,8 @@ def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, pol
         if claimed is None:  # another claimer took it between the read and the write (PostgreSQL)
             continue
         record = run_from_row(claimed)
+        if agent_list is None or len(agent_list) > 1:
+            flow.touch_turn(conn, record.agent_profile_id)
         changes.append(
             Change(
                 "claimed",
@@ -116,17 +178,38 @@ def claim(conn: Connection, agent_profile_id: str, now: float, lease: float, pol
     return Claimed(None, tuple(changes), 0.0)
 
 
-_NEXT_ELIGIBLE = Clocked.of(
-    "SELECT MIN(CASE status WHEN 'queued' THEN retry_at ELSE lease_expires_at END) - {now} FROM runs"
-    " WHERE agent_profile_id = ?1 AND status IN ('queued', 'claimed')",
-    "?2",
-)
+def _held_back(
+    conn: Connection,
+    agents: list[str] | None,
+    ceilings: flow.Ceilings,
+    args: tuple[object, ...],
+    postgres: bool,
+) -> Held | None:
+    """Why nothing was claimed though runs may be eligible: one of them belongs to an agent at its ceiling
+    (`at_capacity`), or is paused. Only read when the claim found nothing."""
+    everyone = None if agents is None else sorted({*agents, *ceilings.full})
+    sql = _candidates(postgres, everyone, 0, paused=False)
+    row = conn.execute(sql, (*args[:2], *(everyone or ()))).fetchone()
+    if row is None:
+        return None
+    agent = run_from_row(row).agent_profile_id
+    if agent in ceilings.full:
+        return Held("at_capacity", "agent", agent, ceilings.full[agent])
+    return Held("paused")
 
 
-def next_eligible(conn: Connection, agent_profile_id: str, now: float) -> float | None:
-    """In how many seconds (from `now`; on PostgreSQL from the server's clock) the agent's next waiting
-    run becomes eligible (a retry's time, or a lease's end; <= 0: already), or None."""
-    (left,) = conn.execute(_NEXT_ELIGIBLE.on(conn), (agent_profile_id, now)).fetchone()
+def next_eligible(conn: Connection, agents: list[str] | None, now: float) -> float | None:
+    """In how many seconds (from `now`; on PostgreSQL from the server's clock) the next waiting run of
+    `agents` (None: any) becomes eligible (a retry's time, or a lease's end; <= 0: already), or None."""
+    where = "status IN ('queued', 'claimed')"
+    if agents is not None:
+        where += f" AND agent_profile_id IN ({', '.join(f'?{i + 2}' for i in range(len(agents)))})"
+    sql = Clocked.of(
+        "SELECT MIN(CASE status WHEN 'queued' THEN retry_at ELSE lease_expires_at END) - {now} FROM runs"
+        f" WHERE {where}",
+        "?1",
+    )
+    (left,) = conn.execute(sql.on(conn), (now, *(agents or ()))).fetchone()
     return None if left is None else float(left)
 
 
@@ -158,6 +241,63 @@ def renew(conn: Connection, run_id: int, token: str, now: float, lease: float) -
     if renewed is None:
         raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
     return Renewed(held, float(renewed[0]))
+
+
+def requeue(conn: Connection, run_id: int, token: str) -> RunRecord:
+    """Hand the claim under `token` back (`requeue_run`): queued again in its place in line (its request
+    time and priority unchanged), the attempt counted, outcome_reason `requeued`.
+
+    Raises:
+        NotFoundError: no run `run_id` (field run_id).
+        ConflictError: `token` is not its current claim (field claim_token).
+    """
+    _held(conn, run_id, token)
+    row = conn.execute(
+        "UPDATE runs SET status = 'queued', claim_token = NULL, lease_expires_at = NULL, wait_seconds = NULL,"
+        " outcome_reason = 'requeued' WHERE id = ? AND status = 'claimed' AND claim_token = ?"
+        f" RETURNING {COLUMNS}",
+        (run_id, token),
+    ).fetchone()
+    if row is None:  # another runtime's transaction ended the claim after the read (PostgreSQL)
+        raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
+    return run_from_row(row)
+
+
+def retry(conn: Connection, run_id: int, now: float) -> EnqueueResult:
+    """Queue a fresh run for the failed or cancelled run `run_id` (`retry_run`): its agent, task, step,
+    reason and payload, priority at most 1 (recovery), in its causation chain (its parent's child, as it
+    was), `retry_of` naming it. An operator's retry passes the flow limits (no `max_depth`, and the chain
+    keeps its human root or not as it was).
+
+    Raises:
+        NotFoundError: no run `run_id` (field run_id).
+        ConflictError: it is not failed or cancelled (field run_id).
+    """
+    run = runs.get_run(conn, run_id)
+    if run is None:
+        raise NotFoundError(f"run {run_id} does not exist", field="run_id")
+    if run.status not in ("failed", "cancelled"):
+        raise ConflictError(
+            f"run {run_id} is {run.status}: only a failed or cancelled run is retried", field="run_id"
+        )
+    request = RunRequest(
+        agent_profile_id=run.agent_profile_id,
+        task_id=run.task_id,
+        step_id=run.step_id,
+        reason=run.reason,
+        payload=run.payload,
+        exclude_from_coalescing=True,
+        trigger="retry_run",
+        priority=min(run.priority, 1),
+        cause=flow.Cause(run.parent_run_id, human=run.human_rooted, max_depth=None, exempt=True),
+        retry_of=run.id,
+    )
+    return runs.enqueue_run(conn, request, now)
+
+
+def store_result(conn: Connection, run_id: int, result: object) -> None:
+    """Keep `result` (JSON) as the run's result."""
+    conn.execute("UPDATE runs SET result = ? WHERE id = ?", (runs.payload_json(result), run_id))  # type: ignore[arg-type]
 
 
 def release(conn: Connection, run_id: int, token: str) -> bool:
@@ -228,6 +368,41 @@ class Finished:
 
 
 def finish(
+    conn: Connection,
+    run_id: int,
+    token: str | None,
+    status: Literal["finished", "failed"],
+    *,
+    error: str | None,
+    retryable: bool,
+    retry_at: float | None,
+    now: float,
+    policy: RunPolicy,
+    draw: float,
+    unfenced: bool = False,
+    result: object = None,
+) -> Finished:
+    """`_finish`, then the host's `result` kept with the run (not on a replay)."""
+    done = _finish(
+        conn,
+        run_id,
+        token,
+        status,
+        error=error,
+        retryable=retryable,
+        retry_at=retry_at,
+        now=now,
+        policy=policy,
+        draw=draw,
+        unfenced=unfenced,
+    )
+    if result is not None and not done.replay:
+        store_result(conn, run_id, result)
+        done = attrs.evolve(done, run=attrs.evolve(done.run, result=result))
+    return done
+
+
+def _finish(
     conn: Connection,
     run_id: int,
     token: str | None,
@@ -379,10 +554,23 @@ def _fail(conn: Connection, run: RunRecord, reason: str, error: str | None, now:
             exclude_from_coalescing=True,
             trigger="run_failed",
             admission_seq=failed.admission_seq,
+            priority=1,
+            cause=flow.Cause(failed.id, max_depth=None),
         )
         queued = runs.enqueue_run(conn, request, now)
+        refused = queued.refusal
         changes.append(
-            Change("escalated", queued.run_id, failed.task_id, ceo, 0, queued.outcome, failed.step_id)
+            Change(
+                "escalated",
+                queued.run_id,
+                failed.task_id,
+                ceo,
+                0,
+                queued.outcome,
+                failed.step_id,
+                error=None if refused is None else refused.limit,
+                retries=0 if refused is None else refused.value,
+            )
         )
     return changes
 

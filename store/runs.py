@@ -24,6 +24,7 @@ from onceflow.protocol.results import RunInfo
 from onceflow.protocol.times import rfc3339, rfc3339_or_none
 from onceflow.store.clock import Clocked
 from onceflow.store.connection import Connection, Cursor
+from onceflow.store.flow import Cause, Lineage, Refusal, lineage, refusal
 from onceflow.store.records import RunRecord
 from onceflow.store.savepoint import savepoint
 from onceflow.store.urls import on_postgres
@@ -35,7 +36,8 @@ COLUMNS = (
     "id, agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
     " exclude_from_coalescing, status, coalesced_count, requested_at, trigger, entry_seq, admission_seq,"
     " attempt, retries, claim_token, lease_expires_at, retry_at, superseded, outcome_reason, last_error,"
-    " finished_at"
+    " finished_at, priority, parent_run_id, causation_depth, COALESCE(chain_id, id), human_rooted, retry_of,"
+    " result, rate_limit"
 )
 """Every column a `RunRecord` is read from, in `run_from_row` order."""
 
@@ -49,7 +51,10 @@ class RunRequest:
 
     Where it comes from: `trigger` (the firing trigger), `entry_seq` (an on_enter run's step entry) and
     `admission_seq` (the admission counter of the run's task when queued: the step entry of that task the
-    run belongs to, so leaving it cancels the run; None for a run queued for another task)."""
+    run belongs to, so leaving it cancels the run; None for a run queued for another task).
+
+    Flow control (store/flow.py): `priority` 0 human, 1 recovery, 2 event (the default), 3 periodic;
+    `cause` places it in a causation chain and may get it refused; `retry_of` the run it retries."""
 
     agent_profile_id: str
     task_id: str | None
@@ -61,15 +66,22 @@ class RunRequest:
     trigger: str | None = None
     entry_seq: int | None = None
     admission_seq: int | None = None
+    priority: int = 2
+    cause: Cause | None = None
+    retry_of: int | None = None
 
 
 @attrs.frozen
 class EnqueueResult:
-    """`queued` inserted run_id; `suppressed` found run_id under the same key; `coalesced` merged into it."""
+    """`queued` inserted run_id; `suppressed` found run_id under the same key (`deduped` on the wire);
+    `coalesced` merged into it; `rate_limited` refused by `refusal` (run_id: the refused run, kept cancelled
+    and key-less, so the key stays free)."""
 
-    outcome: Literal["queued", "suppressed", "coalesced"]
+    outcome: Literal["queued", "suppressed", "coalesced", "rate_limited"]
     run_id: int
     coalesced_count: int = 0
+    refusal: Refusal | None = None
+    lineage: Lineage = attrs.field(factory=Lineage)
 
 
 def run_from_row(row: tuple[Any, ...]) -> RunRecord:
@@ -98,6 +110,14 @@ def run_from_row(row: tuple[Any, ...]) -> RunRecord:
         outcome_reason=row[20],
         last_error=row[21],
         finished_at=row[22],
+        priority=row[23],
+        parent_run_id=row[24],
+        causation_depth=row[25],
+        chain_id=row[26],
+        human_rooted=bool(row[27]),
+        retry_of=row[28],
+        result=json.loads(row[29]) if row[29] is not None else None,
+        rate_limit=row[30],
     )
 
 
@@ -211,8 +231,11 @@ def _queue(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
 
 _INSERT = Clocked.of(
     "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, ?9, ?10, ?11)",
+    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq, priority, parent_run_id,"
+    " causation_depth, chain_id, human_rooted, self_trigger, retry_of, status, outcome_reason, finished_at,"
+    " rate_limit)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,"
+    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21)",
     "?8",
 )
 _INSERT_NEW = Clocked(
@@ -224,7 +247,14 @@ _INSERT_NEW = Clocked(
 def _insert(
     conn: Connection, request: RunRequest, now: float, *, skip_taken_key: bool = False
 ) -> EnqueueResult | None:
-    """Insert the run as queued. `skip_taken_key`: a key already on a run inserts nothing, returns None."""
+    """Insert the run as queued, unless the flow gate refuses it (store/flow.py `refusal`): then it is kept
+    cancelled `rate_limited`, naming the limit, without its key (a refusal never consumes a key).
+    `skip_taken_key`: a key already on a run inserts nothing, returns None (and so does a refusal, which the
+    caller then retries without it once it has checked the key)."""
+    line: Lineage = lineage(conn, request.agent_profile_id, request.cause)
+    refused = refusal(conn, request.agent_profile_id, request.reason, line, request.cause, now)
+    if refused is not None and skip_taken_key:
+        return None
     cur = conn.execute(
         (_INSERT_NEW if skip_taken_key else _INSERT).on(conn),
         (
@@ -233,15 +263,30 @@ def _insert(
             request.step_id,
             request.reason,
             payload_json(request.payload),
-            request.idempotency_key or None,
+            request.idempotency_key or None if refused is None else None,
             int(request.exclude_from_coalescing),
             now,
             request.trigger,
             request.entry_seq,
             request.admission_seq,
+            request.priority,
+            line.parent_run_id,
+            line.depth,
+            line.chain_id,
+            int(line.human_rooted),
+            int(line.self_trigger),
+            request.retry_of,
+            "queued" if refused is None else "cancelled",
+            None if refused is None else "rate_limited",
+            None if refused is None else refused.limit,
         ),
     )
-    return EnqueueResult("queued", int(cur.lastrowid or 0)) if cur.rowcount == 1 else None
+    if cur.rowcount != 1:
+        return None
+    run_id = int(cur.lastrowid or 0)
+    if refused is not None:
+        return EnqueueResult("rate_limited", run_id, refusal=refused, lineage=line)
+    return EnqueueResult("queued", run_id, lineage=line)
 
 
 def list_runs(
@@ -298,7 +343,8 @@ class Change:
     retry_scheduled (with `retry_at`, `retries`, `error`), failed (with `error`), claimed (with
     `lease_expires_at`), finished (with `superseded`), or escalated (the
     `agent_error` run queued for a CEO agent when a run failed: `reason` is its enqueue's outcome, `step_id`
-    its step); `reason` says why."""
+    its step; a `rate_limited` one names the limit in `error` and its value in `retries`); `reason` says
+    why."""
 
     kind: str
     run_id: int
@@ -396,4 +442,13 @@ def run_info(run: RunRecord) -> RunInfo:
         "superseded": run.superseded,
         "outcome_reason": run.outcome_reason,
         "last_error": run.last_error,
+        "priority": run.priority,
+        "parent_run_id": run.parent_run_id,
+        "causation_depth": run.causation_depth,
+        "chain_id": run.chain_id if run.chain_id is not None else run.id,
+        "human_rooted": run.human_rooted,
+        "retry_of": run.retry_of,
+        "result": run.result,
+        "enqueue_outcome": "rate_limited" if run.rate_limit is not None else "queued",
+        "rate_limit": run.rate_limit,
     }

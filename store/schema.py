@@ -454,6 +454,42 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     ALTER TABLE tasks ADD COLUMN workflow_version INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX tasks_by_workflow_version ON tasks(workflow_id, workflow_version);
     """,
+    # 20: flow control (store/flow.py): a run's priority class, causation (its parent, depth, chain, whether a
+    # human rooted it, whether it re-triggers its parent's agent), the run it retries, its stored result and
+    # the limit that refused its enqueue (a refused enqueue is kept as a cancelled run, key-less); ceilings
+    # and hourly rates, pauses, and each agent's turn (its last claim across agents: fairness).
+    """
+    ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 2;
+    ALTER TABLE runs ADD COLUMN parent_run_id INTEGER;
+    ALTER TABLE runs ADD COLUMN causation_depth INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN chain_id INTEGER;
+    ALTER TABLE runs ADD COLUMN human_rooted INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN self_trigger INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN retry_of INTEGER;
+    ALTER TABLE runs ADD COLUMN result TEXT;
+    ALTER TABLE runs ADD COLUMN rate_limit TEXT;
+    CREATE INDEX runs_self_triggers ON runs(chain_id, agent_profile_id, reason) WHERE self_trigger = 1;
+    CREATE INDEX runs_by_agent_time ON runs(agent_profile_id, requested_at);
+    CREATE TABLE run_limits (
+        scope          TEXT NOT NULL,
+        target_id      TEXT NOT NULL,
+        max_concurrent INTEGER,
+        runs_per_hour  INTEGER,
+        updated_at     REAL NOT NULL,
+        PRIMARY KEY (scope, target_id)
+    );
+    CREATE TABLE run_pauses (
+        scope     TEXT NOT NULL,
+        target_id TEXT NOT NULL,
+        reason    TEXT NOT NULL,
+        paused_at REAL NOT NULL,
+        PRIMARY KEY (scope, target_id)
+    );
+    CREATE TABLE run_turns (
+        agent_profile_id TEXT PRIMARY KEY,
+        turn             INTEGER NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

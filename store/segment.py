@@ -20,6 +20,7 @@ from onceflow.store import faults, review_runs, step_entries
 from onceflow.store.connection import Connection
 from onceflow.store.epochs import EpochSource
 from onceflow.store.executors import ActionContext, Effect, Executor
+from onceflow.store.flow import Cause
 from onceflow.store.keys import EntryScope
 from onceflow.store.records import Marker, StepEntry, TaskRecord
 from onceflow.store.savepoint import savepoint, undone_alone
@@ -69,10 +70,14 @@ class Segment:
     executors: Mapping[str, Executor]
     check_digest: bool
     finish: bool
+    cause: Cause | None = None
 
 
-def entry_context(task: TaskRecord, step: Step, key: EntryKey, position: int, now: float) -> ActionContext:
-    """The executor context of one on_enter position: its runs carry the entry-scoped idempotency key."""
+def entry_context(
+    task: TaskRecord, step: Step, key: EntryKey, position: int, now: float, cause: Cause | None = None
+) -> ActionContext:
+    """The executor context of one on_enter position: its runs carry the entry-scoped idempotency key, and
+    `cause` (store/flow.py) when a command caused the entry."""
     return ActionContext(
         task=task,
         step_id=step.id,
@@ -81,6 +86,7 @@ def entry_context(task: TaskRecord, step: Step, key: EntryKey, position: int, no
         keys=EntryScope(key.task_id, key.step_id, key.entry_seq, position),
         exclude_from_coalescing=True,
         now=now,
+        cause=cause,
     )
 
 
@@ -125,7 +131,7 @@ def run_segment(
                 claim = step_entries.decide_claim(conn, marks.get(position), epoch)
                 effect = None
                 if claim == "claimed":
-                    context = entry_context(segment.task, segment.step, key, position, now)
+                    context = entry_context(segment.task, segment.step, key, position, now, segment.cause)
                     effect = segment.executors[action.type](conn, context, action)
                     step_entries.finish_marker(
                         conn, key, position, action.type, effect.state, effect.detail, now

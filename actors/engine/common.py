@@ -38,6 +38,8 @@ def common_order(
             return None
         if action.type == "queue_run_for_each_participant" and not getattr(action.config, "role", ""):
             return None
+        if getattr(action.config, "priority", None) is not None:  # the common insert writes the default
+            return None
     return tuple(order)
 
 

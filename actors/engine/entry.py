@@ -16,6 +16,7 @@ import attrs
 
 from onceflow.actors.engine.common import common_order
 from onceflow.actors.engine.order import leading_segment
+from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step, Trigger, Workflow
@@ -112,6 +113,9 @@ def plan_entry(
         pinned,  # workflow_version
     )
     on_exit, common, lead = plans.get(source_step(services, task), target, path)
+    cause = causation.current()
+    if cause is not None and (cause.parent_run_id is not None or cause.human):
+        common = None  # its runs have a lineage to record and check: the per-action path (store/flow.py)
     version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
     request = EntryRequest(
         task,
@@ -126,5 +130,6 @@ def plan_entry(
         services.executors,
         trigger,
         operation_id,
+        cause,
     )
     return request, on_exit

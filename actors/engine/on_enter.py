@@ -23,6 +23,7 @@ from onceflow import tracing
 from onceflow.actors.engine.order import Chunk, dispatch_order, plan_chunks
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import SessionOutcome, request_session_action
+from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
@@ -123,7 +124,14 @@ class OnEnterDispatch:
         """What the store executes for `actions` of this entry (store/segment.py `run_segment`)."""
         assert self.key is not None
         return Segment(
-            self.task, self.step, self.key, tuple(actions), self.services.executors, check_digest, finish
+            self.task,
+            self.step,
+            self.key,
+            tuple(actions),
+            self.services.executors,
+            check_digest,
+            finish,
+            causation.current(),
         )
 
     def _plan(self) -> tuple[list[Chunk], int]:

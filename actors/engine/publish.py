@@ -14,6 +14,8 @@ from onceflow.protocol.events import (
     RunFinished,
     RunLeaseExpired,
     RunQueued,
+    RunRateLimited,
+    RunRequeued,
     RunRetryScheduled,
 )
 from onceflow.protocol.times import rfc3339
@@ -147,5 +149,22 @@ def publish_run_changes(out: Outbox, changes: Iterable[Change]) -> None:
                         agent_profile_id=agent,
                         reason="agent_error",
                         idempotency_key=keys.escalation_key(pending[index - 1].run_id),
+                        priority=1,
+                        parent_run_id=pending[index - 1].run_id,
                     )
                 )
+            case "escalated" if change.reason == "rate_limited":
+                out.emit(
+                    RunRateLimited(
+                        run_id=run_id,
+                        task_id=task_id,
+                        agent_profile_id=agent,
+                        reason="agent_error",
+                        limit=change.error or "",
+                        limit_value=change.retries,
+                        parent_run_id=pending[index - 1].run_id,
+                        causation_depth=0,
+                    )
+                )
+            case "requeued":
+                out.emit(RunRequeued(run_id=run_id, task_id=task_id, agent_profile_id=agent, attempt=attempt))

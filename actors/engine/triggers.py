@@ -12,6 +12,7 @@ import attrs
 from onceflow import tracing
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import request_session_action
+from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.errors import ActionError, ActionNotWiredError
@@ -139,6 +140,7 @@ async def _run_engine_action(
         keys=OperationScope(op, step.id, task.id) if op else None,
         exclude_from_coalescing=inp.trigger == Trigger.on_comment,
         now=services.now(),
+        cause=causation.current(),
     )
     effect = await services.store.transact(executor, context, action)
     publish_effect(

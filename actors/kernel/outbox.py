@@ -111,6 +111,11 @@ class Outbox:
         if event.type in metrics.COUNTED_EVENTS:
             metrics.count_event(event)
 
+    def note(self, event: Event) -> None:
+        """Put `event` in this command's reply alone: not published, not counted (a reply's own detail,
+        such as why a claim handed out nothing)."""
+        self.events.append(event)
+
     def diagnostic(self, level: str, code: str, **fields: Any) -> None:
         """Log `code` at `level` with discrete fields, and emit it as a `diagnostic` event.
 

@@ -5,6 +5,10 @@ The event hub tells `RunSignals` of the events it watches (`EventHub(signals, ..
 `run_claimed` wakes the lease sweep (a new lease may end before the one it sleeps for). A waiter takes the
 agent's current `trio.Event` *before* it tries to claim, so a run committed after its attempt began wakes
 it (no lost wake-up), and only waiters hold events: an agent nobody waits for costs nothing.
+
+Flow control: a claim's end (`run_finished`, `run_failed`, `run_cancelled`, `run_requeued`) frees a slot
+under the agent's ceiling, so it wakes the agent's waiters too; a `flow_changed` (limits, pause, resume)
+wakes every waiter. A claim across agents (or for any agent) waits under `ANY`, which every wake-up sets.
 """
 
 from __future__ import annotations
@@ -16,11 +20,24 @@ import trio
 
 from onceflow.protocol.events import Event
 
-WAKING = frozenset({"run_queued", "run_lease_expired", "run_retry_scheduled"})
+WAKING = frozenset(
+    {
+        "run_queued",
+        "run_lease_expired",
+        "run_retry_scheduled",
+        "run_finished",
+        "run_failed",
+        "run_cancelled",
+        "run_requeued",
+    }
+)
 """The events after which a waiting claim of the event's agent looks again (a retry's time may be
 sooner than the one it waits for)."""
 
-WATCHES = WAKING | {"run_claimed"}
+WATCHES = WAKING | {"run_claimed", "flow_changed"}
+
+ANY = "\x00any"
+"""The key a claim across agents (or for any agent) waits under: no agent profile id can be it."""
 
 
 class RunSignals:
@@ -60,10 +77,21 @@ class RunSignals:
         event = self._events.pop(agent_profile_id, None)
         if event is not None:
             event.set()
+        event = self._events.pop(ANY, None)
+        if event is not None:
+            event.set()
+
+    def notify_all(self) -> None:
+        """Wake every waiting claim (flow control changed)."""
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
 
     def on_publish(self, event: Event) -> None:
         """The hub's hook: wake the waiters of a `WAKING` event's agent; tell the lease sweep of a claim."""
-        if event.type != "run_claimed":
+        if event.type == "flow_changed":
+            self.notify_all()
+        elif event.type != "run_claimed":
             if self._events:
                 self.notify(getattr(event, "agent_profile_id", ""))
         else:

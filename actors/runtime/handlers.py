@@ -11,6 +11,7 @@ from typing import Protocol, TypeAlias
 from onceflow.actors.engine.participants import add_participant
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
+from onceflow.actors.runtime import flow as flow_commands
 from onceflow.actors.runtime import runs as run_commands
 from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.host_broker import HostBroker
@@ -27,16 +28,24 @@ from onceflow.protocol.results import (
     HistoryPage,
     HostCallInfo,
     HostCallPage,
+    LimitInfo,
     MigrationResult,
     OutcomeInfo,
     OutcomeReceived,
     ParticipantAdded,
     ParticipantList,
     ParticipantRemoved,
+    PauseList,
+    PauseResult,
+    QueueStatsResult,
+    ResumeResult,
     ReviewRunPage,
     RunCancelledResult,
+    RunInfo,
     RunPage,
     RunRenewed,
+    RunRequeued,
+    RunRetried,
     TaskPage,
     WorkflowList,
     WorkflowRegistered,
@@ -54,6 +63,14 @@ RuntimeResult: TypeAlias = (
     | RunRenewed
     | FinishOutcome
     | RunCancelledResult
+    | RunRequeued
+    | RunRetried
+    | RunInfo
+    | LimitInfo
+    | PauseResult
+    | ResumeResult
+    | PauseList
+    | QueueStatsResult
     | RunPage
     | TaskPage
     | ReviewRunPage
@@ -112,6 +129,22 @@ async def handle(
             return await run_commands.finish(services, command, out)
         case c.CancelRun():
             return await run_commands.cancel(services, command, out)
+        case c.RequeueRun():
+            return await run_commands.requeue(services, command, out)
+        case c.RetryRun():
+            return await run_commands.retry(services, command, out)
+        case c.GetRun():
+            return await run_commands.get(services, command)
+        case c.SetLimits():
+            return await flow_commands.set_limits(services, command, out)
+        case c.Pause():
+            return await flow_commands.pause(services, command, out)
+        case c.Resume():
+            return await flow_commands.resume(services, command, out)
+        case c.ListPauses():
+            return await flow_commands.list_pauses(services)
+        case c.QueueStats():
+            return await flow_commands.queue_stats(services)
         case c.ListRuns():
             rows, more = await store.transact(
                 runs.runs_page,

@@ -18,13 +18,24 @@ import trio
 
 from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.kernel.outbox import EventHub, Outbox
+from onceflow.actors.kernel.run_signals import ANY
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol import commands as c
-from onceflow.protocol.errors import ProtocolError
-from onceflow.protocol.results import ClaimedRun, FinishOutcome, RunCancelledResult, RunRenewed
+from onceflow.protocol.errors import NotFoundError, ProtocolError
+from onceflow.protocol.events import RunClaimHeld, RunQueued
+from onceflow.protocol.results import (
+    ClaimedRun,
+    FinishOutcome,
+    RunCancelledResult,
+    RunInfo,
+    RunRenewed,
+    RunRequeued,
+    RunRetried,
+)
 from onceflow.protocol.times import rfc3339, rfc3339_or_none
 from onceflow.store import run_claims, runs
+from onceflow.store.runs import Change
 
 log = get_logger("onceflow.runs")
 
@@ -58,11 +69,14 @@ def lease_for(services: Services, lease_seconds: float | None) -> float:
 
 
 async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> ClaimedRun | None:
-    """`claim_run`: the agent's oldest eligible run, claimed under a new token, or None once
-    `command.wait_seconds` passed with none eligible (module docstring). A cancellation leaves nothing
-    claimed: a claim it interrupts after the commit is released."""
+    """`claim_run`: the next eligible run of the agent (of the agents, of any agent), claimed under a new
+    token, or None once `command.wait_seconds` passed with none eligible (module docstring); a None held
+    back by flow control carries a `run_claim_held` event in the reply (never broadcast). A cancellation
+    leaves nothing claimed: a claim it interrupts after the commit is released."""
     lease = lease_for(services, command.lease_seconds)
-    agent = command.agent_profile_id
+    agents = command.agents()
+    target: str | list[str] | None = agents[0] if agents is not None and len(agents) == 1 else agents
+    agent = target if isinstance(target, str) else ANY
     signals = services.run_signals
     deadline = trio.current_time() + command.wait_seconds
     with signals.waiting(agent):
@@ -70,7 +84,7 @@ async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> Claimed
             woken = signals.current(agent)  # before the look: a run queued after it began still wakes us
             asked = trio.current_time()
             found = await services.store.transact(
-                run_claims.claim, agent, services.now(), lease, services.run_policy
+                run_claims.claim, target, services.now(), lease, services.run_policy
             )
             try:
                 await trio.lowlevel.checkpoint_if_cancelled()
@@ -86,6 +100,8 @@ async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> Claimed
                 return ClaimedRun(**runs.run_info(found.run), claim_token=found.run.claim_token)
             left = deadline - trio.current_time()
             if left <= 0:
+                if found.held is not None:
+                    out.note(_held_event(found.held))
                 return None
             if found.next_eligible_in is not None:  # measured from the look: less the time since
                 left = min(left, max(found.next_eligible_in - (trio.current_time() - asked), 0.0))
@@ -93,6 +109,15 @@ async def claim(services: Services, command: c.ClaimRun, out: Outbox) -> Claimed
                 left = min(left, PG_POLL)
             with trio.move_on_after(left):
                 await woken.wait()
+
+
+def _held_event(held: run_claims.Held) -> RunClaimHeld:
+    return RunClaimHeld(
+        reason=held.reason,
+        limit_scope=held.scope,
+        limit_id=held.target_id,
+        max_concurrent=held.max_concurrent,
+    )
 
 
 async def _release(services: Services, run_id: int, token: str) -> None:
@@ -144,6 +169,7 @@ async def finish(services: Services, command: c.FinishRun, out: Outbox) -> Finis
         policy=services.run_policy,
         draw=random.random(),
         unfenced=command.unfenced,
+        result=command.result,
     )
     publish_run_changes(out, done.changes)
     run = done.run
@@ -169,6 +195,55 @@ async def cancel(services: Services, command: c.CancelRun, out: Outbox) -> RunCa
     if change is not None:
         publish_run_changes(out, (change,))
     return RunCancelledResult(run_id=command.run_id, cancelled=cancelled)
+
+
+async def requeue(services: Services, command: c.RequeueRun, out: Outbox) -> RunRequeued:
+    """`requeue_run`: hand the claim under `claim_token` back to the queue (store/run_claims.py `requeue`).
+
+    Raises:
+        NotFoundError / ConflictError: as `run_claims.requeue` (run_id / claim_token); nothing changes.
+    """
+    run = await services.store.transact(run_claims.requeue, command.run_id, command.claim_token)
+    change = Change("requeued", run.id, run.task_id, run.agent_profile_id, run.attempt)
+    publish_run_changes(out, (change,))
+    return RunRequeued(run_id=run.id, status="queued")
+
+
+async def retry(services: Services, command: c.RetryRun, out: Outbox) -> RunRetried:
+    """`retry_run`: a fresh run for a failed or cancelled one (store/run_claims.py `retry`), `run_queued`.
+
+    Raises:
+        NotFoundError / ConflictError: as `run_claims.retry` (run_id); nothing changes.
+    """
+    queued = await services.store.transact(run_claims.retry, command.run_id, services.now())
+    run = await services.store.transact(runs.get_run, queued.run_id)
+    assert run is not None
+    out.emit(
+        RunQueued(
+            run_id=run.id,
+            task_id=run.task_id,
+            step_id=run.step_id,
+            agent_profile_id=run.agent_profile_id,
+            reason=run.reason,
+            idempotency_key=None,
+            priority=run.priority,
+            parent_run_id=run.parent_run_id,
+            causation_depth=run.causation_depth,
+        )
+    )
+    return RunRetried(run_id=run.id, retry_of=command.run_id)
+
+
+async def get(services: Services, command: c.GetRun) -> RunInfo:
+    """`get_run`: the run as `list_runs` shows it.
+
+    Raises:
+        NotFoundError: no run `run_id` (field run_id).
+    """
+    run = await services.store.transact(runs.get_run, command.run_id)
+    if run is None:
+        raise NotFoundError(f"run {command.run_id} does not exist", field="run_id")
+    return runs.run_info(run)
 
 
 async def sweep_leases_once(services: Services, hub: EventHub) -> run_claims.Expired:

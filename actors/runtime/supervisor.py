@@ -11,7 +11,7 @@ and lets the actors (and commands still running on their askers' tasks) drain wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import outcome
@@ -115,14 +115,15 @@ class Runtime:
 
     def runs(
         self,
-        agent_profile_id: str,
+        agent_profile_id: str | Sequence[str] | None,
         *,
         lease_seconds: float | None = None,
         wait_seconds: float = 60.0,
         until_idle: bool = False,
         cancel_superseded: bool = True,
     ) -> RunWorker:
-        """A worker over the runs queue for one agent profile (actors/runtime/worker.py `RunWorker`):
+        """A worker over the runs queue for one agent profile, several (claimed fairly) or any (None)
+        (actors/runtime/worker.py `RunWorker`):
 
             async with rt.runs("reviewer") as runs:
                 async for run in runs:

@@ -9,7 +9,10 @@ from an asyncio loop through the runtime's Trio thread).
 
 Leaving `async with run` resolves the run from how the block ended (`RunWorker._end`):
 
-- the block completed: `finish_run` status finished;
+- the block completed: `finish_run` status finished, with `run.result` (set it in the block: JSON, at
+  most 64 KiB) stored as the run's result;
+- it raised `HandBack`: the run is returned to the queue (`requeue_run`, fenced by its claim token), in its
+  place in line, its attempt counted, no retry spent;
 - it raised `RunError`: finished failed with its message, `retryable` and `retry_at`;
 - it raised any other `Exception`: failed, retryable, with the exception's type and message as the error
   (logged at WARNING `run_body_failed` with its traceback). The exception is *not* re-raised: the loop
@@ -37,7 +40,7 @@ cancellation by another runtime is seen at the next renewal (no event reaches th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -105,6 +108,11 @@ class RunError(Exception):
         self.retry_at = retry_at
 
 
+class HandBack(Exception):
+    """Raise it in a run's block to return the run to the queue (`requeue_run`) instead of finishing it:
+    the work could not be done now (the host is stopping, the agent is busy), and did not fail."""
+
+
 class Run:
     """One claimed run, as the worker hands it out: enter it (`async with run`) to work on it.
 
@@ -122,6 +130,8 @@ class Run:
         self.lost: str | None = None
         self.outcome: FinishOutcome | None = None
         self.released = False
+        self.result: Any = None
+        """What the block produced: stored with the run when it finishes (`finish_run`'s `result`)."""
         self._worker = worker
         self._entered = False
         self._ended = False
@@ -208,7 +218,8 @@ class Run:
 
 
 class RunWorker:
-    """`rt.runs(agent_profile_id)`: the runs of one agent profile, claimed one at a time (module docstring).
+    """`rt.runs(agent_profile_id)`: the runs of one agent profile (a sequence of them: claimed across them
+    fairly; None: any agent's), claimed one at a time (module docstring).
 
     Use it as `async with` (it owns the nursery the lease renewals run in), then `async for run in
     worker`, then `async with run`. `lease_seconds` (None: the policy's lease) is the lease of every claim and
@@ -228,7 +239,7 @@ class RunWorker:
         self,
         runtime: Runtime,
         hub: EventHub,
-        agent_profile_id: str,
+        agent_profile_id: str | Sequence[str] | None,
         *,
         lease_seconds: float | None = None,
         wait_seconds: float = 60.0,
@@ -239,16 +250,21 @@ class RunWorker:
             raise ProtocolError(
                 "wait_seconds must be positive (a worker never busy-polls)", field="wait_seconds"
             )
+        agents = (
+            {"agent_profile_id": agent_profile_id}
+            if isinstance(agent_profile_id, str)
+            else {}
+            if agent_profile_id is None
+            else {"agent_profile_ids": list(agent_profile_id)}
+        )
         claim = decode_command(
-            {
-                "type": "claim_run",
-                "agent_profile_id": agent_profile_id,
-                "lease_seconds": lease_seconds,
-                "wait_seconds": wait_seconds,
-            }
+            {"type": "claim_run", **agents, "lease_seconds": lease_seconds, "wait_seconds": wait_seconds}
         )
         assert isinstance(claim, c.ClaimRun)
-        self.agent_profile_id = agent_profile_id
+        self.agent_profile_id = (
+            agent_profile_id if isinstance(agent_profile_id, str) else ",".join(agent_profile_id or ["*"])
+        )
+        """The agent profile claimed for (several: joined by commas; any: `*`), as logs name it."""
         self.lease = lease_for(runtime.services, lease_seconds)
         """The lease of every claim and renewal, in seconds."""
         self._claim = claim
@@ -473,6 +489,8 @@ class RunWorker:
                 return  # another claim holds it, or it is over: nothing is left to finish
             if error is not None and not isinstance(error, Exception):
                 await self._release(run)
+            elif isinstance(error, HandBack):
+                await self._requeue(run)
             elif isinstance(error, RunError):
                 await self._finish(run, "failed", error.message, error.retryable, error.retry_at)
             elif error is not None:
@@ -493,6 +511,7 @@ class RunWorker:
             error=None if error is None else error[:MAX_TEXT_CHARS],
             retryable=retryable,
             retry_at=retry_at,
+            result=run.result,
         )
         reply: Reply | None = None
         for attempt in range(FINISH_ATTEMPTS):
@@ -509,6 +528,16 @@ class RunWorker:
             self._say_lost(run, "claim_lost", reply.error.message)
         else:  # the lease ends the claim: the run is handed out again then
             log.warning("run_finish_failed", run_id=run.id, code=reply.error.code, cause=reply.error.message)
+
+    async def _requeue(self, run: Run) -> None:
+        """Return the run to the queue under its claim (`requeue_run`); a lost claim is said so."""
+        reply = await self._runtime.send(c.RequeueRun(run_id=run.id, claim_token=run.claim_token))
+        if reply.ok:
+            run.released = True
+        elif reply.error is not None and reply.error.field == "claim_token":
+            self._say_lost(run, "claim_lost", reply.error.message)
+        else:
+            log.warning("run_requeue_failed", run_id=run.id, cause=reply.error and reply.error.message)
 
     async def _release(self, run: Run) -> None:
         """Hand the claim back: queued again at once, the attempt not counted (store/run_claims.py)."""

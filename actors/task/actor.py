@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 import attrs
 
+from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task import decisions, lifecycle, migrate, moves, triggers
 from onceflow.actors.task.context import TaskContext
@@ -69,8 +70,13 @@ class TaskActor(TaskContext):
 
         Every command but a move, a creation or a read forgets the task's cached row first: it may write the
         row outside the admission's compare-and-set (actors/kernel/task_rows.py). A cancellation leaves
-        what the handler committed so far (every handler states what that is).
+        what the handler committed so far (every handler states what that is). The runs its actions queue
+        carry its causation (actors/kernel/causation.py).
         """
+        with causation.caused_by(message, self.services.run_policy.max_causation_depth):
+            return await self._apply(message, out)
+
+    async def _apply(self, message: TaskMessage, out: Outbox) -> TaskResult:
         ctx: TaskContext = self
         if not isinstance(message, c.MoveTask | c.CreateTask | c.GetTask):
             ctx.services.task_rows.forget(self.task_id)

@@ -147,12 +147,12 @@ func (w *worker) work(ctx context.Context, c *conn, run claimedRun) error {
 	})
 }
 
-// handBack gives the run up: the host is stopping, the work did not fail. There is no command for that,
-// so its lease is renewed to a millisecond: the run is claimable again at once, and no failed attempt
+// handBack gives the run up: the host is stopping, the work did not fail. requeue_run returns it to the
+// queue in its place in line, fenced by its claim token: claimable again at once, and no failed attempt
 // counts against its retries (a failed finish would).
 func (w *worker) handBack(c *conn, run claimedRun) error {
 	err := w.send(c, map[string]any{
-		"type": "renew_run", "run_id": run.ID, "claim_token": run.ClaimToken, "lease_seconds": 0.001,
+		"type": "requeue_run", "run_id": run.ID, "claim_token": run.ClaimToken,
 	}, nil)
 	if err != nil && !errors.Is(err, errLost) {
 		return err

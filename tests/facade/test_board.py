@@ -102,7 +102,7 @@ def test_cards_follow_the_api_live_and_a_paused_agent_shows_paused(
 
     operations = httpx.get(f"{served.url}/openapi.json").json()["paths"]
     if "/v1/commands/pause" in operations:  # flow control's commands
-        command(served, type="pause", agent_profile_id="reviewer")
+        command(served, type="pause", scope="agent", id="reviewer")
         wait.until(
             lambda b: (
                 b.execute_script(

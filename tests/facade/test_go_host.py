@@ -465,6 +465,8 @@ def test_a_go_host_interrupted_mid_run_exits_0_and_hands_its_runs_back_at_once(
             assert first.process.wait(timeout=30) == 0
             assert time.monotonic() - began < 10  # its claim polls end within -wait
             assert len(first.logs("run_handed_back")) == 2 and first.logs("stopped")
+            handed = [(r["status"], r["outcome_reason"]) for r in board.runs("T-1")]
+            assert handed == [("queued", "requeued")] * 2  # back in the queue at once (requeue_run)
         with go_host(go_host_binary, served, tmp_path, "second"):
             began = time.monotonic()
             runs = board.runs_finished("T-1", 2)

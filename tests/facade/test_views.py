@@ -304,3 +304,25 @@ async def test_list_decisions_and_step_entries_page_with_their_cursors(office: R
 async def test_list_review_runs_pages(office: Runtime) -> None:
     page = (await ok(office, {"type": "list_review_runs", "limit": 1})).result
     assert page == {"review_runs": [], "next_after_review_run_id": None}
+
+
+async def test_the_queue_view_shows_each_agent_its_ceiling_and_the_global_line(
+    office: Runtime, db_path: Path
+) -> None:
+    await to_review(office, "T1")  # a run queued for each reviewer
+    await ok(office, {"type": "set_limits", "scope": "agent", "id": "rev-a", "max_concurrent": 2})
+    await ok(office, {"type": "set_limits", "scope": "global", "runs_per_hour": 50})
+    await ok(office, {"type": "pause", "scope": "agent", "id": "rev-b", "reason": "quota"})
+    await ok(office, {"type": "claim_run", "agent_profile_id": "rev-a"})
+    shown = await _cli("queue", "--db", str(db_path), "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = {r["agent_profile_id"]: r for r in map(json.loads, shown.stdout.decode().splitlines())}
+    assert (rows["rev-a"]["claimed"], rows["rev-a"]["max_concurrent"], rows["rev-a"]["paused"]) == (
+        1,
+        2,
+        False,
+    )
+    assert (rows["rev-b"]["queued"], rows["rev-b"]["paused"]) == (1, True)
+    assert (rows["(global)"]["runs_per_hour"], rows["(global)"]["claimed"]) == (50, 1)
+    table = (await _cli("queue", "--db", str(db_path))).stdout.decode().splitlines()
+    assert table[0].split()[:4] == ["agent_profile_id", "queued", "claimed", "max_concurrent"]

@@ -151,6 +151,16 @@ async def drive_every_command(rt: Runtime, templates: Path) -> Checked:
     await c.send({"type": "finish_run", "run_id": run["id"], "claim_token": run["claim_token"]})
     other = await c.send({"type": "claim_run", "agent_profile_id": "rev-b"})
     await c.send({"type": "cancel_run", "run_id": other["id"]})
+    await c.send({"type": "get_run", "run_id": other["id"]})
+    retried = await c.send({"type": "retry_run", "run_id": other["id"]})
+    again = await c.send({"type": "claim_run", "agent_profile_ids": ["rev-b", "rev-a"]})
+    assert again["id"] == retried["run_id"]
+    await c.send({"type": "requeue_run", "run_id": again["id"], "claim_token": again["claim_token"]})
+    await c.send({"type": "set_limits", "scope": "agent", "id": "rev-b", "max_concurrent": 2})
+    await c.send({"type": "pause", "scope": "agent", "id": "rev-b", "reason": "maintenance"})
+    await c.send({"type": "list_pauses"})
+    await c.send({"type": "queue_stats"})
+    await c.send({"type": "resume", "scope": "agent", "id": "rev-b"})
     vote = {"type": "record_decision", "task_id": "T1", "step_id": "review", "decider_type": "agent"}
     await c.send(vote | {"decider_id": "rev-a", "decision": "approved", "decision_id": "d-1"})
     await c.send(vote | {"decider_id": "rev-a", "decision": "approved", "decision_id": "d-1"})

@@ -72,6 +72,10 @@ ARGUMENTS: dict[Callable[..., BaseModel], st.SearchStrategy[dict[str, Any]]] = {
             "agent_profile_id": text,
             "reason": text,
             "idempotency_key": optional_text,
+            "outcome": st.just("queued"),
+            "priority": st.integers(0, 3),
+            "parent_run_id": st.none() | integer,
+            "causation_depth": st.integers(0, 8),
         }
     ),
     trusted.action_outcome: st.fixed_dictionaries(

@@ -13,8 +13,9 @@ Routes (every JSON answer is the socket's `Reply` object; its status follows the
   `/v1/tasks/{task_id}/history` (`task_history`; `after`, `limit`), `/v1/runs` (`list_runs`; `task_id`,
   `agent_profile_id`, `status`, `after`, `limit`), `/v1/host-calls` (`list_host_calls`),
   `/v1/workflows` (`list_workflows`), `/v1/workflows/{workflow_id}` (`get_workflow`; `version`),
-  `/v1/workflows/{workflow_id}/graph.svg` (its graph), `/v1/queue` (`queue_stats`), `/v1/pauses`
-  (`list_pauses`): each sends the command named, query parameters as its fields.
+  `/v1/workflows/{workflow_id}/graph.svg` (its graph), `/v1/runs/{run_id}` (`get_run`), `/v1/queue`
+  (`queue_stats`), `/v1/pauses` (`list_pauses`): each sends the command named, query parameters as its
+  fields.
 - `GET /v1/events`: `text/event-stream`; each event `id: <event_seq>` and `data: <Event JSON>`; resumes
   after the `Last-Event-ID` header (or `?after=N`) exactly as the socket's `subscribe after`: the held
   events after it, then live ones, each once in seq order; `event: gap` with data `{after, next}` first

@@ -38,6 +38,7 @@ READ_COMMANDS = frozenset(
         "list_participants",
         "queue_stats",
         "list_pauses",
+        "get_run",
     }
 )
 """Commands a `read` token may send: they change nothing."""
@@ -247,6 +248,7 @@ ROUTES: dict[str, tuple[str, Builder]] = {
         "list_runs",
         from_query("list_runs", {"after": "after_run_id"}, frozenset({"limit", "after_run_id"})),
     ),
+    "/v1/runs/{run_id}": ("get_run", from_query("get_run", {})),
     "/v1/host-calls": (
         "list_host_calls",
         from_query("list_host_calls", {"after": "after_id"}, frozenset({"limit", "after_id"})),

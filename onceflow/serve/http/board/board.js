@@ -240,7 +240,7 @@ function pausedSet(reply) {
   if (!reply || !reply.ok) return out;
   const rows = reply.result.pauses || reply.result.items || reply.result || [];
   for (const row of Array.isArray(rows) ? rows : []) {
-    out.add(row.agent_profile_id || row.scope_id || row.target || JSON.stringify(row));
+    if (row.scope === "agent") out.add(row.id);
   }
   return out;
 }
@@ -276,14 +276,15 @@ async function loadQueue() {
     table.append(el("tr", { "data-agent": id, "data-paused": String(isPaused) },
       el("td", {}, id, isPaused ? el("span", { class: "paused" }, " paused") : null),
       el("td", {}, String(queued)), el("td", {}, String(ceiling)),
-      el("td", {}, isPaused ? button("resume", { type: "resume", agent_profile_id: id })
-        : button("pause", { type: "pause", agent_profile_id: id }))));
+      el("td", {}, isPaused ? button("resume", { type: "resume", scope: "agent", id: id })
+        : button("pause", { type: "pause", scope: "agent", id: id, reason: "paused from the board" }))));
     for (const run of entry.runs.slice(0, 5)) {
       table.append(el("tr", { class: "run", "data-run": String(run.id) },
         el("td", { class: "muted" }, "#" + run.id + " " + (run.task_id || "")), el("td", {}, run.status),
         el("td", {}, run.step_id || ""),
-        el("td", {}, run.status === "failed" ? button("retry", { type: "retry_run", run_id: run.id })
-          : button("requeue", { type: "requeue_run", run_id: run.id }))));
+        el("td", {}, run.status === "failed" || run.status === "cancelled"
+          ? button("retry", { type: "retry_run", run_id: run.id })
+          : button("cancel", { type: "cancel_run", run_id: run.id, reason: "cancelled_from_board" }))));
     }
   }
   const holder = $("queue");
@@ -343,7 +344,7 @@ function apply(item) {
   } else if (event.type === "transition") {
     moveCard(event.task_id, event.workflow_id, event.from_step, event.to_step);
   } else if (event.type.startsWith("run_") || event.type.startsWith("host_call") ||
-             event.type.includes("pause")) {
+             event.type === "flow_changed") {
     refreshSoon();
   }
 }

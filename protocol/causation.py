@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import INT64_MAX
 
 CAUSE_FIELDS = ("caused_by_run_id", "actor_kind")
@@ -26,7 +27,7 @@ ActorKind = Literal["human", "agent", "system"]
 class Causation(BaseModel):
     """The causation fields every command accepts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=describe_fields)
 
     caused_by_run_id: Annotated[int, Field(ge=1, le=INT64_MAX, strict=True)] | None = None
     """The run whose work made the sender send this command: runs it queues are that run's children. None: the

@@ -84,6 +84,21 @@ def _describe(event: e.Event) -> str:
             return f"run #{event.run_id} cancelled ({event.reason})"
         case e.RunLeaseExpired():
             return f"run #{event.run_id}'s lease expired: queued again"
+        case e.RunRateLimited():
+            return (
+                f"run for {event.agent_profile_id} ({event.reason}) refused: {event.limit}"
+                f" {event.limit_value} reached"
+            )
+        case e.RunClaimHeld():
+            held = f" ({event.limit_scope} {event.limit_id or ''} max {event.max_concurrent})".replace(
+                "  ", " "
+            )
+            return f"claim held: {event.reason}{held if event.reason == 'at_capacity' else ''}"
+        case e.RunRequeued():
+            return f"run #{event.run_id} handed back by {event.agent_profile_id}: queued again"
+        case e.FlowChanged():
+            target = f" {event.id}" if event.id else ""
+            return f"flow {event.change}: {event.scope}{target}"
         case e.DecisionRecorded():
             return f"decision by {event.decider_id} at {event.step_id}: {event.decision}"
         case e.DecisionsCleared():

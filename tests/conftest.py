@@ -23,6 +23,7 @@ from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pg_support import PostgresServer, start_postgres
+from trio.testing import MockClock
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -119,3 +120,12 @@ def metric_reader() -> InMemoryMetricReader:
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     return reader
+
+
+@pytest.fixture
+def autojump_clock() -> MockClock:
+    """pytest-trio's autojump clock, but jumping only after 1 ms of real idleness instead of at once: with a
+    threshold of 0 the Trio thread spins while the store's writer thread works (no deadline to jump to, or
+    one it must not reach yet), holding the GIL, so every statement of the writer waits a GIL switch
+    interval (5 ms) for it. 1 ms of real time per jump costs nothing a test can see."""
+    return MockClock(autojump_threshold=0.001)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from onceflow.protocol.errors import NotFoundError
+from onceflow.protocol.errors import ConflictError, NotFoundError
 from onceflow.protocol.workflow import QueueRunConfig, QueueRunForEachParticipantConfig, Step
 from onceflow.store import history, run_claims, step_entries, tasks
 from onceflow.store.connection import Connection
@@ -68,7 +68,7 @@ def tasks_to_migrate(
 ) -> tuple[list[TaskRecord], list[str]]:
     """(the tasks of `workflow_id` not on `to_version`, in id order; the named ones already on it). Given
     `task_ids`, only those. Raises NotFoundError (field task_ids) for a named task that does not exist or is
-    of another workflow, ValueError past `MAX_TASKS`."""
+    of another workflow, ConflictError (field task_ids) past `MAX_TASKS`."""
     if task_ids is None:
         rows = conn.execute(
             f"SELECT {tasks.TASK_COLUMNS} FROM tasks WHERE workflow_id = ? AND workflow_version <> ?"
@@ -77,7 +77,9 @@ def tasks_to_migrate(
         ).fetchall()
         found = [tasks.task_from_row(row) for row in rows]
         if len(found) > MAX_TASKS:
-            raise ValueError(f"more than {MAX_TASKS} tasks to migrate: name them in task_ids, in parts")
+            raise ConflictError(
+                f"more than {MAX_TASKS} tasks to migrate: name them in task_ids, in parts", field="task_ids"
+            )
         return found, []
     todo: list[TaskRecord] = []
     already: list[str] = []

@@ -22,7 +22,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -32,7 +32,23 @@ from onceflow.protocol.errors import ShuttingDownError, shown
 from onceflow.protocol.results import ClaimedRun
 
 if TYPE_CHECKING:
-    from onceflow.aio import AsyncioRuntime
+    from onceflow.actors.runtime.supervisor import Runtime
+
+
+class Bridge(Protocol):
+    """What a worker uses of the asyncio bridge (`AsyncioRuntime`, onceflow/aio.py, which makes the
+    workers): its Trio-side runtime and nursery, whether it accepts work, its stop event and its two
+    thread hops; named here so that the two modules do not import each other."""
+
+    _runtime: Runtime | None
+    _pumps: trio.Nursery | None
+    _stop: trio.Event
+    _accepting: bool
+
+    def _call_in_trio(self, function: Callable[..., None], *args: Any) -> bool: ...
+
+    def _call_in_asyncio(self, function: Callable[..., None], *args: Any) -> None: ...
+
 
 T = TypeVar("T")
 
@@ -98,9 +114,7 @@ class AsyncioRuns:
         ShuttingDownError: the runtime is not open.
     """
 
-    def __init__(
-        self, owner: AsyncioRuntime, agent_profile_id: str | Sequence[str] | None, **options: Any
-    ) -> None:
+    def __init__(self, owner: Bridge, agent_profile_id: str | Sequence[str] | None, **options: Any) -> None:
         if owner._runtime is None or not owner._accepting:
             raise ShuttingDownError("the runtime is shutting down")
         self._owner = owner

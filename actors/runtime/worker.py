@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -59,7 +59,21 @@ from onceflow.protocol.times import unix_seconds
 from onceflow.store import run_claims
 
 if TYPE_CHECKING:
-    from onceflow.actors.runtime.supervisor import Runtime
+    from pydantic import BaseModel
+
+    from onceflow.actors.kernel.services import Services
+
+
+class Runtime(Protocol):
+    """What a worker uses of the runtime (`Runtime`, actors/runtime/supervisor.py, which makes the workers):
+    named here so that the two modules do not import each other."""
+
+    services: Services
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[Event]: ...
+
+    async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply: ...
+
 
 log = get_logger("onceflow.worker")
 

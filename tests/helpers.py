@@ -19,6 +19,21 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FIXTURES = TESTS / "fixtures"
 
+# A one-step workflow whose task_comment queues one run for the task's primary agent (no way out of `work`).
+ONE_STEP_COMMENT_QUEUES_RUN = """\
+id: m
+name: Minimal
+steps:
+  - id: work
+    name: Work
+    position: 0
+    is_start_step: true
+    events:
+      on_comment:
+        - type: queue_run
+          config: {target: primary, reason: task_comment}
+"""
+
 # A two-step workflow whose task_comment queues one run for the task's primary agent (the runs tests').
 COMMENT_QUEUES_RUN = """\
 id: m

@@ -10,24 +10,12 @@ from contextlib import AsyncExitStack
 
 import psycopg
 import trio
-from helpers import ok
+from helpers import ONE_STEP_COMMENT_QUEUES_RUN, ok
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 
-WORKFLOW = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-"""
+WORKFLOW = ONE_STEP_COMMENT_QUEUES_RUN
 RUNS, RUNTIMES, CLAIMERS, CEILING = 120, 3, 8, 4
 
 

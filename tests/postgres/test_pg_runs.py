@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import ok
+from helpers import ONE_STEP_COMMENT_QUEUES_RUN, ok
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -22,19 +22,7 @@ from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.runs import RunPolicy
 from onceflow.store import postgres, run_claims
 
-WORKFLOW = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-"""
+WORKFLOW = ONE_STEP_COMMENT_QUEUES_RUN
 RUNS, RUNTIMES, CLAIMERS = 200, 3, 20
 
 

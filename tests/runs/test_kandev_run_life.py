@@ -11,6 +11,7 @@ import pytest
 import trio
 from hand_clock import HandClock
 from helpers import (
+    ONE_STEP_COMMENT_QUEUES_RUN,
     events,
     list_runs,
     move,
@@ -285,19 +286,7 @@ def _run_events(reply: Any) -> list[str]:
     return [e.type for e in reply.events if e.type in ("run_queued", "run_suppressed", "run_coalesced")]
 
 
-MINIMAL = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-"""
+MINIMAL = ONE_STEP_COMMENT_QUEUES_RUN
 
 
 @pytest.mark.parametrize("lease", [0, -1, 3601, 86_401])

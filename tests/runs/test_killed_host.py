@@ -13,23 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from helpers import ONE_STEP_COMMENT_QUEUES_RUN
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "facade"))
 from wire_client import WireClient
 
 HERE = Path(__file__).resolve().parent
-WORKFLOW = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-"""
+WORKFLOW = ONE_STEP_COMMENT_QUEUES_RUN
 RUNS, HELD, LEASE = 20, 8, 2.0
 
 

@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from hand_clock import HandClock
 from helpers import (
+    ONE_STEP_COMMENT_QUEUES_RUN,
     FakeClock,
     decide,
     list_entries,
@@ -170,19 +171,7 @@ async def _queue_and_finish(rt: Runtime, count: int, first: int = 0) -> None:
     assert await _finish_all(rt, "w") == count
 
 
-MINIMAL = """\
-id: m
-name: Minimal
-steps:
-  - id: work
-    name: Work
-    position: 0
-    is_start_step: true
-    events:
-      on_comment:
-        - type: queue_run
-          config: {target: primary, reason: task_comment}
-"""
+MINIMAL = ONE_STEP_COMMENT_QUEUES_RUN
 
 
 def test_onceflow_prune_deletes_on_demand_and_prints_the_counts(tmp_path: Path) -> None:

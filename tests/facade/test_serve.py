@@ -43,6 +43,7 @@ from structlog.testing import capture_logs
 from wire_client import WireClient
 
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.limits import MAX_MESSAGE_BYTES, MAX_TEMPLATE_BYTES
 from onceflow.serve import ServeOptions, Server
 from onceflow.serve.connection import Connection
@@ -735,8 +736,8 @@ class Peer:
 @asynccontextmanager
 async def served_in_process(
     db: Path, options: ServeOptions
-) -> AsyncIterator[tuple[Server, Callable[[], Peer]]]:
-    """A Server on a real runtime; `connect()` hands it one end of a real socketpair."""
+) -> AsyncIterator[tuple[Runtime, Server, Callable[[], Peer]]]:
+    """A Server on a real runtime (both yielded); `connect()` hands it one end of a real socketpair."""
     peers: list[Peer] = []
     async with open_runtime(db) as rt:
         await register(rt, WORKFLOW.read_text(encoding="utf-8"))
@@ -751,7 +752,7 @@ async def served_in_process(
                     peers.append(Peer(theirs))
                     return peers[-1]
 
-                yield server, connect
+                yield rt, server, connect
                 for peer in peers:
                     peer.sock.close()
                 server.stop()
@@ -766,7 +767,11 @@ async def elapse(clock: trio.testing.MockClock, seconds: float) -> None:
 async def test_serve_idle_timeout_counts_from_the_last_activity_and_spares_subscribers(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    async with served_in_process(tmp_path / "b.db", ServeOptions(idle_timeout=10, grace=1)) as (_, connect):
+    async with served_in_process(tmp_path / "b.db", ServeOptions(idle_timeout=10, grace=1)) as (
+        _,
+        _,
+        connect,
+    ):
         quiet, chatty, watcher = connect(), connect(), connect()
         chatty.send({"id": 1, "type": "get_task", "task_id": "none"})
         assert (await chatty.line() or {})["id"] == 1
@@ -822,7 +827,7 @@ async def test_serve_accept_pauses_grow_to_a_bound_with_one_warning_per_episode(
     1 s and stay there; each episode logs one WARNING (then one INFO when an accept succeeds); the streams
     accepted between the failures are served."""
     options = ServeOptions(idle_timeout=0)  # the autojump clock would time idle clients out at once
-    async with served_in_process(tmp_path / "b.db", options) as (server, _):
+    async with served_in_process(tmp_path / "b.db", options) as (_, server, _):
         ours = [socket.socketpair() for _ in range(2)]
         streams = [trio.SocketStream(trio.socket.from_stdlib_socket(a)) for a, _ in ours]
         listener = _FlakyListener([*[errno.ENOBUFS] * 9, streams[0], errno.ENOMEM, errno.ENOBUFS, streams[1]])
@@ -858,7 +863,7 @@ async def test_serve_accept_out_of_descriptors_takes_the_next_client_in_the_spar
     descriptor), accepting pauses as for a memory shortage. The spare is held throughout and closed at the
     end: the process ends with the descriptors it began with. (Refusals: the subprocess test above.)"""
     options = ServeOptions(idle_timeout=0)
-    async with served_in_process(tmp_path / "b.db", options) as (server, _):
+    async with served_in_process(tmp_path / "b.db", options) as (_, server, _):
         pairs = [socket.socketpair() for _ in range(2)]
         streams = [trio.SocketStream(trio.socket.from_stdlib_socket(a)) for a, _ in pairs]
         listener = _FlakyListener([errno.EMFILE, streams[0], errno.ENFILE, errno.EMFILE, streams[1]])
@@ -923,7 +928,7 @@ async def test_serve_pipeline_holds_at_most_max_line_received_bytes(
 
     monkeypatch.setattr(Connection, "admit", recorded)
     options = ServeOptions(max_line=10_000, max_pipeline=64, idle_timeout=0)
-    async with served_in_process(tmp_path / "b.db", options) as (_, connect):
+    async with served_in_process(tmp_path / "b.db", options) as (_, _, connect):
         peer = connect()
         padding = " " * 3_000  # JSON allows it: each line ~3 KB, 3 fit in 10 KB
         lines = [

@@ -12,25 +12,22 @@ import json
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from helpers import TESTS, register
-from test_serve import Peer
+from helpers import TESTS
+from test_serve import served_in_process
 from wire_client import WireClient
 
-from onceflow.actors.runtime.startup import open_runtime
-from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.serve import ServeOptions, Server
+from onceflow.serve import ServeOptions
 
 WORKFLOW = TESTS / "fixtures" / "workflows" / "minimal.yml"  # entering `work` asks for 2 session actions
 
@@ -228,37 +225,12 @@ def test_subscribe_refuses_a_bad_after_naming_the_field_and_starts_nothing(after
 # --- in process: the replay/live hand-over under concurrent load, many interleavings ------------------
 
 
-@asynccontextmanager
-async def served_in_process(
-    db: Path, options: ServeOptions
-) -> AsyncIterator[tuple[Runtime, Callable[[], Peer]]]:
-    """A Server on a real runtime; `connect()` hands it one end of a real socketpair."""
-    peers: list[Peer] = []
-    async with open_runtime(db) as rt:
-        await register(rt, WORKFLOW.read_text(encoding="utf-8"))
-        async with trio.open_nursery() as commands:
-            server = Server(rt, commands, options)
-            async with trio.open_nursery() as connections:
-
-                def connect() -> Peer:
-                    ours, theirs = socket.socketpair()
-                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-                    connections.start_soon(server.handle, stream)
-                    peers.append(Peer(theirs))
-                    return peers[-1]
-
-                yield rt, connect
-                for peer in peers:
-                    peer.sock.close()
-                server.stop()
-
-
 async def test_replay_then_live_never_duplicates_or_skips_a_seq_under_concurrent_load(tmp_path: Path) -> None:
     """A writer keeps creating tasks while readers resume from random past seqs, reading at random paces
     through a small queue (so the replay waits for room while events keep coming): each gets exactly the
     events after its `after`, in seq order (each create emits one event, so seq and task match)."""
     rng = random.Random(7)
-    async with served_in_process(tmp_path / "b.db", ServeOptions(queue_size=4, grace=5)) as (rt, connect):
+    async with served_in_process(tmp_path / "b.db", ServeOptions(queue_size=4, grace=5)) as (rt, _, connect):
         start = rt.events().next_seq
         created = 0
 

@@ -434,7 +434,11 @@ def _reply() -> str:
 
 def _commands() -> str:
     defs = COMMAND_ADAPTER.json_schema()["$defs"]
-    parts = ["## Commands", _trace_context(defs), _causation(defs)]
+    parts = [
+        "## Commands",
+        _shared_fields(defs, "Trace context", TRACE_FIELDS, tracecontext),
+        _shared_fields(defs, "Causation", CAUSE_FIELDS, causation),
+    ]
     for model in COMMAND_TYPES:
         schema = defs[model.__name__]
         tag = _tag(model)
@@ -445,30 +449,21 @@ def _commands() -> str:
     return "\n\n".join(parts)
 
 
-def _trace_context(defs: Mapping[str, Any]) -> str:
-    """The trace context fields, said once: every command has them (protocol/tracecontext.py)."""
+def _shared_fields(
+    defs: Mapping[str, Any], title: str, names: tuple[str, ...], module: types.ModuleType
+) -> str:
+    """Fields every command has, said once under `title` (their tables leave them out): `module`'s
+    docstring after its first paragraph, then the fields' table. The trace context (protocol/tracecontext.py)
+    and the causation (protocol/causation.py) are two such groups."""
     schema = defs[COMMAND_TYPES[0].__name__]
-    fields = {"properties": {name: schema["properties"][name] for name in TRACE_FIELDS}}
-    text = _paragraphs(inspect.getdoc(tracecontext) or "").split("\n\n", 1)[1]
+    fields = {"properties": {name: schema["properties"][name] for name in names}}
+    text = _paragraphs(inspect.getdoc(module) or "").split("\n\n", 1)[1]
     intro = (
-        "Every command below also accepts the two trace context fields, left out of its table: "
-        + ", ".join(f"`{name}`" for name in TRACE_FIELDS)
+        f"Every command below also accepts the two {title.lower()} fields, left out of its table: "
+        + ", ".join(f"`{name}`" for name in names)
         + "."
     )
-    return "\n\n".join(["### Trace context", intro, text, _fields(fields)])
-
-
-def _causation(defs: Mapping[str, Any]) -> str:
-    """The causation fields, said once: every command has them (protocol/causation.py)."""
-    schema = defs[COMMAND_TYPES[0].__name__]
-    fields = {"properties": {name: schema["properties"][name] for name in CAUSE_FIELDS}}
-    text = _paragraphs(inspect.getdoc(causation) or "").split("\n\n", 1)[1]
-    intro = (
-        "Every command below also accepts the two causation fields, left out of its table: "
-        + ", ".join(f"`{name}`" for name in CAUSE_FIELDS)
-        + "."
-    )
-    return "\n\n".join(["### Causation", intro, text, _fields(fields)])
+    return "\n\n".join([f"### {title}", intro, text, _fields(fields)])
 
 
 def _events() -> str:

@@ -263,11 +263,11 @@ def requeue(conn: Connection, run_id: int, token: str) -> RunRecord:
     return run_from_row(row)
 
 
-def retry(conn: Connection, run_id: int, now: float) -> EnqueueResult:
+def retry(conn: Connection, run_id: int, now: float) -> RunRecord:
     """Queue a fresh run for the failed or cancelled run `run_id` (`retry_run`): its agent, task, step,
     reason and payload, priority at most 1 (recovery), in its causation chain (its parent's child, as it
     was), `retry_of` naming it. An operator's retry passes the flow limits (no `max_depth`, and the chain
-    keeps its human root or not as it was).
+    keeps its human root or not as it was). Returns the new run, read in the same transaction.
 
     Raises:
         NotFoundError: no run `run_id` (field run_id).
@@ -292,7 +292,9 @@ def retry(conn: Connection, run_id: int, now: float) -> EnqueueResult:
         cause=flow.Cause(run.parent_run_id, human=run.human_rooted, max_depth=None, exempt=True),
         retry_of=run.id,
     )
-    return runs.enqueue_run(conn, request, now)
+    queued = runs.get_run(conn, runs.enqueue_run(conn, request, now).run_id)
+    assert queued is not None  # key-less, never coalesced, exempt from the limits: always inserted
+    return queued
 
 
 def store_result(conn: Connection, run_id: int, result: object) -> None:

@@ -215,9 +215,7 @@ async def retry(services: Services, command: c.RetryRun, out: Outbox) -> RunRetr
     Raises:
         NotFoundError / ConflictError: as `run_claims.retry` (run_id); nothing changes.
     """
-    queued = await services.store.transact(run_claims.retry, command.run_id, services.now())
-    run = await services.store.transact(runs.get_run, queued.run_id)
-    assert run is not None
+    run = await services.store.transact(run_claims.retry, command.run_id, services.now())
     out.emit(
         RunQueued(
             run_id=run.id,

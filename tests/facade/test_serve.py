@@ -644,16 +644,21 @@ def test_serve_at_the_cap_a_new_client_evicts_the_longest_idle_never_a_busy_one(
         assert not [line for line in served.log if "client_disconnected" in line]  # evictions: INFO
 
 
-def _free_fds(pid: int, count: int) -> list[int]:
-    """The `count` lowest descriptor numbers the process has free, once its descriptors have stood still
-    for 0.2 s (a server still finishing its start-up may open and close some: under load those would shift
-    the numbers after they were read)."""
+def settled_descriptors(pid: int) -> set[int]:
+    """The descriptor numbers the process has open, once they have stood still for 0.2 s (a server still
+    finishing its start-up under load may open and close some: numbers read meanwhile would shift)."""
     used: set[int] = set()
     for _ in range(50):
         seen, used = used, {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
         if seen == used:
             break
         time.sleep(0.2)
+    return used
+
+
+def _free_fds(pid: int, count: int) -> list[int]:
+    """The `count` lowest descriptor numbers the process has free (`settled_descriptors`)."""
+    used = settled_descriptors(pid)
     return list(itertools.islice((n for n in itertools.count() if n not in used), count))
 
 

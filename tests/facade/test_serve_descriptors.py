@@ -6,7 +6,6 @@ second however many idle clients are connected. Real `onceflow serve` processes 
 
 from __future__ import annotations
 
-import os
 import re
 import resource
 import select
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_serve import _create, _start, serving
+from test_serve import _create, _start, serving, settled_descriptors
 from wire_client import WireClient
 
 from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, HEADROOM
@@ -33,15 +32,8 @@ def _answered_within_a_second(socket: Path, request: dict[str, Any]) -> tuple[Wi
 
 
 def _descriptors(pid: int) -> int:
-    """How many descriptors the process has open, once that number has stood still for 0.2 s (a server
-    still finishing its start-up under load may open and close some)."""
-    count = -1
-    for _ in range(50):
-        seen, count = count, len(os.listdir(f"/proc/{pid}/fd"))
-        if seen == count:
-            break
-        time.sleep(0.2)
-    return count
+    """How many descriptors the process has open, once they stand still (`settled_descriptors`)."""
+    return len(settled_descriptors(pid))
 
 
 @pytest.mark.parametrize("explicit", [(), ("--max-connections", "256")], ids=["default", "explicit-256"])

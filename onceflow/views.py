@@ -236,10 +236,10 @@ def _runs(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:
     after: int | None = None
     while True:
         page, more = runs.runs_page(conn, after_id=after, limit=PAGE, task_id=task_id)
-        yield [dict(runs.run_info(run)) for run in page]
+        yield [dict(run) for run in page]
         if not more:
             return
-        after = page[-1].id
+        after = page[-1]["id"]
 
 
 def _entries(conn: Connection, task_id: str | None) -> Iterator[list[Row]]:

@@ -38,6 +38,9 @@ from onceflow.store.urls import on_postgres
 
 Kind = Literal["created", "transition", "decision", "run", "host_call", "migrated"]
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+"""`json.dumps(..., separators=(",", ":"))` without a new encoder per call (one per entry)."""
+
 _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"
     " SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4 FROM task_history WHERE task_id = ?1"
@@ -56,7 +59,7 @@ def hold(conn: Connection, task_id: str) -> None:
 def record(conn: Connection, task_id: str, at: float, kind: str, detail: dict[str, Any]) -> None:
     """Append one item of `kind` to the task's history at `at` (Unix seconds), numbered one past its last.
     Raises sqlite3.Error (the task does not exist: its foreign key)."""
-    conn.execute(_INSERT, (task_id, at, kind, json.dumps(detail, separators=(",", ":"))))
+    conn.execute(_INSERT, (task_id, at, kind, _COMPACT.encode(detail)))
 
 
 def transition_detail(
@@ -72,7 +75,7 @@ def transition_detail(
 ) -> str:
     """The `detail` JSON of a transition: `queued` when the task waits at a full step (not an entry),
     `entry_seq` None when the step allocates no entry record (or the task is queued)."""
-    return json.dumps(
+    return _COMPACT.encode(
         {
             "from_step": from_step,
             "to_step": to_step,
@@ -83,7 +86,6 @@ def transition_detail(
             "entry_seq": entry_seq,
             "queued": queued,
         },
-        separators=(",", ":"),
     )
 
 

@@ -315,10 +315,11 @@ def runs_page(
     task_id: str | None = None,
     agent_profile_id: str | None = None,
     status: str | None = None,
-) -> tuple[list[RunRecord], bool]:
+) -> tuple[list[RunInfo], bool]:
     """Up to `limit` runs matching every given filter with ids after `after_id` (None: from the first), in
-    id order (oldest first), and whether more follow (a page of `list_runs`; keyed by id, so a page costs
-    the same however deep it is)."""
+    id order (oldest first), as replies show them (`run_info`), and whether more follow (a page of
+    `list_runs`; keyed by id, so a page costs the same however deep it is). Each is built from its row
+    (`info_from_row`): no `RunRecord` per run on the way."""
     clauses, args = ["id > ?"], list[object]([after_id if after_id is not None else -1])
     for column, value in (("task_id", task_id), ("agent_profile_id", agent_profile_id), ("status", status)):
         if value is not None:
@@ -327,7 +328,7 @@ def runs_page(
     rows = conn.execute(
         f"SELECT {COLUMNS} FROM runs WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?", [*args, limit + 1]
     ).fetchall()
-    return [run_from_row(row) for row in rows[:limit]], len(rows) > limit
+    return [info_from_row(row) for row in rows[:limit]], len(rows) > limit
 
 
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
@@ -451,4 +452,42 @@ def run_info(run: RunRecord) -> RunInfo:
         "result": run.result,
         "enqueue_outcome": "rate_limited" if run.rate_limit is not None else "queued",
         "rate_limit": run.rate_limit,
+    }
+
+
+def info_from_row(row: tuple[Any, ...]) -> RunInfo:
+    """`run_info(run_from_row(row))` for a row selected as `COLUMNS`, without the `RunRecord` in between
+    (a page of `list_runs` builds one per run)."""
+    status, rate_limit = row[8], row[30]
+    return {
+        "id": row[0],
+        "agent_profile_id": row[1],
+        "task_id": row[2],
+        "step_id": row[3],
+        "reason": row[4],
+        "payload": json.loads(row[5]) if row[5] is not None else None,
+        "idempotency_key": row[6],
+        "exclude_from_coalescing": bool(row[7]),
+        "status": status,
+        "coalesced_count": row[9],
+        "requested_at": rfc3339(row[10]),
+        "trigger": row[11],
+        "entry_seq": row[12],
+        "admission_seq": row[13],
+        "attempt": row[14],
+        "retries": row[15],
+        "lease_expires_at": rfc3339_or_none(row[17]) if status == "claimed" else None,
+        "retry_at": rfc3339_or_none(row[18]) if status == "queued" else None,
+        "superseded": bool(row[19]),
+        "outcome_reason": row[20],
+        "last_error": row[21],
+        "priority": row[23],
+        "parent_run_id": row[24],
+        "causation_depth": row[25],
+        "chain_id": row[26] if row[26] is not None else row[0],
+        "human_rooted": bool(row[27]),
+        "retry_of": row[28],
+        "result": json.loads(row[29]) if row[29] is not None else None,
+        "enqueue_outcome": "rate_limited" if rate_limit is not None else "queued",
+        "rate_limit": rate_limit,
     }

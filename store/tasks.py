@@ -91,6 +91,14 @@ def get_task(conn: Connection, task_id: str) -> TaskRecord:
     return task
 
 
+_INSERT_TASK = (
+    "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
+    " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at,"
+    " workflow_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    f" RETURNING {TASK_COLUMNS}"
+)
+
+
 def insert_task(
     conn: Connection,
     *,
@@ -108,14 +116,11 @@ def insert_task(
     workflow_version: int = 1,
 ) -> TaskRecord:
     """Insert a task at `step_id` of version `workflow_version` of its workflow, admitted or (with
-    `admitted` False) queued there; `queued_for_step_id` names the step it waits for. Raises ConflictError
-    (field task_id) if the id is taken."""
-    if find_task(conn, task_id) is not None:
-        raise ConflictError(f"task {task_id!r} already exists", field="task_id")
-    conn.execute(
-        "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
-        " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at,"
-        " workflow_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    `admitted` False) queued there; `queued_for_step_id` names the step it waits for; returns its row as
+    stored. One statement: the insert answers the row, or nothing when the id is taken. Raises
+    ConflictError (field task_id) if the id is taken."""
+    rows = conn.execute(
+        _INSERT_TASK,
         (
             task_id,
             workflow_id,
@@ -132,8 +137,10 @@ def insert_task(
             now,
             workflow_version,
         ),
-    )
-    return get_task(conn, task_id)
+    ).fetchall()  # stepped to its end: the statement is done before the next one
+    if not rows:
+        raise ConflictError(f"task {task_id!r} already exists", field="task_id")
+    return task_from_row(rows[0])
 
 
 def create_task(

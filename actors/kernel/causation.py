@@ -9,25 +9,28 @@ promotion's entry) runs under no command: its runs start chains of their own.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 
 from onceflow.store.flow import Cause
 
 CAUSE: contextvars.ContextVar[Cause | None] = contextvars.ContextVar("onceflow_cause", default=None)
 
 
-@contextlib.contextmanager
-def caused_by(command: object, max_depth: int) -> Iterator[None]:
-    """Run the block under `command`'s causation (a root's, when it names no run and no human)."""
+def cause_of(command: object, max_depth: int) -> Cause:
+    """`command`'s causation (a root's, when it names no run and no human): what `TaskActor.handle` sets
+    `CAUSE` to while it applies the command. A root's is one shared (frozen) instance per `max_depth`: most
+    commands name no run, and a new one each cost ~20k instructions with the context manager this was."""
     parent = getattr(command, "caused_by_run_id", None)
     human = getattr(command, "actor_kind", None) == "human"
-    token = CAUSE.set(Cause(parent, human, max_depth))
-    try:
-        yield
-    finally:
-        CAUSE.reset(token)
+    if parent is None and not human:
+        root = _ROOTS.get(max_depth)
+        if root is None:
+            root = _ROOTS[max_depth] = Cause(None, False, max_depth)
+        return root
+    return Cause(parent, human, max_depth)
+
+
+_ROOTS: dict[int, Cause] = {}
 
 
 def current() -> Cause | None:

@@ -154,9 +154,7 @@ async def handle(
                 agent_profile_id=command.agent_profile_id,
                 status=command.status,
             )
-            return RunPage(
-                runs=[runs.run_info(row) for row in rows], next_after_run_id=rows[-1].id if more else None
-            )
+            return RunPage(runs=rows, next_after_run_id=rows[-1]["id"] if more else None)
         case c.ListTasks():
             page, more = await store.transact(
                 tasks.list_tasks, after_task_id=command.after_task_id, limit=command.limit

@@ -73,8 +73,11 @@ class TaskActor(TaskContext):
         what the handler committed so far (every handler states what that is). The runs its actions queue
         carry its causation (actors/kernel/causation.py).
         """
-        with causation.caused_by(message, self.services.run_policy.max_causation_depth):
+        token = causation.CAUSE.set(causation.cause_of(message, self.services.run_policy.max_causation_depth))
+        try:
             return await self._apply(message, out)
+        finally:
+            causation.CAUSE.reset(token)
 
     async def _apply(self, message: TaskMessage, out: Outbox) -> TaskResult:
         ctx: TaskContext = self

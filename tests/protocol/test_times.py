@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from helpers import REPO, decide, list_runs, ok, to_review
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.codec import EVENT_ADAPTER, command_schema, decode_command
@@ -25,6 +29,31 @@ def test_rfc3339_is_utc_with_z_and_microseconds_and_reads_back() -> None:
     for bad in ("2026-03-01T12:00:00+01:00", "2026-03-01 12:00:00Z", "1700000000", "2026-02-30T00:00:00Z"):
         with pytest.raises(ValueError):
             unix_seconds(bad)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.one_of(
+        st.floats(min_value=-62135596800.0, max_value=253402300799.0),
+        st.integers(min_value=1_600_000_000_000_000, max_value=1_900_000_000_000_000).map(
+            lambda us: us / 1e6
+        ),
+        st.integers(min_value=-(6 * 10**10), max_value=2 * 10**11).map(lambda s: s + 0.9999995),
+        st.integers(min_value=-(6 * 10**10), max_value=2 * 10**11).map(lambda s: s + 0.0000005),
+    )
+)
+def test_rfc3339_is_the_text_datetime_gives(seconds: float) -> None:
+    # its per-second cache and its own rounding give datetime's text, microseconds rounded half to even
+    # (twice: the second call hits the cache)
+    expected = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    assert rfc3339(seconds) == expected
+    assert rfc3339(seconds) == expected
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -math.inf, 253402300800.0, -62135596801.0, 1e20])
+def test_rfc3339_refuses_what_is_no_time_in_years_1_to_9999(seconds: float) -> None:
+    with pytest.raises(ValueError):
+        rfc3339(seconds)
 
 
 def _time_fields(schema: Any, path: str = "") -> list[tuple[str, Any]]:

@@ -228,3 +228,19 @@ async def test_claim_takes_the_oldest_queued_run_once(tmp_path: Path) -> None:
         assert (first.reason, second.reason, first.status) == ("a", "b", "claimed")
         assert (await store.transact(_finish, first, T0 + 40)).replay is False
         assert (await store.transact(_finish, first, T0 + 41)).replay is True
+
+
+async def test_a_runs_page_shows_each_run_as_run_info_shows_its_record(tmp_path: Path) -> None:
+    # `runs_page` builds each run's reply straight from its row; it must be what `run_info` shows of the
+    # run's record, in every status whose times it shows or hides
+    async with open_store(tmp_path / "db") as store:
+        finished = await _enqueue(store, RunRequest("agent", None, None, "a", payload={"k": [1, 2]}), T0)
+        await _resolve(store, finished.run_id, T0 + 1.5)
+        await _enqueue(store, RunRequest("agent", None, None, "b", idempotency_key="key-b"), T0 + 10.25)
+        await _enqueue(store, RunRequest("agent", None, None, "c", priority=0), T0 + 20)
+        claimed = await store.transact(_claim, T0 + 30)
+        assert claimed is not None
+        page, more = await store.transact(lambda conn: runs.runs_page(conn, after_id=None, limit=10))
+        records = await store.transact(lambda conn: [runs.get_run(conn, info["id"]) for info in page])
+        assert not more and {info["status"] for info in page} == {"finished", "claimed", "queued"}
+        assert page == [runs.run_info(record) for record in records if record is not None]

@@ -177,7 +177,7 @@ class Runtime:
             if c.is_command(command):
                 parsed = command
             else:
-                data = parse_json(command) if isinstance(command, str | bytes) else command
+                data = parse_json(command) if isinstance(command, (str, bytes)) else command
                 name = command_type(data)  # a refusal names the type it read, even an unknown one
                 parsed = decode_command(data)
             name = getattr(parsed, "type", type(parsed).__name__)

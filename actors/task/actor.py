@@ -60,6 +60,9 @@ TaskResult: TypeAlias = (
 """A handler's reply result (`bool`: whether a promotion's entry was dispatched)."""
 
 
+_KEEPS_ROW = (c.MoveTask, c.CreateTask, c.GetTask)  # a tuple: an `X | Y` union is built at each call
+
+
 @attrs.frozen
 class TaskActor(TaskContext):
     """Handles the commands of one task with the engine current at each command's start (built per command,
@@ -81,7 +84,7 @@ class TaskActor(TaskContext):
 
     async def _apply(self, message: TaskMessage, out: Outbox) -> TaskResult:
         ctx: TaskContext = self
-        if not isinstance(message, c.MoveTask | c.CreateTask | c.GetTask):
+        if not isinstance(message, _KEEPS_ROW):
             ctx.services.task_rows.forget(self.task_id)
         match message:
             case c.CreateTask():

@@ -153,7 +153,8 @@ class BusyError(OnceflowError):
 
 
 StorageKind = Literal["busy", "full", "io", "out_of_memory", "read_only", "corrupt", "aborted"]
-"""What went wrong with the database (the SQLite result codes, then PostgreSQL's SQLSTATEs: store/postgres.py
+"""What went wrong with the database (the SQLite result codes, then PostgreSQL's SQLSTATEs:
+store/backends/postgres.py
 `FAULTS` has them all):
 
 - busy: another connection held a lock past the busy timeout, or the transaction lost a race with another

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from onceflow.store.connection import Connection
+from onceflow.store.backends.connection import Connection
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@ blocks of event_seqs ever share an era (actors/kernel/event_window.py lays out t
 
 from __future__ import annotations
 
-from onceflow.store.connection import Connection, scalar
+from onceflow.store.backends.connection import Connection, scalar
 
 
 def next_era(conn: Connection) -> int:

@@ -63,8 +63,8 @@ class TaskRecord:
     """A task row. `step_id` is its `workflow_step_id`; `wip_admitted` False means queued at the step;
     `admissions` counts its step entries (1 after the first), so (id, admissions) names the entry the task
     is in now, on every step, whether or not the step allocates a step-entry record. `workflow_version` is
-    the version of its workflow it is pinned to (store/workflows.py): its steps, actions and quorum rules
-    are that version's until it is migrated (store/task_migration.py)."""
+    the version of its workflow it is pinned to (store/tasks/workflows.py): its steps, actions and quorum
+    rules are that version's until it is migrated (store/tasks/task_migration.py)."""
 
     id: str
     workflow_id: str
@@ -88,7 +88,7 @@ RunStatus = Literal["queued", "claimed", "finished", "failed", "cancelled"]
 @attrs.frozen
 class RunRecord:
     """A row of the runs queue. `payload` is the decoded JSON object or None (SQL NULL); times are Unix
-    seconds; `claim_token` is the current (or last) claim's fencing token. Flow control (store/flow.py):
+    seconds; `claim_token` is the current (or last) claim's fencing token. Flow control (store/runs/flow.py):
     `priority` 0..3, causation (`parent_run_id`, `causation_depth`, `chain_id`: the root run's id,
     `human_rooted`), `retry_of`, the decoded `result`, and `rate_limit`: the limit that refused its enqueue
     (the run is then cancelled `rate_limited`)."""

@@ -8,12 +8,12 @@ A request is a whole transaction: a plain function run in the writer thread betw
 cancelled, so it always learns whether its transaction committed.
 
 Given a `postgresql://` URL instead of a file, the same actor drives PostgreSQL through psycopg 3's sync API
-(store/postgres.py): no file lock (several runtimes share the database), the epoch held as a session advisory
-lock (store/epochs.py), each request's task locked for its transaction, a heartbeat on an idle connection, and
-a fresh epoch on a fresh connection after the old one was lost. Before each transaction (and at each
-heartbeat) the writer applies what the connection's last fault called for (`postgres.Remedy`): a reset of
-the session, a new session once one would be writable after a read-only fault, or a new connection; while
-the server cannot be reached, every request fails at once as `StorageError` kind io (retryable), and the
+(store/backends/postgres.py): no file lock (several runtimes share the database), the epoch held as a session
+advisory lock (store/backends/epochs.py), each request's task locked for its transaction, a heartbeat on an
+idle connection, and a fresh epoch on a fresh connection after the old one was lost. Before each transaction
+(and at each heartbeat) the writer applies what the connection's last fault called for (`postgres.Remedy`): a
+reset of the session, a new session once one would be writable after a read-only fault, or a new connection;
+while the server cannot be reached, every request fails at once as `StorageError` kind io (retryable), and the
 first request after it is back runs on a new connection.
 """
 
@@ -39,12 +39,12 @@ import trio
 from onceflow import metrics
 from onceflow.logs import get_logger
 from onceflow.protocol.errors import StorageError
-from onceflow.store import epochs, faults, schema, urls
-from onceflow.store.connection import Connection
-from onceflow.store.lock import acquire_database_lock
+from onceflow.store.backends import epochs, faults, schema, urls
+from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.lock import acquire_database_lock
 
 if TYPE_CHECKING:
-    from onceflow.store.postgres import PgConnection
+    from onceflow.store.backends.postgres import PgConnection
 
 log = get_logger(__name__)
 
@@ -242,7 +242,7 @@ class StoreActor:
         conn: Connection | None = None
         try:
             if self.postgres:
-                from onceflow.store import postgres  # psycopg only when asked for
+                from onceflow.store.backends import postgres
 
                 conn = postgres.connect(
                     self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout
@@ -264,7 +264,7 @@ class StoreActor:
 
     def _configure_postgres(self, conn: PgConnection) -> int:
         """Refuse stub advisory locks, hold this epoch's lock, then create or upgrade the schema."""
-        from onceflow.store import pg_schema, postgres
+        from onceflow.store.backends import pg_schema, postgres
 
         probe = postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
         try:
@@ -278,7 +278,7 @@ class StoreActor:
 
     def _connect(self) -> PgConnection:
         """A new PostgreSQL connection with the store's timeouts (`postgres.connect`), holding no epoch."""
-        from onceflow.store import postgres
+        from onceflow.store.backends import postgres
 
         return postgres.connect(self._url, connect_timeout=self.busy_timeout, lock_timeout=self.busy_timeout)
 
@@ -363,7 +363,7 @@ class StoreActor:
             Exception: no new connection could be made (a sqlite3 error typed as a storage fault, for the
                 batch's requests); `conn` is then closed, and the next call tries again.
         """
-        from onceflow.store.postgres import Remedy
+        from onceflow.store.backends.postgres import Remedy
 
         remedy = conn.remedy
         if remedy is Remedy.REPLACE:
@@ -454,8 +454,9 @@ class StoreActor:
         """Run `batch` as one transaction, one SAVEPOINT per request (per group first, `_run_groups`), and set
         each request's result.
 
-        On PostgreSQL the batch first takes its tasks' locks (store/epochs.py): the first task's waits, the
-        others' are only tried, and from the first request whose lock failed, the requests are moved from
+        On PostgreSQL the batch first takes its tasks' locks (store/backends/epochs.py): the first task's
+        waits, the others' are only tried, and from the first request whose lock failed, the requests are
+        moved from
         `batch` to `self._deferred`, to run first in the next transaction (so no two runtimes' batches wait on
         each other). The transaction runs pipelined (`PgConnection.pipelined`): a statement's answer is waited
         for only where it is read, at each request's end and at COMMIT, so a batch is not round-trip bound.

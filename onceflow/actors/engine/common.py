@@ -1,5 +1,5 @@
 """The common step entry, Trio side: which entries are common, and publishing what the store's one-savepoint
-admission did (store/common_entry.py executes it). Trio thread.
+admission did (store/entries/common_entry.py executes it). Trio thread.
 
 An entry is common when its step's on_enter, in its dispatch order on the entry's path, holds nothing but
 the built-in `clear_decisions` and `queue_run_for_each_participant` (with a role): nothing waits on the host,
@@ -18,9 +18,15 @@ from onceflow.actors.kernel.outbox import Outbox
 from onceflow.protocol import trusted
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
-from onceflow.store.common_entry import COMMON_KINDS, Done, Plan, Queued
-from onceflow.store.executors import DEFAULT_EXECUTORS, Effect, Executor, fan_out_notes, fan_out_reason
-from onceflow.store.segment import ActionRun, SegmentResult
+from onceflow.store.entries.common_entry import COMMON_KINDS, Done, Plan, Queued
+from onceflow.store.entries.executors import (
+    DEFAULT_EXECUTORS,
+    Effect,
+    Executor,
+    fan_out_notes,
+    fan_out_reason,
+)
+from onceflow.store.entries.segment import ActionRun, SegmentResult
 
 
 def common_order(

@@ -37,12 +37,12 @@ from onceflow.protocol.errors import (
 from onceflow.protocol.events import EntryPath, TaskQueued
 from onceflow.protocol.host import preflight_is_noop
 from onceflow.protocol.workflow import TRANSITION_TYPES, ActionDecl, Step, Trigger, Workflow, find_step
-from onceflow.store import tasks
-from onceflow.store.admission import Entered, EntryRequest, admit, admit_together, group_key
-from onceflow.store.common_entry import Admitted
+from onceflow.store.entries.admission import Entered, EntryRequest, admit, admit_together, group_key
+from onceflow.store.entries.common_entry import Admitted
+from onceflow.store.entries.segment import SegmentResult
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.records import TaskRecord
-from onceflow.store.segment import SegmentResult
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.tasks import tasks
 from onceflow.store.writer import Grouped
 
 log = get_logger("onceflow.engine")
@@ -144,13 +144,13 @@ class Engine:
         """Admit the task to `target` and dispatch its on_enter; False if the task moved meanwhile.
 
         Three steps: plan (memory only, actors/engine/entry.py), commit (one store request,
-        store/admission.py: the compare-and-set step change, the step-entry record and, when no host action
-        comes first, the dispatch's leading segment or the whole common entry), publish (the transition, the
-        source step's on_exit host actions, step_entered or task_queued, what already ran, then the rest of
-        the dispatch and the promotions the move allows). If the commit fails nothing lands and an ERROR
-        names task and step (AC-B7); the error propagates, as TransitionFailedError or, for a storage fault,
-        as the StorageError itself. A failure of the dispatch after the commit leaves the move standing
-        (AC-C4). A cancellation after the commit leaves the entry open for the recovery scan.
+        store/entries/admission.py: the compare-and-set step change, the step-entry record and, when no host
+        action comes first, the dispatch's leading segment or the whole common entry), publish (the
+        transition, the source step's on_exit host actions, step_entered or task_queued, what already ran,
+        then the rest of the dispatch and the promotions the move allows). If the commit fails nothing lands
+        and an ERROR names task and step (AC-B7); the error propagates, as TransitionFailedError or, for a
+        storage fault, as the StorageError itself. A failure of the dispatch after the commit leaves the move
+        standing (AC-C4). A cancellation after the commit leaves the entry open for the recovery scan.
 
         `cached`: `task` came from the task-row cache (actors/kernel/task_rows.py), not a read. The
         compare-and-set then also verifies its workflow, admitted flag and admission counter; on any
@@ -159,7 +159,7 @@ class Engine:
         again with the real one: a stale row costs an extra preflight, never a wrong commit; a refusal is
         asked again the same way, so a refusal is only ever answered from the committed row). The admitted
         row is cached; any other outcome forgets it. `trigger` and `operation_id` (the command's or
-        trigger's, "" for none) go into the task history's transition item (store/history.py).
+        trigger's, "" for none) go into the task history's transition item (store/tasks/history.py).
 
         Traced (a recording tracer), it is the span `onceflow.entry` (onceflow/tracing.py), its end in
         `onceflow.entry.result`.

@@ -1,8 +1,8 @@
 """A step entry, Trio side: plan the admission, then publish what it committed. Trio thread: the admission
-itself is one store request (store/admission.py).
+itself is one store request (store/entries/admission.py).
 
 Planning reads only memory: the source step's on_exit actions, and, without any, the target's common-entry
-plan on the entry's path (store/common_entry.py) or else the dispatch's leading segment, memoized per
+plan on the entry's path (store/entries/common_entry.py) or else the dispatch's leading segment, memoized per
 (source, target, path) step objects (`EntryPlans`). Publishing emits the transition, asks the host for the
 source step's on_exit actions (it left the step), emits step_entered or task_queued, and publishes what the
 admitting transaction already did. Source: on-enter-action-dispatch.md AC-B7, AC-C4, AC-E5.
@@ -20,11 +20,11 @@ from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step, Trigger, Workflow
-from onceflow.store.admission import EntryRequest
-from onceflow.store.common_entry import Plan, common_plan
-from onceflow.store.executors import Executor
+from onceflow.store.entries.admission import EntryRequest
+from onceflow.store.entries.common_entry import Plan, common_plan
+from onceflow.store.entries.executors import Executor
+from onceflow.store.entries.segment import Order
 from onceflow.store.records import TaskRecord
-from onceflow.store.segment import Order
 
 
 class StaleRow(Exception):
@@ -87,10 +87,10 @@ def plan_entry(
     trigger: str = "",
     operation_id: str = "",
 ) -> tuple[EntryRequest, Sequence[ActionDecl]]:
-    """The admission request of `task` to `target` (store/admission.py) and the source step's on_exit
+    """The admission request of `task` to `target` (store/entries/admission.py) and the source step's on_exit
     actions to ask the host for once it commits. `cached`: `task` came from the task-row cache, so the
     compare-and-set also verifies its version. `trigger` and `operation_id` ("" for none) say what moved it
-    (the task history's transition item, store/history.py)."""
+    (the task history's transition item, store/tasks/history.py)."""
     now = services.now()
     # As an admission leaves the row (the task actor serializes the task's commands); used only if admitted.
     pinned = task.workflow_version
@@ -115,7 +115,7 @@ def plan_entry(
     on_exit, common, lead = plans.get(source_step(services, task), target, path)
     cause = causation.current()
     if cause is not None and (cause.parent_run_id is not None or cause.human):
-        common = None  # its runs have a lineage to record and check: the per-action path (store/flow.py)
+        common = None  # its runs have a lineage to record and check: the per-action path (store/runs/flow.py)
     version = (task.workflow_id, task.wip_admitted, task.admissions) if cached else None
     request = EntryRequest(
         task,

@@ -10,7 +10,7 @@ from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.events import GuardEvaluated
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
-from onceflow.store import participants
+from onceflow.store.entries import participants
 from onceflow.store.records import TaskRecord
 
 

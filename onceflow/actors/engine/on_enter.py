@@ -1,5 +1,6 @@
 """on_enter dispatch for one step entry: the ownership partition, the host's actions and the stop rule.
-Trio thread: it plans, asks the host and publishes; the store executes what it is handed (store/segment.py).
+Trio thread: it plans, asks the host and publishes; the store executes what it is handed
+(store/entries/segment.py).
 
 The order of an entry's actions is `order.dispatch_order`'s. On E4 configure_session only warns. On every
 path a failed reset_agent_context stops the entry's later session actions, not its engine-owned ones. A
@@ -29,10 +30,9 @@ from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
-from onceflow.store import step_entries
-from onceflow.store.executors import DiagnosticNote, Effect
-from onceflow.store.records import TaskRecord
-from onceflow.store.segment import (
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.executors import DiagnosticNote, Effect
+from onceflow.store.entries.segment import (
     Segment,
     SegmentResult,
     claim_external,
@@ -41,7 +41,8 @@ from onceflow.store.segment import (
     finish_if_terminal,
     run_segment,
 )
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.records import TaskRecord
 
 log = get_logger("onceflow.on_enter")
 
@@ -121,7 +122,7 @@ class OnEnterDispatch:
     def segment(
         self, actions: Sequence[tuple[int, ActionDecl]], *, check_digest: bool, finish: bool
     ) -> Segment:
-        """What the store executes for `actions` of this entry (store/segment.py `run_segment`)."""
+        """What the store executes for `actions` of this entry (store/entries/segment.py `run_segment`)."""
         assert self.key is not None
         return Segment(
             self.task,

@@ -6,7 +6,7 @@ from onceflow.actors.kernel.services import Services
 from onceflow.protocol import commands as c
 from onceflow.protocol.results import ParticipantAdded
 from onceflow.protocol.workflow import Workflow, find_step
-from onceflow.store import participants
+from onceflow.store.entries import participants
 
 
 async def add_participant(

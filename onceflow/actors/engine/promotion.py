@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.workflow import Step, Workflow
-from onceflow.store import wip
+from onceflow.store.entries import wip
 from onceflow.store.records import TaskRecord
 
 

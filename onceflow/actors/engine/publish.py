@@ -19,9 +19,9 @@ from onceflow.protocol.events import (
     RunRetryScheduled,
 )
 from onceflow.protocol.times import rfc3339
-from onceflow.store import keys
-from onceflow.store.executors import DiagnosticNote, Effect
-from onceflow.store.runs import Change
+from onceflow.store.entries.executors import DiagnosticNote, Effect
+from onceflow.store.runs import keys
+from onceflow.store.runs.runs import Change
 
 
 def publish_effect(

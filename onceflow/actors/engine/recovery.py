@@ -1,5 +1,6 @@
 """The startup recovery scan, Trio side: finish the step entries a crash left open. Trio thread: it plans
-and publishes; the store classifies, closes and re-dispatches (store/recovery.py, store/recovery_set.py).
+and publishes; the store classifies, closes and re-dispatches (store/entries/recovery.py,
+store/entries/recovery_set.py).
 
 Once per start, after the store opens and before any command is served, one query selects every
 non-terminal entry in (task_id, step_id, entry_seq) order; they are decided in batches of
@@ -28,12 +29,13 @@ from onceflow.actors.engine.order import dispatch_order
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
-from onceflow.store import epochs, step_entries
-from onceflow.store import recovery as writer_side
+from onceflow.store.backends import epochs
+from onceflow.store.entries import recovery as writer_side
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.recovery import Busy, Closed, Deferred, Dispatched, Failed, Recovered
+from onceflow.store.entries.recovery_set import SetRun, StepPlan, StepPlans
+from onceflow.store.entries.step_entries import EntryKey, UndecodableEntry
 from onceflow.store.records import StepEntry, TaskRecord
-from onceflow.store.recovery import Busy, Closed, Deferred, Dispatched, Failed, Recovered
-from onceflow.store.recovery_set import SetRun, StepPlan, StepPlans
-from onceflow.store.step_entries import EntryKey, UndecodableEntry
 
 log = get_logger("onceflow.recovery")
 

@@ -17,9 +17,9 @@ from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
 from onceflow.protocol.errors import ActionError, ActionNotWiredError
 from onceflow.protocol.workflow import HOST_ACTION_TYPES, TRANSITION_TYPES, ActionDecl, Step, Trigger
-from onceflow.store.executors import ActionContext, Executor
-from onceflow.store.keys import OperationScope
+from onceflow.store.entries.executors import ActionContext, Executor
 from onceflow.store.records import TaskRecord
+from onceflow.store.runs.keys import OperationScope
 
 
 @attrs.frozen

@@ -3,7 +3,7 @@
 `TaskActor.handle` sets `CAUSE` from the command's `caused_by_run_id` and `actor_kind`
 (protocol/causation.py) for as long as the command runs; the engine reads it where it builds an action's
 context (actors/engine/triggers.py, actors/engine/on_enter.py), so each run queued records its parent and
-passes the flow gate (store/flow.py). Work the runtime does on its own (the recovery scan, a WIP
+passes the flow gate (store/runs/flow.py). Work the runtime does on its own (the recovery scan, a WIP
 promotion's entry) runs under no command: its runs start chains of their own.
 """
 
@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
-from onceflow.store.flow import Cause
+from onceflow.store.runs.flow import Cause
 
 CAUSE: contextvars.ContextVar[Cause | None] = contextvars.ContextVar("onceflow_cause", default=None)
 

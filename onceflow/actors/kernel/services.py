@@ -24,9 +24,9 @@ from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.host import Host
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.workflow import Workflow, find_workflow
-from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.entries.wip import Promotion
 from onceflow.store.records import TaskRecord
-from onceflow.store.wip import Promotion
 from onceflow.store.writer import StoreActor
 from onceflow.tracing import Tracing
 

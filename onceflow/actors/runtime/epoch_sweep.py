@@ -30,7 +30,7 @@ from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
-from onceflow.store import epochs
+from onceflow.store.backends import epochs
 
 log = get_logger("onceflow.epoch_sweep")
 

@@ -1,5 +1,5 @@
 """Flow control's commands: `set_limits`, `pause`, `resume`, `list_pauses` and `queue_stats`. Trio thread:
-each is one store transaction (store/flow.py); a change commits, then a `flow_changed` event wakes every
+each is one store transaction (store/runs/flow.py); a change commits, then a `flow_changed` event wakes every
 waiting claim (actors/kernel/run_signals.py), which looks again under the new limits.
 """
 
@@ -19,7 +19,7 @@ from onceflow.protocol.results import (
     ResumeResult,
 )
 from onceflow.protocol.times import rfc3339
-from onceflow.store import flow
+from onceflow.store.runs import flow
 
 LIMIT_FIELDS = ("max_concurrent", "runs_per_hour")
 
@@ -87,7 +87,7 @@ async def list_pauses(services: Services) -> PauseList:
 
 
 async def queue_stats(services: Services) -> QueueStatsResult:
-    """`queue_stats`: per agent, the limits and the pauses (store/flow.py `queue_stats`)."""
+    """`queue_stats`: per agent, the limits and the pauses (store/runs/flow.py `queue_stats`)."""
     agents, limits, pauses, now = await services.store.transact(flow.queue_stats, services.now())
     rows: list[AgentQueueStats] = [
         {

@@ -51,7 +51,10 @@ from onceflow.protocol.results import (
     WorkflowRegistered,
     WorkflowText,
 )
-from onceflow.store import history, host_calls, participants, review_runs, runs, tasks
+from onceflow.store.entries import participants, review_runs
+from onceflow.store.outcomes import host_calls
+from onceflow.store.runs import runs
+from onceflow.store.tasks import history, tasks
 
 log = get_logger("onceflow.supervisor")
 
@@ -194,8 +197,9 @@ async def handle(
 
 
 async def list_host_calls(services: Services, command: c.ListHostCalls) -> HostCallPage:
-    """`list_host_calls`: a page of the recorded calls (store/host_calls.py) and, on the last page, the
-    calls the host role still waits on (`HostBroker.pending`; none when the runtime's host is in process)."""
+    """`list_host_calls`: a page of the recorded calls (store/outcomes/host_calls.py) and, on the last page,
+    the calls the host role still waits on (`HostBroker.pending`; none when the runtime's host is in
+    process)."""
     broker = services.host if isinstance(services.host, HostBroker) else None
     if broker is not None:
         await broker.flushed()  # a call that ended before this command is listed

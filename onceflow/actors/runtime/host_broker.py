@@ -24,8 +24,9 @@ and are not resurrected after a crash) are those of an in-process host. The rule
   delivery attempt fails and follows the retry policy.
 - An answer `ok: false` raises `HostRefusedError` naming the host and its reason.
 
-Every call that reached a host connection's path ends as one record (store/host_calls.py: `list_host_calls`,
-a task's history), counted in the `onceflow.host_calls` metric; an unanswered one is also the event
+Every call that reached a host connection's path ends as one record (store/outcomes/host_calls.py:
+`list_host_calls`, a task's history), counted in the `onceflow.host_calls` metric; an unanswered one is also
+the event
 `host_call_unanswered` and a WARNING log. Records are written by one recorder task in batches, after the
 call ended (a crash loses the records of calls that ended since the last batch; never a call's effect).
 Elapsed time is Trio's monotonic clock; record times are the runtime's wall clock.
@@ -71,8 +72,8 @@ from onceflow.protocol.host_calls import (
 from onceflow.protocol.outcome import OutcomeDelivery
 from onceflow.protocol.results import HostCallError, HostCallInfo, HostReplyTaken
 from onceflow.protocol.times import rfc3339
-from onceflow.store import host_calls
-from onceflow.store.host_calls import EndedCall
+from onceflow.store.outcomes import host_calls
+from onceflow.store.outcomes.host_calls import EndedCall
 from onceflow.store.writer import StoreActor
 
 log = get_logger("onceflow.hosts")

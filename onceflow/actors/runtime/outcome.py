@@ -1,11 +1,12 @@
 """Durable coordinator outcome delivery: one actor per outcome, and the supervisor that runs them. Trio
-thread: every database effect is a store request (store/outcomes.py, store/outcome_claims.py).
+thread: every database effect is a store request (store/outcomes/outcomes.py,
+store/outcomes/outcome_claims.py).
 
 Gas City's `CoordinatorOutcomeWorkflow` (coordinator-outcome-delivery.md) without a Temporal server: the
-state lives in one SQLite row per outcome (`onceflow.store.outcomes`), the signals are the `outcome_ready`
-and `coordinator_ack` commands, the query is `get_outcome`, the durable timer is a Trio timer, and the two
-activities are the host's `Coordinator` callables. The spec has no acceptance-criterion ids; these are the
-ids the code and tests use:
+state lives in one SQLite row per outcome (`onceflow.store.outcomes.outcomes`), the signals are the
+`outcome_ready` and `coordinator_ack` commands, the query is `get_outcome`, the durable timer is a Trio timer,
+and the two activities are the host's `Coordinator` callables. The spec has no acceptance-criterion ids; these
+are the ids the code and tests use:
 
 - AC-CO-1  an envelope is Gas City's `OutcomeReady` (gascity-wire-format.md), validated field by field with
            its rules (`occurred_at` RFC 3339 UTC, ...); every rejection names the field.
@@ -48,8 +49,8 @@ Without a `Coordinator` the runtime still accepts and stores outcomes (phase pen
 as Temporal accepts a workflow no worker polls yet; the next runtime opened with a coordinator delivers them.
 
 Several runtimes on one PostgreSQL database: an actor delivers only while its runtime holds the
-outcome's claim (store/outcome_claims.py), checked in each of its transactions, so one outcome is never
-delivered or acknowledged by two runtimes at once; every SWEEP_INTERVAL seconds each runtime resumes the
+outcome's claim (store/outcomes/outcome_claims.py), checked in each of its transactions, so one outcome is
+never delivered or acknowledged by two runtimes at once; every SWEEP_INTERVAL seconds each runtime resumes the
 unfinished outcomes nobody claims (their runtime died), from their stored state as at a start (AC-CO-14,
 AC-CO-17). An ack sent to a runtime not delivering the outcome waits in the inbox for the one that is, which
 drains it when woken or when its redelivery timer fires (AC-CO-8).
@@ -84,9 +85,9 @@ from onceflow.protocol.outcome import (
     OutcomeReady,
 )
 from onceflow.protocol.results import AckQueued, OutcomeInfo, OutcomeReceived
-from onceflow.store import outcome_claims, outcomes
-from onceflow.store.outcome_claims import ClaimLostError
-from onceflow.store.outcomes import OutcomeRecord, PendingAck
+from onceflow.store.outcomes import outcome_claims, outcomes
+from onceflow.store.outcomes.outcome_claims import ClaimLostError
+from onceflow.store.outcomes.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
 from onceflow.tracing import Tracing
 

@@ -1,5 +1,6 @@
 """The retention task: resolved history deleted in bounded background batches. Trio thread: each batch is
-one short store transaction (store/retention.py), and the task yields between batches so commands go on.
+one short store transaction (store/retention/retention.py), and the task yields between batches so commands go
+on.
 
 A pass runs at start-up and then after every `RETENTION_EVERY` events that leave history behind (step
 entries, resolved runs, decisions, acknowledged outcomes: `RetentionTrigger`), not on a timer: history grows
@@ -18,8 +19,8 @@ from onceflow import metrics
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
 from onceflow.protocol.events import Event
-from onceflow.store import retention
-from onceflow.store.retention import Pruned
+from onceflow.store.retention import retention
+from onceflow.store.retention.retention import Pruned
 from onceflow.store.writer import StoreActor
 
 log = get_logger("onceflow.retention")
@@ -65,9 +66,9 @@ BATCH = 500
 async def prune(
     store: StoreActor, clock: Callable[[], float], retention_seconds: float, batch: int = BATCH
 ) -> dict[str, int]:
-    """Delete everything older than `retention_seconds` before `clock()` (Unix seconds; store/retention.py),
-    one batch per transaction until a batch finds less than `batch` of every kind; returns the rows deleted
-    per kind. Counted in
+    """Delete everything older than `retention_seconds` before `clock()` (Unix seconds;
+    store/retention/retention.py), one batch per transaction until a batch finds less than `batch` of every
+    kind; returns the rows deleted per kind. Counted in
     the `onceflow.retention.deleted` metric. Raises the store's typed errors (`StorageError`); what the
     batches before committed stays deleted, and a cancellation leaves the batches so far committed."""
     total = dict.fromkeys(retention.KINDS, 0)

@@ -1,5 +1,5 @@
 """Keeping the queued- and claimed-run gauges current (onceflow/metrics.py `onceflow.runs.queued`,
-`onceflow.runs.claimed`). Trio thread: each reading is one store request (store/open_runs.py).
+`onceflow.runs.claimed`). Trio thread: each reading is one store request (store/runs/open_runs.py).
 
 Pulled, never on a timer: each time a metric reader collects the gauges (on its own thread), they report
 the latest counts and ask the runtime for a fresh reading, which it takes at once; it also reads once at
@@ -17,7 +17,7 @@ import trio
 from onceflow import metrics
 from onceflow.actors.kernel.services import Services
 from onceflow.logs import get_logger
-from onceflow.store.open_runs import count_open_runs
+from onceflow.store.runs.open_runs import count_open_runs
 
 log = get_logger("onceflow.run_gauges")
 

@@ -1,5 +1,5 @@
 """The runs queue's commands (claim with a long poll, renew, finish, cancel) and the lease sweep. Trio
-thread: each command is one store transaction (store/run_claims.py decides), whose changes are published
+thread: each command is one store transaction (store/runs/run_claims.py decides), whose changes are published
 as events once it committed (actors/engine/publish.py).
 
 A waiting claim (`wait_seconds`) sleeps on the agent's wake-up (actors/kernel/run_signals.py) until a run
@@ -34,8 +34,8 @@ from onceflow.protocol.results import (
     RunRetried,
 )
 from onceflow.protocol.times import rfc3339, rfc3339_or_none
-from onceflow.store import run_claims, runs
-from onceflow.store.runs import Change
+from onceflow.store.runs import run_claims, runs
+from onceflow.store.runs.runs import Change
 
 log = get_logger("onceflow.runs")
 
@@ -132,7 +132,7 @@ async def _release(services: Services, run_id: int, token: str) -> None:
 
 
 async def renew(services: Services, command: c.RenewRun) -> RunRenewed:
-    """`renew_run`: extend the lease of the claim under `claim_token` (store/run_claims.py `renew`).
+    """`renew_run`: extend the lease of the claim under `claim_token` (store/runs/run_claims.py `renew`).
 
     Raises:
         ProtocolError: `lease_seconds` above the policy's `max_lease` (field lease_seconds).
@@ -150,7 +150,7 @@ async def renew(services: Services, command: c.RenewRun) -> RunRenewed:
 
 
 async def finish(services: Services, command: c.FinishRun, out: Outbox) -> FinishOutcome:
-    """`finish_run`: resolve the attempt under `claim_token` (store/run_claims.py `finish`), publishing
+    """`finish_run`: resolve the attempt under `claim_token` (store/runs/run_claims.py `finish`), publishing
     what it changed; a replay publishes nothing.
 
     Raises:
@@ -184,7 +184,7 @@ async def finish(services: Services, command: c.FinishRun, out: Outbox) -> Finis
 
 
 async def cancel(services: Services, command: c.CancelRun, out: Outbox) -> RunCancelledResult:
-    """`cancel_run`: cancel a queued or claimed run (store/run_claims.py `cancel`).
+    """`cancel_run`: cancel a queued or claimed run (store/runs/run_claims.py `cancel`).
 
     Raises:
         NotFoundError / ConflictError: as `run_claims.cancel` (field run_id).
@@ -198,7 +198,8 @@ async def cancel(services: Services, command: c.CancelRun, out: Outbox) -> RunCa
 
 
 async def requeue(services: Services, command: c.RequeueRun, out: Outbox) -> RunRequeued:
-    """`requeue_run`: hand the claim under `claim_token` back to the queue (store/run_claims.py `requeue`).
+    """`requeue_run`: hand the claim under `claim_token` back to the queue (store/runs/run_claims.py
+    `requeue`).
 
     Raises:
         NotFoundError / ConflictError: as `run_claims.requeue` (run_id / claim_token); nothing changes.
@@ -210,7 +211,8 @@ async def requeue(services: Services, command: c.RequeueRun, out: Outbox) -> Run
 
 
 async def retry(services: Services, command: c.RetryRun, out: Outbox) -> RunRetried:
-    """`retry_run`: a fresh run for a failed or cancelled one (store/run_claims.py `retry`), `run_queued`.
+    """`retry_run`: a fresh run for a failed or cancelled one (store/runs/run_claims.py `retry`),
+    `run_queued`.
 
     Raises:
         NotFoundError / ConflictError: as `run_claims.retry` (run_id); nothing changes.
@@ -245,7 +247,7 @@ async def get(services: Services, command: c.GetRun) -> RunInfo:
 
 
 async def sweep_leases_once(services: Services, hub: EventHub) -> run_claims.Expired:
-    """End up to `SWEEP_LIMIT` expired leases (store/run_claims.py `expire_leases`), publishing each
+    """End up to `SWEEP_LIMIT` expired leases (store/runs/run_claims.py `expire_leases`), publishing each
     change. Never raises: a failure is logged at WARNING (and the next sweep comes `LEASE_SWEEP_INTERVAL`
     seconds later)."""
     try:
@@ -271,8 +273,8 @@ async def sweep_leases_forever(
     runtimes grant leases too. With no lease held it sleeps, holding no timer. `start` it to get the cancel
     scope that stops it. Leases are durable times, so a dead runtime's leases end on whichever runtime
     sweeps first, and a restarted one's at its first sweep (at most their own length after it: each sweep
-    first cuts a lease ending further ahead, store/clock.py). The waits are Trio's monotonic time, measured
-    from each sweep's look."""
+    first cuts a lease ending further ahead, store/backends/clock.py). The waits are Trio's monotonic time,
+    measured from each sweep's look."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         while True:

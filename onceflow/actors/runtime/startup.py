@@ -39,8 +39,8 @@ from onceflow.protocol.coordinator import Coordinator, RetryPolicy
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.host import BaseHost, Host
 from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy, retention_seconds
-from onceflow.store import clock as store_clock
-from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.backends import clock as store_clock
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
 from onceflow.tracing import Tracing
 
@@ -90,7 +90,7 @@ async def open_runtime(
       starts at its reading and then follows Trio's monotonic clock, so stepping it while the runtime runs
       changes nothing; on PostgreSQL it is not read at all, the database server's clock is (its reading at
       open, and in every lease, expiry and age decision). Runs-queue times written before the restart are
-      trusted at most so far (store/clock.py `clamp_restart`; docs/guarantees.md, "Time").
+      trusted at most so far (store/backends/clock.py `clamp_restart`; docs/guarantees.md, "Time").
     - `coordinator` delivers outcomes (`outcome_ready`), redelivering every `redelivery_interval` seconds
     until
       acknowledged, each cycle's attempts following `retry_policy` (None: the spec's, AC-CO-18); unfinished
@@ -117,7 +117,7 @@ async def open_runtime(
       claims are handed out again.
     - `retention`: seconds resolved history is kept (default 7 days, at least the 24 h key window); older
       history is deleted in bounded batches at start-up and after every `retention_every` entries, resolved
-      runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention.py).
+      runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention/retention.py).
 
     - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; docs/observability.md,
       "Tracing"); None: the global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK

@@ -41,9 +41,9 @@ from onceflow.protocol.errors import OnceflowError, ShuttingDownError, shown
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.host import Host
 from onceflow.protocol.results import WorkflowRegistered
-from onceflow.store import epochs
-from onceflow.store.executors import Executor
-from onceflow.store.wip import Promotion
+from onceflow.store.backends import epochs
+from onceflow.store.entries.executors import Executor
+from onceflow.store.entries.wip import Promotion
 
 log = get_logger("onceflow.supervisor")
 

@@ -1,6 +1,7 @@
 """Workflow versions, runtime side: registering a version, loading them at start-up, reading them
 (`list_workflows`, `get_workflow`, `list_participants`) and migrating tasks between them (`migrate_tasks`).
-Trio thread: every database effect is a store request (store/workflows.py, store/task_migration.py).
+Trio thread: every database effect is a store request (store/tasks/workflows.py,
+store/tasks/task_migration.py).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.store import participants, task_migration, workflows
+from onceflow.store.entries import participants
 from onceflow.store.records import TaskRecord
-from onceflow.store.task_migration import TaskPlan
-from onceflow.store.workflows import StoredWorkflow
+from onceflow.store.tasks import task_migration, workflows
+from onceflow.store.tasks.task_migration import TaskPlan
+from onceflow.store.tasks.workflows import StoredWorkflow
 
 log = get_logger("onceflow.versions")
 
@@ -112,7 +114,7 @@ async def register_workflow(
 
 
 async def load_workflows(services: Services) -> None:
-    """Load every stored version a start needs (store/workflows.py `all_workflows`): the newest of each
+    """Load every stored version a start needs (store/tasks/workflows.py `all_workflows`): the newest of each
     workflow and those tasks are pinned to. One that no longer validates is logged at ERROR and left out
     (its tasks answer not_found until migrated)."""
     for stored in await services.store.transact(workflows.all_workflows):

@@ -56,7 +56,7 @@ from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.limits import MAX_TEXT_CHARS
 from onceflow.protocol.results import ClaimedRun, FinishOutcome, RunRenewed
 from onceflow.protocol.times import unix_seconds
-from onceflow.store import run_claims
+from onceflow.store.runs import run_claims
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -554,7 +554,7 @@ class RunWorker:
             log.warning("run_requeue_failed", run_id=run.id, cause=reply.error and reply.error.message)
 
     async def _release(self, run: Run) -> None:
-        """Hand the claim back: queued again at once, the attempt not counted (store/run_claims.py)."""
+        """Hand the claim back: queued again at once, the attempt not counted (store/runs/run_claims.py)."""
         services = self._runtime.services
         try:
             released = await services.store.transact(run_claims.release, run.id, run.claim_token)

@@ -33,8 +33,8 @@ from onceflow.protocol.results import (
     WorkflowSwitched,
 )
 from onceflow.protocol.workflow import Trigger
-from onceflow.store.task_migration import TaskPlan
-from onceflow.store.wip import Promotion
+from onceflow.store.entries.wip import Promotion
+from onceflow.store.tasks.task_migration import TaskPlan
 
 TaskMessage: TypeAlias = c.TaskCommand | Promotion | MigrateTask
 """What a task actor handles: a command naming the task, a committed promotion of it to dispatch, or its

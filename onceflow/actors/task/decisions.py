@@ -10,7 +10,7 @@ from onceflow.protocol import commands as c
 from onceflow.protocol.events import DecisionRecorded
 from onceflow.protocol.operation_ids import decision_operation_id
 from onceflow.protocol.results import AlreadyApplied, DecisionResult, GuardOutcome
-from onceflow.store import decisions
+from onceflow.store.entries import decisions
 from onceflow.store.records import TaskRecord
 
 
@@ -22,8 +22,8 @@ async def record_decision(
     In-process redeliveries are stopped by the ledger (`decision:<task>:<step>:<id>`, marked after the
     in-call commit: AC-EO-9); across restarts the durable receipt recognises a redelivered vote while
     retention keeps it, and the guards are simply re-evaluated; a vote naming its round (`entry_seq`)
-    never counts outside it, whatever was pruned (store/decisions.py). A reused `decision_id` with other
-    content is a ConflictError in both cases.
+    never counts outside it, whatever was pruned (store/entries/decisions.py). A reused `decision_id` with
+    other content is a ConflictError in both cases.
 
     The reply says whether the vote counted (`counted`, `not_counted_reason`; a WARNING
     `decision_not_counted` diagnostic when it did not) and what the guards did (`guard_outcome`: moved,

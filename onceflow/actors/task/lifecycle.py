@@ -16,7 +16,8 @@ from onceflow.protocol import trusted
 from onceflow.protocol.events import TaskQueued
 from onceflow.protocol.results import DecisionPage, ParticipantAdded, StepEntryPage, TaskDeleted, TaskInfo
 from onceflow.protocol.workflow import find_step
-from onceflow.store import participants, step_entries, tasks
+from onceflow.store.entries import participants, step_entries
+from onceflow.store.tasks import tasks
 
 
 async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskInfo:

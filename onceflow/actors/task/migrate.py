@@ -1,6 +1,6 @@
 """One task's migration onto another version of its workflow, in its actor (serialized with its commands).
-Trio thread: the store migrates it in one transaction (store/task_migration.py); this publishes what that
-did and, when asked to enter, dispatches the new step's on_enter.
+Trio thread: the store migrates it in one transaction (store/tasks/task_migration.py); this publishes what
+that did and, when asked to enter, dispatches the new step's on_enter.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task.context import TaskContext
 from onceflow.protocol.workflow import Workflow
-from onceflow.store import task_migration
-from onceflow.store.task_migration import TaskPlan
+from onceflow.store.tasks import task_migration
+from onceflow.store.tasks.task_migration import TaskPlan
 
 
 @attrs.frozen
@@ -32,8 +32,8 @@ class MigrateTask:
 
 
 async def migrate(ctx: TaskContext, message: MigrateTask, out: Outbox) -> TaskPlan | None:
-    """Apply `message` (store/task_migration.py `migrate_task` states the rules); the plan it applied, or
-    None when the task was already elsewhere (gone, or not on `from_version` any more: nothing done). Its
+    """Apply `message` (store/tasks/task_migration.py `migrate_task` states the rules); the plan it applied,
+    or None when the task was already elsewhere (gone, or not on `from_version` any more: nothing done). Its
     run changes are published (`run_cancelled`, reason `migrated`). A cancellation after the commit leaves
     the task migrated and a new entry (with `enter`) open for the next recovery scan."""
     services = ctx.services

@@ -12,7 +12,7 @@ from onceflow.protocol.events import EntryPath, StepEntered
 from onceflow.protocol.operation_ids import switch_workflow_operation_id
 from onceflow.protocol.results import AlreadyApplied, MoveResult, WorkflowSwitched
 from onceflow.protocol.workflow import find_step
-from onceflow.store.wip import Promotion
+from onceflow.store.entries.wip import Promotion
 
 
 async def move(ctx: TaskContext, step_id: str, path: EntryPath, trigger: str, out: Outbox) -> MoveResult:

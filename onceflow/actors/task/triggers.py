@@ -24,7 +24,7 @@ from onceflow.protocol.results import (
     TriggerResult,
 )
 from onceflow.protocol.workflow import Trigger, find_step
-from onceflow.store import tasks
+from onceflow.store.tasks import tasks
 
 EVENT_TRIGGERS: dict[type[c.EventTrigger], Trigger] = {
     c.TaskComment: Trigger.on_comment,

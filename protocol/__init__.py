@@ -189,7 +189,9 @@ if TYPE_CHECKING:
     )
     from onceflow.protocol.runs import DEFAULT_RETENTION, KEY_WINDOW, RunPolicy
     from onceflow.protocol.template_schema import template_schema
-    from onceflow.protocol.workflow import Workflow, WorkflowError, load_workflow_file, load_workflow_text
+    from onceflow.protocol.workflow import load_workflow_file, load_workflow_text
+    from onceflow.protocol.workflow_model import Workflow
+    from onceflow.protocol.workflow_validate import WorkflowError
 
 _HOMES: dict[str, str] = {
     "RunRetried": "onceflow.protocol.results",
@@ -364,8 +366,8 @@ _HOMES: dict[str, str] = {
     "KEY_WINDOW": "onceflow.protocol.runs",
     "RunPolicy": "onceflow.protocol.runs",
     "template_schema": "onceflow.protocol.template_schema",
-    "Workflow": "onceflow.protocol.workflow",
-    "WorkflowError": "onceflow.protocol.workflow",
+    "Workflow": "onceflow.protocol.workflow_model",
+    "WorkflowError": "onceflow.protocol.workflow_validate",
     "load_workflow_file": "onceflow.protocol.workflow",
     "load_workflow_text": "onceflow.protocol.workflow",
 }

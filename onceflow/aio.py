@@ -52,7 +52,7 @@ from onceflow.protocol.event_stream import EventGap, SequencedEvent, check_after
 from onceflow.protocol.events import ErrorInfo, Event, Reply
 from onceflow.protocol.host import Host
 from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy
-from onceflow.store.executors import DEFAULT_EXECUTORS, Executor
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability
 from onceflow.worker_aio import AsyncioRuns
 

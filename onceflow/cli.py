@@ -46,7 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow.store.urls import database_arg, redacted
+from onceflow.store.backends.urls import database_arg, redacted
 from onceflow.trace import escape_controls
 
 if TYPE_CHECKING:
@@ -545,7 +545,7 @@ def _main(argv: list[str] | None) -> int:
     import trio
 
     from onceflow.protocol.errors import OnceflowError
-    from onceflow.store.lock import DatabaseOwnedError
+    from onceflow.store.backends.lock import DatabaseOwnedError
 
     signalled: list[int] = []
     progress = Progress()

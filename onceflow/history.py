@@ -1,7 +1,7 @@
 """`onceflow history --db DB --task ID [--json] [--limit N]`: a task's history, read-only. Main thread, its
 own read-only connection (onceflow/views.py `open_read_only`: never the writer's, safe while runtimes serve).
 
-The items are those `task_history` returns (store/history.py), oldest first, read a page at a time and
+The items are those `task_history` returns (store/tasks/history.py), oldest first, read a page at a time and
 printed as they are read (constant memory whatever the history's length): one line per item for people
 (time, kind, what happened; control characters escaped) or, with `--json`, one JSON object per line, the
 item as the protocol gives it. `--limit N` stops after N items. A closed pipe (`| head`) ends it quietly,
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TextIO
 
 from onceflow.protocol.results import HistoryItem
-from onceflow.store import history
-from onceflow.store.urls import database_arg
+from onceflow.store.backends.urls import database_arg
+from onceflow.store.tasks import history
 from onceflow.views import CANNOT_RUN, ViewError, escape, open_read_only
 
 PAGE = 500

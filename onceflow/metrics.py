@@ -22,7 +22,7 @@ its own readers. Names and units (docs/observability.md, "Metrics"):
 
 (1) `change`: claimed, finished, retry_scheduled, failed, cancelled, lease_expired.
 (2) `kind`: runs, step_entries, review_runs, decisions, decision_receipts, outcomes, history, host_calls
-(store/retention.py).
+(store/retention/retention.py).
 (3) The latest count the runtime read (actors/runtime/run_gauges.py: one grouped query at start with an SDK,
 then one after each collection, so a collection shows the counts as of the one before); an agent profile
 whose runs are all gone reads 0. With several runtimes in one process, each reports its database's counts.

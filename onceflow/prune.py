@@ -1,7 +1,7 @@
 """`onceflow prune --db DB [--older-than SECONDS]`: retention on demand. Main thread: one Trio run that
 opens the store (on SQLite it takes the database's lock, so it cannot run beside the runtime that owns the
 file; on PostgreSQL it runs beside live runtimes) and deletes resolved history in the runtime's bounded
-batches (store/retention.py), then prints one JSON object: the rows deleted per kind.
+batches (store/retention/retention.py), then prints one JSON object: the rows deleted per kind.
 
 Exit status: 0 once done; 2 when the database cannot be used (missing, owned by a runtime, not a database,
 a server that does not answer) or `--older-than` is below the 24 h key window; one `error:` line on
@@ -22,8 +22,8 @@ import trio
 from onceflow.actors.runtime.retention import prune
 from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.runs import DEFAULT_RETENTION, retention_seconds
-from onceflow.store.lock import DatabaseOwnedError
-from onceflow.store.urls import database_arg, is_postgres_url, redacted
+from onceflow.store.backends.lock import DatabaseOwnedError
+from onceflow.store.backends.urls import database_arg, is_postgres_url, redacted
 from onceflow.store.writer import open_store
 
 CANNOT_RUN = 2

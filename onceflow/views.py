@@ -4,14 +4,14 @@ the queue. Main thread, its own read-only connection (never the writer's).
 `onceflow tasks|runs|entries|decisions|outcomes|workflows|queue --db FILE|URL [--task ID] [--json]` reads the
 database while runtimes serve it. A SQLite file is opened `mode=ro` through a URI, so it is a WAL reader that
 never writes, never migrates and never takes the runtime's ownership lock (`<db>.lock`); it sees the last
-committed state. A `postgresql://` URL is opened with store/postgres.py's `connect` in a read-only session
-(`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one snapshot for
-the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and cannot write.
-Rows are read with the store's own query functions (`store/`), so a view shows what the protocol's queries
-return. Output is an aligned table for people (control characters escaped) or, with `--json`,
-one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results. `entries`
-lists every step entry `history` tells of: the entry records, and the entries of steps that allocate none
-(their on_enter declares only host-owned actions, as Work and Done do), read from their transitions with
+committed state. A `postgresql://` URL is opened with store/backends/postgres.py's `connect` in a read-only
+session (`default_transaction_read_only`) and read in one `REPEATABLE READ READ ONLY` transaction: one
+snapshot for the whole view, no row locks, no advisory locks, no epoch, so it never blocks a runtime and
+cannot write. Rows are read with the store's own query functions (`store/`), so a view shows what the
+protocol's queries return. Output is an aligned table for people (control characters escaped) or, with
+`--json`, one JSON object per line for scripts; times are RFC 3339 UTC, as in the protocol's results.
+`entries` lists every step entry `history` tells of: the entry records, and the entries of steps that allocate
+none (their on_enter declares only host-owned actions, as Work and Done do), read from their transitions with
 `entry_seq` None.
 
 `onceflow queue` is `queue_stats` per agent (queued, claimed, ceiling, oldest age, paused, refused in the last
@@ -35,11 +35,14 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.protocol.times import rfc3339
-from onceflow.store import flow, history, outcomes, participants, runs, step_entries, tasks, workflows
-from onceflow.store.connection import Connection
+from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.schema import SCHEMA_VERSION
+from onceflow.store.backends.urls import database_arg, is_postgres_url, redacted
+from onceflow.store.entries import participants, step_entries
+from onceflow.store.outcomes import outcomes
 from onceflow.store.records import TaskRecord
-from onceflow.store.schema import SCHEMA_VERSION
-from onceflow.store.urls import database_arg, is_postgres_url, redacted
+from onceflow.store.runs import flow, runs
+from onceflow.store.tasks import history, tasks, workflows
 
 VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes", "workflows", "queue")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
@@ -67,7 +70,7 @@ def open_read_only(target: Path | str) -> Iterator[Connection]:
     """A read-only connection to the database `target` names, checked to be at this code's schema version:
     a SQLite file (`mode=ro` URI: never writes, never locks it for ownership, never migrates), or a
     `postgresql://` URL (a read-only session inside one read-only snapshot transaction, see the module
-    docstring; the connection is store/postgres.py's, so it answers like sqlite3).
+    docstring; the connection is store/backends/postgres.py's, so it answers like sqlite3).
 
     Raises:
         ViewError: the file or database does not exist, is not an onceflow database, or its schema version
@@ -120,7 +123,7 @@ def _open_postgres(url: str) -> Iterator[Connection]:
     """`open_read_only` for a PostgreSQL URL (psycopg is imported only here: SQLite views never load it)."""
     import psycopg
 
-    from onceflow.store import postgres
+    from onceflow.store.backends import postgres
 
     name = redacted(url)
     try:

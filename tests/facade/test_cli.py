@@ -19,7 +19,7 @@ from helpers import REPO
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.cli import main
-from onceflow.store.lock import acquire_database_lock
+from onceflow.store.backends.lock import acquire_database_lock
 
 KANDEV = REPO / "tests" / "fixtures" / "kandev"
 SCRIPT = REPO / "tests" / "scripts" / "office-default-rejection.jsonl"

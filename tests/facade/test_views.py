@@ -19,8 +19,10 @@ from onceflow import views
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
-from onceflow.store import bulk, schema, tasks
-from onceflow.store.lock import DatabaseOwnedError
+from onceflow.store import bulk
+from onceflow.store.backends import schema
+from onceflow.store.backends.lock import DatabaseOwnedError
+from onceflow.store.tasks import tasks
 
 
 async def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -25,7 +25,8 @@ from trio.testing import MockClock
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli import main
-from onceflow.store import outcomes, schema
+from onceflow.store.backends import schema
+from onceflow.store.outcomes import outcomes
 from onceflow.testing import RecordingCoordinator, RecordingHost
 from onceflow.views import TASK_SCOPED, VIEWS, ViewError, open_read_only, rows
 

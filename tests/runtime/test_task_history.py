@@ -17,8 +17,8 @@ from helpers import START, FakeClock, create_task, decide, move, ok, send, setup
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.results import result_of
-from onceflow.store import retention
-from onceflow.store.history import rfc3339
+from onceflow.store.retention import retention
+from onceflow.store.tasks.history import rfc3339
 from onceflow.testing import RecordingHost
 
 WEEK = 7 * 24 * 3600.0

@@ -5,7 +5,9 @@ Every name here is a pydantic model, an error class or a function a host may use
 ones an embedding host needs. The modules: `commands` (what a host sends), `events` (what the runtime emits,
 `Reply`, `ErrorInfo`), `results` (each command's `Reply.result`), `errors`, `outcome` (coordinator outcomes
 in Gas City's wire format), `codec` (JSON lines), `limits`, `workflow` (the template loader) and
-`template_schema`. docs/protocol.md is the reference page generated from them.
+`template_schema`. docs/protocol.md is the reference page generated from them. `commands`, `results` and
+`workflow` are made of modules by subject (`task_commands`, `run_results`, `workflow_model`, ...) and
+re-export their names; `_HOMES` names each name's own module.
 """
 
 from __future__ import annotations

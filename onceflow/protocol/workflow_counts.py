@@ -56,8 +56,8 @@ def first_count_problem(data: Mapping[str, Any]) -> tuple[Loc, str] | None:
 
     First in reading order, a list measured where it ends: within a step, triggers in the order written,
     an action's rules before its trigger's list; the steps list after every step. It is the problem
-    `_read_events` stops at when it reads the same text. Only lists are counted; anything of another shape
-    is left to validation.
+    `workflow_parse._read_events` stops at when it reads the same text. Only lists are counted; anything of
+    another shape is left to validation.
     """
     steps = data.get("steps")
     if not isinstance(steps, list | tuple):

@@ -92,8 +92,8 @@ def _document_order(loc: Loc) -> tuple[tuple[int, int | str], ...]:
 
 def _raw_move_targets(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     """The move_to_step targets of the raw template that name no step id it declares: the template check
-    `_check_move_targets` on the raw data, so a field error elsewhere does not hide them (every problem of
-    a file at once)."""
+    `_check_move_targets` (workflow_model.py) on the raw data, so a field error elsewhere does not hide them
+    (every problem of a file at once)."""
     steps = data.get("steps")
     if not isinstance(steps, list | tuple):
         return []

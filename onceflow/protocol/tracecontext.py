@@ -3,8 +3,8 @@ fields. Pure: the wire, no thread.
 
 A host that traces its own work sends the context of its current span with a command, as an HTTP client
 sends the `traceparent` header (https://www.w3.org/TR/trace-context/); the runtime's span of that command
-is then that span's child (onceflow/tracing.py). In process a host need not: the runtime takes its
-current OpenTelemetry context as the parent, and a `traceparent` a command carries overrides it. Neither
+is then that span's child (onceflow/observability/tracing.py). In process a host need not: the runtime takes
+its current OpenTelemetry context as the parent, and a `traceparent` a command carries overrides it. Neither
 field changes what the command does.
 """
 

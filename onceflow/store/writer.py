@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 import outcome
 import trio
 
-from onceflow import metrics
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import StorageError
 from onceflow.store.backends import epochs, faults, schema, urls
 from onceflow.store.backends.connection import Connection

@@ -3,8 +3,8 @@
 `actors/` is the Trio side: no function there takes a database connection and no SQL text lives there.
 `store/` owns every statement. `protocol/` is the wire and the host contracts: importing it loads no actor
 and no store module. Lower layers never import higher ones: protocol < store < actors < the facade
-(`onceflow/logs.py`, `onceflow/metrics.py` and `onceflow/tracing.py` are leaves every layer may use).
-Every module's docstring says which thread runs it.
+(`onceflow/observability/logs.py`, `onceflow/observability/metrics.py` and `onceflow/observability/tracing.py`
+are leaves every layer may use). Every module's docstring says which thread runs it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from helpers import REPO
 
 CONNECTION_NAMES = {"conn", "connection", "cursor", "cur"}
 SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b", re.S | re.I)
-LEAVES = {"onceflow.logs", "onceflow.metrics", "onceflow.tracing"}
+LEAVES = {
+    "onceflow.observability",
+    "onceflow.observability.logs",
+    "onceflow.observability.metrics",
+    "onceflow.observability.tracing",
+}
 LAYERS = {  # folder -> the onceflow packages its modules may import (besides the leaves)
     "protocol": ("onceflow.protocol",),
     "store": ("onceflow.protocol", "onceflow.store"),

@@ -20,7 +20,7 @@ from entry_support import (
 )
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost

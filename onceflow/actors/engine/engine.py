@@ -14,7 +14,6 @@ import attrs
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from onceflow import metrics, tracing
 from onceflow.actors.engine import guards, promotion
 from onceflow.actors.engine.common import publish_common
 from onceflow.actors.engine.entry import EntryPlans, StaleRow, plan_entry
@@ -24,7 +23,8 @@ from onceflow.actors.engine.session import request_session_action
 from onceflow.actors.engine.triggers import HandleInput, HandleResult, check_executors, run_trigger_action
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability import metrics, tracing
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.errors import (
     HostRefusedError,
@@ -161,7 +161,8 @@ class Engine:
         row is cached; any other outcome forgets it. `trigger` and `operation_id` (the command's or
         trigger's, "" for none) go into the task history's transition item (store/tasks/history.py).
 
-        Traced (a recording tracer), it is the span `onceflow.entry` (onceflow/tracing.py), its end in
+        Traced (a recording tracer), it is the span `onceflow.entry` (onceflow/observability/tracing.py), its
+        end in
         `onceflow.entry.result`.
 
         Raises:

@@ -20,14 +20,14 @@ import attrs
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from onceflow import tracing
 from onceflow.actors.engine.order import Chunk, dispatch_order, plan_chunks
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import SessionOutcome, request_session_action
 from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability import tracing
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store.entries import step_entries

@@ -22,13 +22,13 @@ from collections.abc import Iterable
 
 import trio
 
-from onceflow import metrics
 from onceflow.actors.engine.common import common_order, common_result
 from onceflow.actors.engine.on_enter import OnEnterDispatch
 from onceflow.actors.engine.order import dispatch_order
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.store.backends import epochs
 from onceflow.store.entries import recovery as writer_side
 from onceflow.store.entries import step_entries

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 import attrs
 
-from onceflow import tracing
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
+from onceflow.observability import tracing
 from onceflow.protocol.events import EntryPath, SessionAction
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl

@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from onceflow import tracing
 from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.engine.session import request_session_action
 from onceflow.actors.kernel import causation
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.kernel.services import Services
+from onceflow.observability import tracing
 from onceflow.protocol.errors import ActionError, ActionNotWiredError
 from onceflow.protocol.workflow import HOST_ACTION_TYPES, TRANSITION_TYPES, ActionDecl, Step, Trigger
 from onceflow.store.entries.executors import ActionContext, Executor

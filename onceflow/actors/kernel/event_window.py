@@ -21,7 +21,7 @@ import sys
 
 import trio
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.event_stream import MAX_EVENT_SEQ, EventGap, SequencedEvent, check_after
 from onceflow.protocol.events import Event
 

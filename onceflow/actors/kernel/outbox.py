@@ -13,9 +13,9 @@ from typing import Any, Literal, Protocol, cast, get_args
 
 import trio
 
-from onceflow import metrics
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, SEQ_BLOCK, EventWindow
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
 

@@ -16,10 +16,11 @@ import attrs
 import trio
 from opentelemetry.context import Context
 
-from onceflow import tracing
 from onceflow.actors.kernel.ledger import LedgerActor
 from onceflow.actors.kernel.run_signals import RunSignals
 from onceflow.actors.kernel.task_rows import TaskRows
+from onceflow.observability import tracing
+from onceflow.observability.tracing import Tracing
 from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.host import Host
 from onceflow.protocol.runs import RunPolicy
@@ -28,7 +29,6 @@ from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.entries.wip import Promotion
 from onceflow.store.records import TaskRecord
 from onceflow.store.writer import StoreActor
-from onceflow.tracing import Tracing
 
 Announced: TypeAlias = tuple[Promotion, Context | None]
 """A committed promotion, with the trace context current where it was made (None: not traced)."""
@@ -102,7 +102,8 @@ class Services:
     anchored at open and monotonic since), which every persisted and compared time is read from.
     `task_rows` caches task rows for moves (actors/kernel/task_rows.py; off unless `open_runtime` sizes
     it). `run_policy` is how runs are leased and retried; `run_signals` wakes the claims waiting for work
-    (actors/kernel/run_signals.py); `tracing` is where the runtime's spans go (onceflow/tracing.py).
+    (actors/kernel/run_signals.py); `tracing` is where the runtime's spans go
+    (onceflow/observability/tracing.py).
     """
 
     store: StoreActor

@@ -29,7 +29,7 @@ import trio
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.store.backends import epochs
 
 log = get_logger("onceflow.epoch_sweep")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 
 from onceflow.actors.kernel.event_window import MAX_ERA, EventWindow
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.store.event_eras import next_era
 from onceflow.store.writer import StoreActor
 

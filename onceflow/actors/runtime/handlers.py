@@ -17,7 +17,7 @@ from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.task.migrate import MigrateTask
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError
 from onceflow.protocol.results import (

@@ -43,9 +43,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from onceflow import metrics
 from onceflow.actors.kernel.outbox import EventHub, Outbox
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.coordinator import AcknowledgeRequest, Coordinator, DeliveryRequest
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.errors import (

@@ -63,10 +63,11 @@ from typing import Any, TypeVar
 
 import trio
 
-from onceflow import metrics, tracing
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
-from onceflow.logs import get_logger
+from onceflow.observability import metrics, tracing
+from onceflow.observability.logs import get_logger
+from onceflow.observability.tracing import Tracing
 from onceflow.protocol.coordinator import (
     AcknowledgeRequest,
     Coordinator,
@@ -89,7 +90,6 @@ from onceflow.store.outcomes import outcome_claims, outcomes
 from onceflow.store.outcomes.outcome_claims import ClaimLostError
 from onceflow.store.outcomes.outcomes import OutcomeRecord, PendingAck
 from onceflow.store.writer import StoreActor
-from onceflow.tracing import Tracing
 
 log = get_logger("onceflow.outcome")
 

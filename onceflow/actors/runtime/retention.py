@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import trio
 
-from onceflow import metrics
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.events import Event
 from onceflow.store.retention import retention
 from onceflow.store.retention.retention import Pruned

@@ -1,4 +1,5 @@
-"""Keeping the queued- and claimed-run gauges current (onceflow/metrics.py `onceflow.runs.queued`,
+"""Keeping the queued- and claimed-run gauges current (onceflow/observability/metrics.py
+`onceflow.runs.queued`,
 `onceflow.runs.claimed`). Trio thread: each reading is one store request (store/runs/open_runs.py).
 
 Pulled, never on a timer: each time a metric reader collects the gauges (on its own thread), they report
@@ -14,9 +15,9 @@ import contextlib
 
 import trio
 
-from onceflow import metrics
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.store.runs.open_runs import count_open_runs
 
 log = get_logger("onceflow.run_gauges")

@@ -20,7 +20,7 @@ from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.run_signals import ANY
 from onceflow.actors.kernel.services import Services
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError, ProtocolError
 from onceflow.protocol.events import RunClaimHeld, RunQueued

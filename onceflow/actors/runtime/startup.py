@@ -34,7 +34,8 @@ from onceflow.actors.runtime.retention import RETENTION_EVERY, RetentionTrigger,
 from onceflow.actors.runtime.run_gauges import gauge_open_runs_forever
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL, sweep_leases_forever
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
+from onceflow.observability.tracing import Tracing
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
 from onceflow.protocol.durations import seconds
 from onceflow.protocol.host import BaseHost, Host
@@ -42,7 +43,6 @@ from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy, retention_secon
 from onceflow.store.backends import clock as store_clock
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability, open_store
-from onceflow.tracing import Tracing
 
 log = get_logger("onceflow.runtime")
 
@@ -119,7 +119,8 @@ async def open_runtime(
       history is deleted in bounded batches at start-up and after every `retention_every` entries, resolved
       runs, decisions and acknowledged outcomes (actors/runtime/retention.py, store/retention/retention.py).
 
-    - `tracer_provider`: where the runtime's spans go (onceflow/tracing.py; docs/observability.md,
+    - `tracer_provider`: where the runtime's spans go (onceflow/observability/tracing.py;
+    docs/observability.md,
       "Tracing"); None: the global one (`opentelemetry.trace.set_tracer_provider`), so without an SDK
       nothing is recorded.
     - `event_window`: how many of the latest events the runtime keeps (a count, 1 to 1,000,000; each event

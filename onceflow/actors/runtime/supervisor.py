@@ -19,7 +19,6 @@ import trio
 from opentelemetry.context import Context
 from pydantic import BaseModel, ValidationError
 
-from onceflow import tracing
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
 from onceflow.actors.kernel.event_window import EventStream
@@ -32,7 +31,8 @@ from onceflow.actors.runtime.handlers import RuntimeResult
 from onceflow.actors.runtime.outcome import OutcomeSupervisor
 from onceflow.actors.runtime.worker import RunWorker
 from onceflow.actors.task.actor import TaskActor, TaskMessage, TaskResult
-from onceflow.logs import get_logger
+from onceflow.observability import tracing
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, decode_command, parse_json, validation_error
 from onceflow.protocol.coordinator import Coordinator
@@ -165,7 +165,7 @@ class Runtime:
         decision receipts and compare-and-set moves make a repeat a no-op or an idempotent replay), and
         `get_task` tells where the task stands.
 
-        Traced (a recording tracer, onceflow/tracing.py), a command that parsed is the span
+        Traced (a recording tracer, onceflow/observability/tracing.py), a command that parsed is the span
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
         span current where `send` was called; a refusal sets its status ERROR, a cancellation ends it too.
         """

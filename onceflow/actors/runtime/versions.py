@@ -13,7 +13,7 @@ import trio
 
 from onceflow.actors.kernel.services import Services, WorkflowRegistry
 from onceflow.actors.task.migrate import MigrateTask
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ConflictError, NotFoundError, WorkflowInvalidError
 from onceflow.protocol.lint import changes, lint

@@ -1,5 +1,5 @@
 """A worker over the runs queue: claim with a long poll, renew the lease while the body runs, finish the run
-from the body's outcome. Trio thread (the asyncio face, onceflow/worker_aio.py, drives this same object
+from the body's outcome. Trio thread (the asyncio face, onceflow/aio/worker.py, drives this same object
 from an asyncio loop through the runtime's Trio thread).
 
     async with rt.runs("reviewer") as runs:        # a RunWorker: it owns the renewals' nursery
@@ -48,7 +48,7 @@ import trio
 
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.runs import lease_for
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import decode_command
 from onceflow.protocol.errors import OnceflowError, ProtocolError, shown

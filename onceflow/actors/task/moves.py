@@ -3,10 +3,10 @@ workflow switch (E4), and the dispatch of a WIP promotion's entry (E3). Trio thr
 
 from __future__ import annotations
 
-from onceflow import metrics
 from onceflow.actors.engine.entry import StaleRow
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.actors.task.context import TaskContext
+from onceflow.observability import metrics
 from onceflow.protocol import commands as c
 from onceflow.protocol.events import EntryPath, StepEntered
 from onceflow.protocol.operation_ids import switch_workflow_operation_id

@@ -14,7 +14,7 @@ from hypercorn.config import Config
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.serve.http.options import HttpOptions
 
 log = get_logger("onceflow.serve.http")

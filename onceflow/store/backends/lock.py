@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import attrs
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import Step
 from onceflow.store.backends import faults

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store.backends import faults

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection

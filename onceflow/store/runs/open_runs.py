@@ -1,6 +1,6 @@
 """How many runs are queued and claimed, per agent profile: what the `onceflow.runs.queued` and
-`onceflow.runs.claimed` gauges show (onceflow/metrics.py). Writer thread: runs inside the caller's
-transaction.
+`onceflow.runs.claimed` gauges show (onceflow/observability/metrics.py). Writer thread: runs inside the
+caller's transaction.
 
 One grouped count over the unresolved runs, which the partial index `runs_open_by_agent` holds (resolved
 history is not read), on SQLite and PostgreSQL alike.

@@ -1,5 +1,6 @@
 """`onceflow history --db DB --task ID [--json] [--limit N]`: a task's history, read-only. Main thread, its
-own read-only connection (onceflow/views.py `open_read_only`: never the writer's, safe while runtimes serve).
+own read-only connection (onceflow/cli/views.py `open_read_only`: never the writer's, safe while runtimes
+serve).
 
 The items are those `task_history` returns (store/tasks/history.py), oldest first, read a page at a time and
 printed as they are read (constant memory whatever the history's length): one line per item for people
@@ -19,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from onceflow.cli.views import CANNOT_RUN, ViewError, escape, open_read_only
 from onceflow.protocol.results import HistoryItem
 from onceflow.store.backends.urls import database_arg
 from onceflow.store.tasks import history
-from onceflow.views import CANNOT_RUN, ViewError, escape, open_read_only
 
 PAGE = 500
 """Items read per query."""

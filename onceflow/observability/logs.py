@@ -16,8 +16,8 @@ logs through `get_logger` instead of `structlog.get_logger`:
 
 `formatter(json=True)` is a `logging.Formatter` (structlog's `ProcessorFormatter`) that writes each record
 as one JSON object instead (`{"event": ..., <fields>, "level", "logger", "timestamp"}`, RFC 3339 UTC):
-`handler.setFormatter(onceflow.logs.formatter(json=True))`. Either way onceflow never writes to stdout on
-its own.
+`handler.setFormatter(onceflow.observability.logs.formatter(json=True))`. Either way onceflow never writes to
+stdout on its own.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from onceflow.actors.runtime.worker import HANDED_BACK, Run
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import ShuttingDownError, shown
 from onceflow.protocol.results import ClaimedRun
 

@@ -11,7 +11,7 @@
 (`TrioToken.run_sync_soon`, first in first out) and answers come back through
 `loop.call_soon_threadsafe`, so the asyncio loop never blocks on the runtime and the runtime never
 waits on asyncio. The coroutine methods of a `Host` or `Coordinator` passed in run on the caller's asyncio
-loop (onceflow/aio_hosts.py), unless `host_loop="trio"` says they are Trio code. The
+loop (onceflow/aio/hosts.py), unless `host_loop="trio"` says they are Trio code. The
 OpenTelemetry context current where `send` is called goes with the command: the caller's span is the
 parent of the command's span.
 """
@@ -36,14 +36,15 @@ from pydantic import BaseModel
 
 import onceflow.actors.runtime.startup as startup
 import onceflow.actors.runtime.supervisor as supervisor
-from onceflow import tracing
 from onceflow.actors.kernel import task_rows
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStream
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
 from onceflow.actors.runtime.retention import RETENTION_EVERY
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL
-from onceflow.aio_hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
-from onceflow.aio_hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
+from onceflow.aio.hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
+from onceflow.aio.hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
+from onceflow.aio.worker import AsyncioRuns
+from onceflow.observability import tracing
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, parse_json
 from onceflow.protocol.coordinator import Coordinator, RetryPolicy
@@ -54,7 +55,6 @@ from onceflow.protocol.host import Host
 from onceflow.protocol.runs import DEFAULT_RETENTION, RunPolicy
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, Executor
 from onceflow.store.writer import DEFAULT_BUSY_TIMEOUT, Durability
-from onceflow.worker_aio import AsyncioRuns
 
 T = TypeVar("T")
 
@@ -205,7 +205,9 @@ class AsyncioRuntime:
         """
         future: asyncio.Future[Reply] = self._loop.create_future()
         self._pending.add(future)
-        context = tracing.current()  # the caller's span is the command span's parent (onceflow/tracing.py)
+        context = (
+            tracing.current()
+        )  # the caller's span is the command span's parent (onceflow/observability/tracing.py)
         if not self._call_in_trio(self._start_command, command, future, context):
             self._answer(future, _shutting_down(command))
         return future
@@ -241,7 +243,7 @@ class AsyncioRuntime:
         cancel_superseded: bool = True,
     ) -> AsyncioRuns:
         """A worker over the runs queue for one agent profile, for `async with` / `async for` /
-        `async with run` on this loop (onceflow/worker_aio.py; the options and rules are `Runtime.runs`'s).
+        `async with run` on this loop (onceflow/aio/worker.py; the options and rules are `Runtime.runs`'s).
 
         Raises:
             ProtocolError: a bad option, naming the field.
@@ -459,7 +461,7 @@ async def open_runtime(
     after). An error that stopped the runtime while open is raised on leaving.
 
     `host_loop` says where the coroutine methods of `host` and `coordinator` run. "asyncio" (default): as
-    tasks on this loop, awaited by the runtime across threads (onceflow/aio_hosts.py), so they may await
+    tasks on this loop, awaited by the runtime across threads (onceflow/aio/hosts.py), so they may await
     any asyncio code; a method that is not a coroutine function, and `BaseHost`'s own no-ops, are still
     called on the Trio thread. A call the runtime gives up on is cancelled on this loop (the coroutine
     sees CancelledError): at a coordinator attempt's timeout, and for every call pending or started once

@@ -12,12 +12,12 @@ subcommand runs its own Trio run.
                                                               the protocol over a socket (onceflow.serve)
   onceflow test SCENARIO.yml...                               scenario tests (onceflow.scenario)
   onceflow tasks|runs|entries|decisions|outcomes|workflows --db FILE|URL [--task ID] [--json] [--limit N]
-                                                              read-only views (onceflow.views), streamed
+                                                              read-only views (onceflow.cli.views), streamed
   onceflow queue --db FILE|URL [--json]                       per agent: queued, claimed, ceiling, oldest age,
                                                               paused, refused in the last hour
   onceflow history --db FILE|URL --task ID [--json] [--limit N]
-                                                              a task's history (onceflow.history)
-  onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.prune)
+                                                              a task's history (onceflow.cli.history)
+  onceflow prune --db FILE|URL [--older-than SECONDS]         retention now (onceflow.cli.prune)
   onceflow --version
 
 Exit status: 0 on success; 1 when a template is invalid or a replayed command was refused; 2 when the
@@ -29,7 +29,7 @@ no such database, no onceflow schema). Such a file or URL gets one `error:` line
 quietly with 141. SIGINT or SIGTERM during `run` or `demo` finishes the command under way, closes the
 runtime (releasing the database) and exits with 130 or 143 after one line on stderr saying what was
 finished and how to resume; a second signal cancels at once. Human output escapes control characters
-(`onceflow.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
+(`onceflow.cli.trace.escape_controls`); `--json` output is JSON. Logs go to stderr (WARNING and up unless
 --verbose), coloured only when stderr is a terminal and NO_COLOR is unset; --log-json writes them as one
 JSON object per line.
 """
@@ -46,8 +46,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceflow.cli.trace import escape_controls
 from onceflow.store.backends.urls import database_arg, redacted
-from onceflow.trace import escape_controls
 
 if TYPE_CHECKING:
     import trio
@@ -202,8 +202,8 @@ async def replay(
     import json
 
     from onceflow.actors.runtime.startup import open_runtime
+    from onceflow.cli.trace import describe
     from onceflow.protocol.codec import encode
-    from onceflow.trace import describe
 
     commands = [(n, c) for n, c in load_script(script) if n >= from_line]
     register = {"type": "register_workflow", "yaml": read_text(workflow), "source": str(workflow)}
@@ -248,7 +248,7 @@ async def replay(
 
 async def demo(db: Path | str, stop: trio.Event) -> int:
     """The bundled walkthrough on `db`: 0 when the task ends in Done (see `replay` for `stop`)."""
-    from onceflow.demo import run_demo
+    from onceflow.cli.demo import run_demo
 
     return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
@@ -294,7 +294,7 @@ def print_schema(args: argparse.Namespace) -> int:
     reference page (`--markdown`, what docs/protocol.md holds)."""
     import json
 
-    from onceflow import reference
+    from onceflow.cli import reference
     from onceflow.protocol.codec import command_schema
     from onceflow.protocol.template_schema import template_schema
 
@@ -369,16 +369,16 @@ def _os_error(exc: OSError) -> str:
 _READ_ONLY = "(read-only; safe while it runs)"
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("onceflow.cli:_add_demo", "run the bundled office example end to end"),
-    "run": ("onceflow.cli:_add_run", "replay a script of protocol commands against a workflow"),
-    "validate": ("onceflow.cli:_add_validate", "check workflow template files"),
-    "schema": ("onceflow.cli:_add_schema", "print the protocol's JSON Schema"),
+    "demo": ("onceflow.cli.main:_add_demo", "run the bundled office example end to end"),
+    "run": ("onceflow.cli.main:_add_run", "replay a script of protocol commands against a workflow"),
+    "validate": ("onceflow.cli.main:_add_validate", "check workflow template files"),
+    "schema": ("onceflow.cli.main:_add_schema", "print the protocol's JSON Schema"),
     **{
-        view: ("onceflow.views:add_commands", f"show the {view} of a database {_READ_ONLY}")
+        view: ("onceflow.cli.views:add_commands", f"show the {view} of a database {_READ_ONLY}")
         for view in ("tasks", "runs", "entries", "decisions", "outcomes", "workflows", "queue")
     },
-    "history": ("onceflow.history:add_command", f"show a task's history {_READ_ONLY}"),
-    "prune": ("onceflow.prune:add_commands", "delete resolved history older than the retention, now"),
+    "history": ("onceflow.cli.history:add_command", f"show a task's history {_READ_ONLY}"),
+    "prune": ("onceflow.cli.prune:add_commands", "delete resolved history older than the retention, now"),
     "test": ("onceflow.scenario.runner:add_commands", "run scenario tests of workflow templates"),
     "serve": (
         "onceflow.serve.cli:add_parser",

@@ -17,8 +17,8 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.cli.trace import describe
 from onceflow.protocol.events import DecisionRecorded, Reply, RunQueued, StepEntered
-from onceflow.trace import describe
 
 TASK = "DEMO-1"
 WORKFLOW = "office-example"

@@ -47,7 +47,7 @@ from onceflow.store.tasks import history, tasks, workflows
 VIEWS = ("tasks", "runs", "entries", "decisions", "outcomes", "workflows", "queue")
 TASK_SCOPED = ("tasks", "runs", "entries", "decisions")
 CANNOT_RUN = 2
-"""Exit status when the database cannot be read: `onceflow.cli.CANNOT_RUN` (cli imports this module)."""
+"""Exit status when the database cannot be read: `onceflow.cli.main.CANNOT_RUN` (cli imports this module)."""
 _CONNECT_TIMEOUT = 5.0  # seconds a view waits for a PostgreSQL server before reporting it unreachable
 _LOCK_TIMEOUT = 2.0  # seconds a view's read waits behind a schema change's lock before giving up
 
@@ -434,8 +434,8 @@ def show(
     as it is read (`stream`: constant memory, the first row after one page), at most `limit` rows (None:
     all); return the exit status: 0, or `CANNOT_RUN` (2) after printing one `error: ...` line to stderr
     when the database cannot be read (`open_read_only`, `stream`; the password never shown). A closed
-    `out` (a reader such as `head` went away) raises BrokenPipeError, which `onceflow.cli.main` turns into
-    a quiet exit."""
+    `out` (a reader such as `head` went away) raises BrokenPipeError, which `onceflow.cli.main.main` turns
+    into a quiet exit."""
     try:
         with open_read_only(target) as conn:
             table = Table(view)

@@ -17,14 +17,8 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from onceflow.protocol import causation, errors, limits, results, tracecontext
-from onceflow.protocol.causation import CAUSE_FIELDS
-from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
-from onceflow.protocol.commands import COMMAND_TYPES
-from onceflow.protocol.events import Reply
-from onceflow.protocol.tracecontext import TRACE_FIELDS
-from onceflow.reference_serve import hosts_section, socket_section
-from onceflow.reference_tables import (
+from onceflow.cli.reference_serve import hosts_section, socket_section
+from onceflow.cli.reference_tables import (
     EVENT_TYPES,
     field_table,
     first_paragraph,
@@ -36,6 +30,12 @@ from onceflow.reference_tables import (
     table_cell,
     tag_of,
 )
+from onceflow.protocol import causation, errors, limits, results, tracecontext
+from onceflow.protocol.causation import CAUSE_FIELDS
+from onceflow.protocol.codec import COMMAND_ADAPTER, EVENT_ADAPTER
+from onceflow.protocol.commands import COMMAND_TYPES
+from onceflow.protocol.events import Reply
+from onceflow.protocol.tracecontext import TRACE_FIELDS
 from onceflow.serve import EvictedError, IdleTimeoutError, SlowConsumerError
 
 PAGE = "docs/protocol.md"

@@ -13,9 +13,9 @@ from pydantic import TypeAdapter
 
 from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, MAX_EVENT_WINDOW, SEQ_BLOCK
 from onceflow.actors.runtime.host_broker import MAX_OFFERS
+from onceflow.cli.reference_tables import field_table, paragraphs
 from onceflow.protocol import host_calls, results
 from onceflow.protocol.host_calls import CAPABILITY, HostCall, HostError, HostReply, RegisterHost
-from onceflow.reference_tables import field_table, paragraphs
 from onceflow.serve import MAX_ID_LENGTH, ServeOptions
 from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, HEADROOM
 

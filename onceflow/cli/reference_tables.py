@@ -1,7 +1,7 @@
 """The pieces docs/protocol.md is made of: a model's fields as a Markdown table, a JSON Schema type and its
 bounds in words, links between sections, docstrings as Markdown. Pure.
 
-`onceflow/reference.py` (the page and its protocol sections) and `onceflow/reference_serve.py` (the socket
+`onceflow/cli/reference.py` (the page and its protocol sections) and `reference_serve.py` (the socket
 sections) build the page from them.
 """
 

@@ -36,8 +36,8 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol import workflow_parse
 from onceflow.protocol.limits import MAX_TEMPLATE_ACTIONS, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_STEPS
+from onceflow.protocol.template import parse as workflow_parse
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.writer import StoreActor
 

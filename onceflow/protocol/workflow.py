@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from onceflow.protocol.limits import MAX_TEMPLATE_BYTES
-from onceflow.protocol.workflow_actions import (
+from onceflow.protocol.template.actions import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,
     ENGINE_ACTION_TYPES,
@@ -53,9 +53,9 @@ from onceflow.protocol.workflow_actions import (
     SetSessionModeConfig,
     Trigger,
 )
-from onceflow.protocol.workflow_model import Step, StepEvents, Workflow, find_step, find_workflow
-from onceflow.protocol.workflow_parse import OverCount, parse_yaml, yaml_problem
-from onceflow.protocol.workflow_validate import WorkflowError, workflow_error, workflow_from_dict
+from onceflow.protocol.template.model import Step, StepEvents, Workflow, find_step, find_workflow
+from onceflow.protocol.template.parse import OverCount, parse_yaml, yaml_problem
+from onceflow.protocol.template.validate import WorkflowError, workflow_error, workflow_from_dict
 
 __all__ = [
     "ALLOWED_ACTIONS",

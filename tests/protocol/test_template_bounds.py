@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol import workflow_parse
 from onceflow.protocol.limits import (
     MAX_PAYLOAD_BYTES,
     MAX_TEMPLATE_ACTIONS,
@@ -31,6 +30,9 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_STEPS,
     MAX_YAML_DEPTH,
 )
+from onceflow.protocol.template import parse as workflow_parse
+from onceflow.protocol.template.model import _feeder_cycles
+from onceflow.protocol.template.problems import problem
 from onceflow.protocol.workflow import (
     IMPORT_ALLOWED_ACTIONS,
     ConfigureSessionConfig,
@@ -40,8 +42,6 @@ from onceflow.protocol.workflow import (
     WorkflowError,
     load_workflow_text,
 )
-from onceflow.protocol.workflow_model import _feeder_cycles
-from onceflow.protocol.workflow_problems import problem
 from onceflow.store.writer import StoreActor
 
 WORKFLOWS = FIXTURES / "workflows"

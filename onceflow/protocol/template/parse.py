@@ -24,14 +24,14 @@ except ImportError:  # pragma: no cover - PyYAML's wheels ship libyaml
 
 from onceflow.protocol.errors import shown
 from onceflow.protocol.limits import INT64_MAX, INT64_MIN, MAX_TEMPLATE_ACTIONS, MAX_YAML_DEPTH
-from onceflow.protocol.workflow_counts import (
+from onceflow.protocol.template.counts import (
     ACTIONS_BOUND,
     STEPS_BOUND,
     TRIGGER_KEYS,
     count_problem,
     rules_problem,
 )
-from onceflow.protocol.workflow_problems import Loc
+from onceflow.protocol.template.problems import Loc
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from onceflow.protocol.command_fields import (
+from onceflow.protocol.commands.fields import (
     BaseCommand,
     Id,
     Name,

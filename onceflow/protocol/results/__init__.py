@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from onceflow.protocol.events import Reply
-from onceflow.protocol.flow_results import (
+from onceflow.protocol.results.flow import (
     AgentQueueStats,
     LimitInfo,
     PauseInfo,
@@ -31,21 +31,21 @@ from onceflow.protocol.flow_results import (
     QueueStatsResult,
     ResumeResult,
 )
-from onceflow.protocol.host_results import (
+from onceflow.protocol.results.hosts import (
     HostCallError,
     HostCallInfo,
     HostCallPage,
     HostRegistered,
     HostReplyTaken,
 )
-from onceflow.protocol.outcome_results import (
+from onceflow.protocol.results.outcomes import (
     AckQueued,
     EnvelopeData,
     OutcomeInfo,
     OutcomePhase,
     OutcomeReceived,
 )
-from onceflow.protocol.run_results import (
+from onceflow.protocol.results.runs import (
     ClaimedRun,
     FinishOutcome,
     ReviewRunInfo,
@@ -58,7 +58,7 @@ from onceflow.protocol.run_results import (
     RunRetried,
     RunStatus,
 )
-from onceflow.protocol.task_results import (
+from onceflow.protocol.results.tasks import (
     AlreadyApplied,
     ChildrenCompletedResult,
     ChildrenNotTerminal,
@@ -82,7 +82,7 @@ from onceflow.protocol.task_results import (
     TaskPage,
     TriggerResult,
 )
-from onceflow.protocol.workflow_results import (
+from onceflow.protocol.results.workflows import (
     LintWarningInfo,
     MigrationResult,
     TaskMigration,

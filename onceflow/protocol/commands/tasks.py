@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from onceflow.protocol.command_fields import (
+from onceflow.protocol.commands.fields import (
     HISTORY_CURSOR,
     BaseCommand,
     Id,

@@ -10,7 +10,7 @@ from typing import Literal
 
 from typing_extensions import TypedDict
 
-from onceflow.protocol.result_base import as_result
+from onceflow.protocol.results.base import as_result
 
 
 @as_result

@@ -13,7 +13,7 @@ from pydantic_core import CoreSchema, core_schema
 from typing_extensions import TypedDict
 
 from onceflow.protocol.outcome import OutcomeEnvelope
-from onceflow.protocol.result_base import as_result
+from onceflow.protocol.results.base import as_result
 
 OutcomePhase = Literal["pending", "needs-coordinator-ack", "acknowledged"]
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.protocol.workflow_actions import (
+from onceflow.protocol.template.actions import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,
     IMPORT_ALLOWED_ACTIONS,
     TRANSITION_TYPES,
     Trigger,
 )
-from onceflow.protocol.workflow_model import Workflow
+from onceflow.protocol.template.model import Workflow
 
 DIALECT = "http://json-schema.org/draft-07/schema#"
 _REFS = "#/definitions/"

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from onceflow.protocol.command_fields import (
+from onceflow.protocol.commands.fields import (
     BaseCommand,
     CommandModel,
     Id,

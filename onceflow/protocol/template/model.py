@@ -24,8 +24,8 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_ACTIONS,
     MAX_TEMPLATE_STEPS,
 )
-from onceflow.protocol.workflow_actions import ALLOWED_ACTIONS, ActionDecl, MoveConfig, TemplateModel, Trigger
-from onceflow.protocol.workflow_problems import Loc, Located
+from onceflow.protocol.template.actions import ALLOWED_ACTIONS, ActionDecl, MoveConfig, TemplateModel, Trigger
+from onceflow.protocol.template.problems import Loc, Located
 
 ALLOWED_CONTEXT_KEY = "allowed_actions"
 """The validation context key holding the per-trigger allow-list `StepEvents` checks against."""

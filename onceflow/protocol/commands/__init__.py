@@ -20,7 +20,7 @@ from typing import Annotated, TypeGuard, cast, get_args
 
 from pydantic import BaseModel, Field
 
-from onceflow.protocol.command_fields import (
+from onceflow.protocol.commands.fields import (
     HISTORY_CURSOR,
     Id,
     Int64,
@@ -30,7 +30,7 @@ from onceflow.protocol.command_fields import (
     Role,
     Text,
 )
-from onceflow.protocol.flow_commands import (
+from onceflow.protocol.commands.flow import (
     Count,
     ListPauses,
     Pause,
@@ -39,12 +39,7 @@ from onceflow.protocol.flow_commands import (
     Resume,
     SetLimits,
 )
-from onceflow.protocol.outcome import (
-    CoordinatorAck,
-    GetOutcome,
-    OutcomeReady,
-)
-from onceflow.protocol.run_commands import (
+from onceflow.protocol.commands.runs import (
     MAX_RESULT_BYTES,
     CancelRun,
     ClaimRun,
@@ -58,7 +53,7 @@ from onceflow.protocol.run_commands import (
     RetryRun,
     Seconds,
 )
-from onceflow.protocol.task_commands import (
+from onceflow.protocol.commands.tasks import (
     AddParticipant,
     CreateTask,
     DeleteTask,
@@ -76,7 +71,7 @@ from onceflow.protocol.task_commands import (
     TurnStart,
     UpdateTask,
 )
-from onceflow.protocol.trigger_commands import (
+from onceflow.protocol.commands.triggers import (
     AgentError,
     ApprovalResolved,
     BlockersResolved,
@@ -87,12 +82,17 @@ from onceflow.protocol.trigger_commands import (
     Heartbeat,
     TaskComment,
 )
-from onceflow.protocol.workflow_commands import (
+from onceflow.protocol.commands.workflows import (
     GetWorkflow,
     ListWorkflows,
     MigrateTasks,
     RegisterWorkflow,
     SwitchWorkflow,
+)
+from onceflow.protocol.outcome import (
+    CoordinatorAck,
+    GetOutcome,
+    OutcomeReady,
 )
 
 __all__ = [

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from onceflow.protocol.workflow_actions import ALLOWED_ACTIONS, Trigger
-from onceflow.protocol.workflow_counts import first_count_problem
-from onceflow.protocol.workflow_model import ALLOWED_CONTEXT_KEY, Workflow
-from onceflow.protocol.workflow_problems import Loc, problem
+from onceflow.protocol.template.actions import ALLOWED_ACTIONS, Trigger
+from onceflow.protocol.template.counts import first_count_problem
+from onceflow.protocol.template.model import ALLOWED_CONTEXT_KEY, Workflow
+from onceflow.protocol.template.problems import Loc, problem
 
 
 class WorkflowError(ValueError):

@@ -12,7 +12,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from onceflow.protocol.events import EntryPath
-from onceflow.protocol.result_base import as_result
+from onceflow.protocol.results.base import as_result
 
 GuardOutcome = Literal["moved", "quorum_not_met", "move_abandoned", "no_guard", "not_at_step"]
 """What a decision's guards did: moved, quorum_not_met, move_abandoned, no_guard, or not_at_step."""

@@ -10,7 +10,7 @@ from typing import Literal
 
 from typing_extensions import TypedDict
 
-from onceflow.protocol.result_base import as_result
+from onceflow.protocol.results.base import as_result
 
 
 @as_result
@@ -35,7 +35,7 @@ class WorkflowRegistered(TypedDict):
 
 @as_result
 class LintWarningInfo(TypedDict):
-    """One warning about a template (protocol/lint.py)."""
+    """One warning about a template (protocol/template/lint.py)."""
 
     code: str
     """unreachable_step, no_way_out, start_on_enter, quorum_role_unseated, fan_out_without_participants,

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 from pydantic import Field, Strict, TypeAdapter, ValidationError
 
 from onceflow.protocol.limits import MAX_TEMPLATE_ACTIONS, MAX_TEMPLATE_STEPS
-from onceflow.protocol.workflow_actions import Trigger
-from onceflow.protocol.workflow_model import Workflow
-from onceflow.protocol.workflow_problems import Loc, problem
+from onceflow.protocol.template.actions import Trigger
+from onceflow.protocol.template.model import Workflow
+from onceflow.protocol.template.problems import Loc, problem
 
 TRIGGER_KEYS = frozenset(trigger.value for trigger in Trigger)
 """The trigger names a step's `events` may hold: only their lists are counted."""

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from onceflow.protocol.command_fields import (
+from onceflow.protocol.commands.fields import (
     BaseCommand,
     Id,
     Int64,

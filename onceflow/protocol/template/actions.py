@@ -27,7 +27,7 @@ from pydantic import (
 from onceflow.protocol.field_docs import describe_fields
 from onceflow.protocol.limits import MAX_PAYLOAD_BYTES, MAX_TEMPLATE_ACTIONS
 from onceflow.protocol.suggest import did_you_mean
-from onceflow.protocol.workflow_problems import Located, problem
+from onceflow.protocol.template.problems import Located, problem
 
 
 class Trigger(StrEnum):

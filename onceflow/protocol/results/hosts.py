@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing_extensions import TypedDict
 
 from onceflow.protocol.host_calls import CallKind, CallStatus, Capability
-from onceflow.protocol.result_base import as_result
+from onceflow.protocol.results.base import as_result
 
 
 @as_result

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 from typing import Any
 
+import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config
+from hypercorn.events import Event, RawData
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import H11SendableEvent
 
 from onceflow.logs import get_logger
 from onceflow.serve.http.options import HttpOptions
@@ -45,13 +51,95 @@ def hypercorn_config(options: HttpOptions, grace: float) -> Config:
     return config
 
 
+class _IdleTimer:
+    """Hypercorn's keep-alive timer without a task started per request (its own starts one each time the
+    connection goes idle and cancels it at the next request): one watcher task per connection, whose
+    deadline is `keep_alive` seconds ahead while the connection is idle and infinite while a request is
+    under way. Past the deadline, or when the server stops while the connection is idle, it closes the
+    connection (as hypercorn's `_idle_timeout` does); `close` ends it when the connection has ended."""
+
+    def __init__(self, server: _TCPServer) -> None:
+        self._server = server
+        self._scope = trio.CancelScope()
+        self._started = self._idle = self._closed = False
+
+    async def restart(self, task_group: Any, _: Any) -> None:
+        """The connection is idle (hypercorn's `Updated(idle=True)`, and once at its start)."""
+        self._idle = True
+        self._scope.deadline = trio.current_time() + self._server.config.keep_alive_timeout
+        if not self._started:
+            self._started = True
+            task_group.spawn(self._watch)
+
+    async def stop(self) -> None:
+        """A request is under way: no deadline until it is answered."""
+        self._idle = False
+        self._scope.deadline = math.inf
+
+    def close(self) -> None:
+        """The connection has ended: the watcher ends without closing anything."""
+        self._closed = True
+        self._scope.cancel()
+
+    async def _watch(self) -> None:
+        with self._scope:
+            await self._server.context.terminated.wait()
+            if not self._idle:  # hypercorn closes the connection after the response under way
+                await trio.sleep_forever()
+        if not self._closed:
+            with trio.CancelScope(shield=True):
+                await self._server._initiate_server_close()
+
+
+class _H11Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, writing a response of known length (a `content-length` header) in one
+    write with its first body bytes (its own writes the head, then the body: two writes, two syscalls). A
+    response without a length (an event stream) has its head written at once."""
+
+    _held = b""
+
+    async def _send_h11_event(self, event: H11SendableEvent) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if isinstance(event, h11.Response) and any(name == b"content-length" for name, _ in event.headers):
+            self._held = data
+            return
+        if self._held:
+            data, self._held = self._held + data, b""
+        await self.send(RawData(data=data))
+
+
 class _TCPServer(TCPServer):
-    """Hypercorn's connection server, ending as soon as its client has gone: its own keeps the
-    connection's task group (so its slot) open until the keep-alive timer runs out."""
+    """Hypercorn's connection server, ending as soon as its client has gone (its own keeps the
+    connection's task group, so its slot, open until the keep-alive timer runs out), with a keep-alive
+    timer that starts no task per request (`_IdleTimer`) and no write of the empty end of a sized body."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
+
+    @property
+    def protocol(self) -> ProtocolWrapper:
+        return self._wrapper
+
+    @protocol.setter
+    def protocol(self, wrapper: ProtocolWrapper) -> None:
+        if type(wrapper.protocol) is H11Protocol:  # h2 stays hypercorn's
+            wrapper.protocol.__class__ = _H11Protocol
+        self._wrapper = wrapper
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData) and not event.data:
+            return  # h11's end of a body of known length: nothing to write, no lock, no checkpoint
+        await super().protocol_send(event)
 
     async def _read_data(self) -> None:
         await super()._read_data()
-        await self.idle_task.stop()
+        self.idle_task.close()  # type: ignore[attr-defined]
 
 
 class HttpListener:
@@ -105,7 +193,7 @@ class HttpListener:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            await _TCPServer(self._app, self._config, self._context, {}, stream)  # type: ignore[arg-type]
+            await _TCPServer(self._app, self._config, self._context, {}, stream)
         finally:
             self._open -= 1
 

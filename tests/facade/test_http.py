@@ -15,12 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from http_support import WORKFLOW, HttpServed, http_serving
 
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import ErrorInfo, Reply
 from onceflow.serve.http.api import STATUS, status_of
+from onceflow.serve.http.listen import HttpListener, open_listener
 from onceflow.serve.http.openapi import openapi_document
+from onceflow.serve.http.options import HttpOptions
 
 READ_TOKEN = "r" * 24
 WRITE_TOKEN = "w" * 24
@@ -315,3 +318,47 @@ def test_a_workflow_graph_draws_every_step_and_transition() -> None:
     assert svg.startswith("<svg") and svg.count("<g data-step=") == 4
     assert svg.count('data-from="review"') == 2 and "http" not in svg.replace("http://www.w3.org", "")
     assert workflow_of({"yaml": WORKFLOW.read_text()}) == workflow
+
+
+async def _slow_or_sized(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app: `/slow` answers after 0.6 s, anything else at once (a sized body)."""
+    if scope["path"] == "/slow":
+        await trio.sleep(0.6)
+    body = b'{"ok":true}'
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"11")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _request(stream: trio.SocketStream, path: str) -> tuple[bytes, float]:
+    """One GET on a kept-alive connection: the response's bytes, and how many reads it took."""
+    await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    data, reads = b"", 0
+    while not data.endswith(b'{"ok":true}'):
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed before the response ended: {data!r}"
+        data, reads = data + chunk, reads + 1
+    return data, reads
+
+
+async def test_an_idle_connection_closes_after_keep_alive_but_never_during_a_request() -> None:
+    options = HttpOptions(port=0, keep_alive=0.3)
+    listener = HttpListener(_slow_or_sized, options, cap=4, grace=1.0)
+    async with trio.open_nursery() as nursery:
+        socket_listener = await open_listener(options, backlog=8)
+        port = socket_listener.socket.getsockname()[1]
+        await nursery.start(listener.run, socket_listener)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        head, reads = await _request(stream, "/slow")  # 0.6 s under way: past keep_alive, still answered
+        assert head.startswith(b"HTTP/1.1 200") and reads == 1  # the head and its sized body: one write
+        began = trio.current_time()
+        with trio.fail_after(5):
+            assert await stream.receive_some(65536) == b""  # idle: closed by the keep-alive timer
+        assert 0.2 < trio.current_time() - began < 2
+        with trio.fail_after(1):  # and its slot freed
+            while listener.connections:
+                await trio.sleep(0.01)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await _request(idle, "/")
+        listener.stop()  # stopping closes an idle connection at once, not keep_alive later
+        with trio.fail_after(0.25):
+            assert await idle.receive_some(65536) == b""

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol.codec import command_type, encode, parse_json
+from onceflow.protocol.codec import command_type, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.serve.wire import refusal
@@ -88,12 +88,17 @@ def status_of(reply: Reply) -> int:
     return 503 if reply.error.retryable else 400
 
 
+def reply_json(reply: Reply) -> bytes:
+    """`codec.encode(reply)` as UTF-8 bytes, written by pydantic as bytes (no str made and encoded)."""
+    return reply.__pydantic_serializer__.to_json(reply)
+
+
 def reply_response(reply: Reply) -> Response:
     """The reply as the response body (the `Reply` JSON), its status per `status_of`; a retryable refusal
     carries `Retry-After: 1`."""
     status = status_of(reply)
     headers = {"Retry-After": "1"} if reply.error is not None and reply.error.retryable else None
-    return Response(encode(reply), status_code=status, media_type="application/json", headers=headers)
+    return Response(reply_json(reply), status_code=status, media_type="application/json", headers=headers)
 
 
 class UnauthorizedError(OnceflowError):
@@ -203,7 +208,7 @@ async def command_reply(
 
 async def send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
     """Write `reply` as a whole ASGI response (status per `status_of`, `Retry-After: 1` when retryable)."""
-    body = encode(reply).encode()
+    body = reply_json(reply)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
     if reply.error is not None and reply.error.retryable:
         headers.append((b"retry-after", b"1"))

@@ -71,11 +71,6 @@ class Gate:
             await self._app(scope, receive, send)
             return
 
-        async def secured(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
-            await send(message)
-
         role: Role | None = "write"
         if self._tokens.required and scope["path"].startswith("/v1/"):
             role = None
@@ -87,7 +82,7 @@ class Gate:
             if role is None:
                 response = refused("unknown", UnauthorizedError("a bearer token is required"))
                 response.headers["WWW-Authenticate"] = "Bearer"
-                await response(scope, receive, secured)
+                await response(scope, receive, _secured(send))
                 return
         granted: Role = role or "write"  # None returned above
         scope[ROLE_KEY] = granted
@@ -98,7 +93,18 @@ class Gate:
             reply = await command_reply(body, self._commands, self._max_body, granted, kind or None)
             await send_reply(send, reply, SECURITY_HEADERS)
             return
-        await self._app(scope, receive, secured)
+        await self._app(scope, receive, _secured(send))
+
+
+def _secured(send: Send) -> Send:
+    """`send` adding the security headers to the response's start."""
+
+    async def secured(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+        await send(message)
+
+    return secured
 
 
 def build_app(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -90,7 +91,7 @@ def _read_sse(
 
 def test_a_command_over_http_answers_the_sockets_reply_with_its_status(served: HttpServed) -> None:
     created = post(served, create("h-1"))
-    assert created.status_code == 200
+    assert created.status_code == 200 and created.headers["x-content-type-options"] == "nosniff"
     reply = Reply.model_validate(created.json())
     assert reply.ok and reply.command == "create_task" and reply.events[0].type == "task_created"
     got = httpx.get(f"{served.url}/v1/tasks/h-1").json()
@@ -145,6 +146,29 @@ def test_a_body_over_the_limit_is_413_unread(served: HttpServed) -> None:
     response = httpx.post(f"{served.url}/v1/commands", content=big, timeout=30)
     assert response.status_code == 413 and response.json()["error"]["code"] == "too_large"
     assert post(served, create("after-big")).status_code == 200  # the server still serves
+    chunks = (b"x" * (1 << 20) for _ in range(9))  # no Content-Length: refused as it passes the limit
+    chunked = httpx.post(f"{served.url}/v1/commands", content=chunks, timeout=30)
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "too_large"
+
+
+def test_commands_pipelined_on_one_connection_are_answered_in_order(served: HttpServed) -> None:
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
+    requests = b""
+    for n in range(3):
+        body = json.dumps(create(f"piped-{n}")).encode()
+        requests += b"POST /v1/commands HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(requests)  # one write: the second and third arrive before the first is answered
+        received = b""
+        while received.count(b'"type":"reply"') < 3:
+            chunk = conn.recv(65536)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+    replies = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert [r["events"][0]["task_id"] for r in replies] == ["piped-0", "piped-1", "piped-2"]
 
 
 def test_events_stream_as_sse_and_resume_after_last_event_id(served: HttpServed) -> None:
@@ -197,6 +221,10 @@ def test_tokens_gate_the_api_and_a_read_token_only_reads() -> None:
         write = {"Authorization": f"Bearer {WRITE_TOKEN}"}
         none = httpx.get(f"{served.url}/v1/tasks")
         assert none.status_code == 401 and none.headers["www-authenticate"] == "Bearer"
+        unsent = post(served, create("t-0"))
+        assert unsent.status_code == 401 and unsent.headers["www-authenticate"] == "Bearer"
+        assert unsent.json()["error"]["code"] == "unauthorized"
+        assert httpx.get(f"{served.url}/v1/tasks/t-0", headers=read).status_code == 404  # not created
         wrong = httpx.get(f"{served.url}/v1/tasks", headers={"Authorization": "Bearer " + "x" * 24})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
         assert httpx.get(f"{served.url}/v1/tasks", headers=read).status_code == 200
@@ -233,6 +261,8 @@ def test_cors_is_off_unless_an_origin_is_named(served: HttpServed) -> None:
     with http_serving("--cors-origin", "http://elsewhere.example") as open_to:
         allowed = httpx.get(f"{open_to.url}/v1/tasks", headers=origin)
         assert allowed.headers["access-control-allow-origin"] == "http://elsewhere.example"
+        sent = post(open_to, create("cors-1"), headers=origin)
+        assert sent.status_code == 200 and sent.headers["access-control-allow-origin"] == origin["Origin"]
 
 
 def test_past_the_connection_cap_a_client_gets_busy() -> None:

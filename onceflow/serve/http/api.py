@@ -119,11 +119,6 @@ class TooLargeError(OnceflowError):
     code = "too_large"
 
 
-def refused(command: str, exc: OnceflowError) -> Response:
-    """A refusal that never reached the runtime (auth, size, socket-only), as a `Reply`."""
-    return reply_response(refusal(command, exc))
-
-
 class Commands:
     """Runs commands for HTTP requests. A command runs in the server's command nursery, never cancelled by
     its client going away: what it commits stays committed, its reply is dropped. A `claim_run` is the
@@ -206,13 +201,23 @@ async def command_reply(
     return await commands.send(data)
 
 
-async def send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
-    """Write `reply` as a whole ASGI response (status per `status_of`, `Retry-After: 1` when retryable)."""
+Headers = list[tuple[bytes, bytes]]
+
+
+def reply_parts(reply: Reply, extra: Headers) -> tuple[int, Headers, bytes]:
+    """A reply as a whole response: its status (`status_of`), headers (JSON of its length, `extra`,
+    `Retry-After: 1` when retryable) and body (`reply_json`)."""
     body = reply_json(reply)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
     if reply.error is not None and reply.error.retryable:
         headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status_of(reply), "headers": headers})
+    return status_of(reply), headers, body
+
+
+async def send_reply(send: Send, reply: Reply, extra: Headers) -> None:
+    """Write `reply` as a whole ASGI response (`reply_parts`)."""
+    status, headers, body = reply_parts(reply, extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

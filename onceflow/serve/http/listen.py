@@ -9,19 +9,19 @@ import errno
 import math
 from typing import Any
 
-import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config
-from hypercorn.events import Event, RawData
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import H11SendableEvent
 
 from onceflow.logs import get_logger
+from onceflow.serve.http.app import Gate
 from onceflow.serve.http.options import HttpOptions
+from onceflow.serve.http.protocol import FastH11Protocol
 
 log = get_logger("onceflow.serve.http")
 
@@ -91,36 +91,19 @@ class _IdleTimer:
                 await self._server._initiate_server_close()
 
 
-class _H11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol, writing a response of known length (a `content-length` header) in one
-    write with its first body bytes (its own writes the head, then the body: two writes, two syscalls). A
-    response without a length (an event stream) has its head written at once."""
-
-    _held = b""
-
-    async def _send_h11_event(self, event: H11SendableEvent) -> None:
-        try:
-            data = self.connection.send(event)
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
-            return
-        if isinstance(event, h11.Response) and any(name == b"content-length" for name, _ in event.headers):
-            self._held = data
-            return
-        if self._held:
-            data, self._held = self._held + data, b""
-        await self.send(RawData(data=data))
-
-
 class _TCPServer(TCPServer):
     """Hypercorn's connection server, ending as soon as its client has gone (its own keeps the
     connection's task group, so its slot, open until the keep-alive timer runs out), with a keep-alive
-    timer that starts no task per request (`_IdleTimer`) and no write of the empty end of a sized body."""
+    timer that starts no task per request (`_IdleTimer`), no write of the empty end of a sized body, no
+    checkpoint taking a free write lock, and HTTP/1.1 spoken by `FastH11Protocol` (commands answered by
+    `gate` without an ASGI request; `gate` None, as behind CORS: every request through the app)."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(
+        self, app: Any, config: Config, context: WorkerContext, stream: Any, gate: Gate | None
+    ) -> None:
+        super().__init__(app, config, context, {}, stream)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
+        self._gate = gate
 
     @property
     def protocol(self) -> ProtocolWrapper:
@@ -129,13 +112,26 @@ class _TCPServer(TCPServer):
     @protocol.setter
     def protocol(self, wrapper: ProtocolWrapper) -> None:
         if type(wrapper.protocol) is H11Protocol:  # h2 stays hypercorn's
-            wrapper.protocol.__class__ = _H11Protocol
+            wrapper.protocol.__class__ = FastH11Protocol
+            wrapper.protocol.gate = self._gate  # type: ignore[attr-defined]
         self._wrapper = wrapper
 
     async def protocol_send(self, event: Event) -> None:
-        if isinstance(event, RawData) and not event.data:
+        if type(event) is not RawData:
+            await super().protocol_send(event)
+        elif not event.data:
             return  # h11's end of a body of known length: nothing to write, no lock, no checkpoint
-        await super().protocol_send(event)
+        elif self.send_lock.locked():
+            await super().protocol_send(event)  # a write under way: wait for it (hypercorn's way)
+        else:  # hypercorn's write, taking the free lock without its extra checkpoint (send_all has one)
+            self.send_lock.acquire_nowait()
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+            finally:
+                self.send_lock.release()
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -150,6 +146,7 @@ class HttpListener:
 
     def __init__(self, app: Any, options: HttpOptions, cap: int, grace: float) -> None:
         self._app = ASGIWrapper(app)
+        self._gate = app if isinstance(app, Gate) else None  # behind CORS: every request goes through it
         self._config = hypercorn_config(options, grace)
         self._context = WorkerContext(None)
         self._cap, self._grace = cap, grace
@@ -193,7 +190,7 @@ class HttpListener:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            await _TCPServer(self._app, self._config, self._context, {}, stream)
+            await _TCPServer(self._app, self._config, self._context, stream, self._gate)
         finally:
             self._open -= 1
 

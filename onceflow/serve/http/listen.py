@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import time
 from typing import Any
 
 import trio
@@ -36,10 +37,22 @@ BUSY_BODY = (
 ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
+class _Config(Config):
+    """Hypercorn's config, its response headers (the Date header) made once a second, not per response."""
+
+    _made: tuple[tuple[int, str], list[tuple[bytes, bytes]]] = ((-1, ""), [])
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        key = (int(time.time()), protocol)
+        if self._made[0] != key:
+            self._made = (key, super().response_headers(protocol))
+        return list(self._made[1])  # a copy: a caller may add to it
+
+
 def hypercorn_config(options: HttpOptions, grace: float) -> Config:
     """Hypercorn's bounds from ours: header bytes, keep-alive and read timeouts, the drain time; no access
     log (the runtime logs what it does), no h2c upgrade beyond hypercorn's own limits."""
-    config = Config()
+    config = _Config()
     config.h11_max_incomplete_size = options.max_header
     config.h2_max_header_list_size = options.max_header
     config.keep_alive_timeout = options.keep_alive

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import trio
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import BusyError
 from onceflow.serve.admission import refuse
 

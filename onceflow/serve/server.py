@@ -21,7 +21,7 @@ from onceflow.actors.kernel.event_window import DEFAULT_EVENT_WINDOW, EventStrea
 from onceflow.actors.runtime.host_broker import HostBroker
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import ConflictError, ProtocolError, ShuttingDownError
 from onceflow.protocol.event_stream import EventGap, check_after
 from onceflow.protocol.events import Reply
@@ -370,8 +370,8 @@ async def serve(
     clean shutdown, 1 if a workflow is refused. `switch_interval`: the GIL switch interval in seconds while
     serving (`open_runtime`; the process is the server's own), None for Python's. `tracer_provider`: where
     the runtime's spans go (None: the global one, e.g. as `opentelemetry-instrument` sets it); a request's
-    `traceparent` is its command span's parent (onceflow/tracing.py). `event_window`: how many of the latest
-    events the runtime keeps for subscribers resuming with `after` (`open_runtime`'s).
+    `traceparent` is its command span's parent (onceflow/observability/tracing.py). `event_window`: how many
+    of the latest events the runtime keeps for subscribers resuming with `after` (`open_runtime`'s).
 
     Raises DatabaseOwnedError (another runtime owns `db`), OSError (the socket or the HTTP address cannot
     be bound; a workflow file cannot be read).

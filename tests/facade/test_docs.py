@@ -51,7 +51,11 @@ def templates() -> list[str]:
 
 def onceflow(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow.cli", *args], cwd=folder, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "onceflow.cli", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import FIXTURES, OFFICE, create_task, ok, register, setup_office
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.protocol.lint import lint
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 

@@ -17,8 +17,8 @@ from helpers import REPO
 
 import onceflow
 import onceflow.protocol
-from onceflow import reference
-from onceflow.cli import main
+from onceflow.cli import reference
+from onceflow.cli.main import main
 from onceflow.protocol import errors, limits
 from onceflow.protocol.codec import command_schema
 from onceflow.protocol.commands import COMMAND_TYPES

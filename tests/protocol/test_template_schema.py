@@ -16,7 +16,7 @@ import pytest
 import yaml
 from helpers import REPO
 
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.protocol.template_schema import template_schema
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,

@@ -19,7 +19,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.serve.http.app import Gate
 from onceflow.serve.http.options import HttpOptions
 from onceflow.serve.http.protocol import FastH11Protocol

@@ -104,7 +104,8 @@ class CommandStream:
             await self.answer()
 
     async def answer(self) -> None:
-        """Run the command (unless refused) and send its reply; nothing when the client has gone."""
+        """Run the command (unless refused) and send its reply; nothing when the client has gone. Cancelled
+        (the server's grace ran out), it sends nothing; the command runs on in the command nursery."""
         if self._role is None:
             reply, extra = UNAUTHORIZED, [*SECURITY_HEADERS, WWW_AUTHENTICATE]
         else:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol.codec import command_type, encode, parse_json
+from onceflow.protocol.codec import command_type, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.serve.wire import refusal
@@ -88,12 +88,17 @@ def status_of(reply: Reply) -> int:
     return 503 if reply.error.retryable else 400
 
 
+def reply_json(reply: Reply) -> bytes:
+    """`codec.encode(reply)` as UTF-8 bytes, written by pydantic as bytes (no str made and encoded)."""
+    return reply.__pydantic_serializer__.to_json(reply)
+
+
 def reply_response(reply: Reply) -> Response:
     """The reply as the response body (the `Reply` JSON), its status per `status_of`; a retryable refusal
     carries `Retry-After: 1`."""
     status = status_of(reply)
     headers = {"Retry-After": "1"} if reply.error is not None and reply.error.retryable else None
-    return Response(encode(reply), status_code=status, media_type="application/json", headers=headers)
+    return Response(reply_json(reply), status_code=status, media_type="application/json", headers=headers)
 
 
 class UnauthorizedError(OnceflowError):
@@ -112,11 +117,6 @@ class TooLargeError(OnceflowError):
     """The request body is longer than the server takes (`max_body` bytes)."""
 
     code = "too_large"
-
-
-def refused(command: str, exc: OnceflowError) -> Response:
-    """A refusal that never reached the runtime (auth, size, socket-only), as a `Reply`."""
-    return reply_response(refusal(command, exc))
 
 
 class Commands:
@@ -201,13 +201,23 @@ async def command_reply(
     return await commands.send(data)
 
 
-async def send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
-    """Write `reply` as a whole ASGI response (status per `status_of`, `Retry-After: 1` when retryable)."""
-    body = encode(reply).encode()
+Headers = list[tuple[bytes, bytes]]
+
+
+def reply_parts(reply: Reply, extra: Headers) -> tuple[int, Headers, bytes]:
+    """A reply as a whole response: its status (`status_of`), headers (JSON of its length, `extra`,
+    `Retry-After: 1` when retryable) and body (`reply_json`)."""
+    body = reply_json(reply)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
     if reply.error is not None and reply.error.retryable:
         headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status_of(reply), "headers": headers})
+    return status_of(reply), headers, body
+
+
+async def send_reply(send: Send, reply: Reply, extra: Headers) -> None:
+    """Write `reply` as a whole ASGI response (`reply_parts`)."""
+    status, headers, body = reply_parts(reply, extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -121,9 +121,11 @@ class TooLargeError(OnceflowError):
 
 class Commands:
     """Runs commands for HTTP requests. A command runs in the server's command nursery, never cancelled by
-    its client going away: what it commits stays committed, its reply is dropped. A `claim_run` is the
-    exception (as on the socket): it runs in the request and a client gone before it returns claims
-    nothing (the cancelled claim hands back a run it committed meanwhile)."""
+    its client going away: what it commits stays committed, its reply is dropped. A `claim_run` runs in the
+    request. Over HTTP/1.1 the server reads nothing more of a connection while its command runs, so a client
+    gone during a claim's wait is seen only when the reply is written: a run claimed meanwhile is nobody's
+    until its lease ends (`run_lease_expired`), then queued again (the socket, which sees a client go at
+    once, cancels the claim instead). A host that long-polls over HTTP keeps `wait` short against its lease."""
 
     def __init__(self, runtime: Runtime, nursery: trio.Nursery) -> None:
         self._runtime = runtime

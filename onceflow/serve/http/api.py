@@ -125,7 +125,7 @@ class Commands:
     request. Over HTTP/1.1 the server reads nothing more of a connection while its command runs, so a client
     gone during a claim's wait is seen only when the reply is written: a run claimed meanwhile is nobody's
     until its lease ends (`run_lease_expired`), then queued again (the socket, which sees a client go at
-    once, cancels the claim instead). A host that long-polls over HTTP keeps `wait` short against its lease."""
+    once, cancels the claim instead). Long-poll over HTTP with a `wait` short against the lease."""
 
     def __init__(self, runtime: Runtime, nursery: trio.Nursery) -> None:
         self._runtime = runtime

@@ -29,9 +29,9 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store import runs
-from onceflow.store.connection import Connection
-from onceflow.store.runs import RunRequest
+from onceflow.store.backends.connection import Connection
+from onceflow.store.runs import runs
+from onceflow.store.runs.runs import RunRequest
 
 SETUPS = ("none", "ceilings", "paused-other")
 

@@ -40,7 +40,7 @@ import trio
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import Durability
 
 WORKFLOW = """\

@@ -29,10 +29,10 @@ from onceflow.actors.kernel.services import Services
 from onceflow.protocol import trusted
 from onceflow.protocol.events import RunQueued
 from onceflow.protocol.workflow import load_workflow_text
-from onceflow.store.common_entry import common_plan
-from onceflow.store.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.common_entry import common_plan
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.records import TaskRecord
-from onceflow.store.step_entries import EntryKey
 
 
 def scenario() -> dict[str, Callable[[], Any]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from onceflow.store import schema
+from onceflow.store.backends import schema
 
 REVIEWERS = ("rev-1", "rev-2", "rev-3")
 KINDS = ("clear_decisions", "queue_run_for_each_participant")

@@ -43,7 +43,7 @@ from dispatch import REVIEW, REVIEWERS, setup
 from onceflow.actors.runtime.retention import prune
 from onceflow.actors.runtime.startup import SWITCH_INTERVAL, open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store.urls import is_postgres_url
+from onceflow.store.backends.urls import is_postgres_url
 
 HOUR = 3600.0
 ENTRY_TABLES = ("step_entries", "step_entry_markers", "runs", "coalesced_keys")

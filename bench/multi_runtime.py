@@ -38,7 +38,7 @@ from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, run_dispatch
 from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store import postgres
+from onceflow.store.backends import postgres
 from onceflow.store.writer import Durability
 
 
@@ -46,7 +46,7 @@ def round_trip_counter() -> Callable[[], int]:
     """A reader of this process's PostgreSQL round trips (waits for the server's answer): the store's own
     count (`PgConnection.total_round_trips`), or, on code from before it counted (a "before" run from a copy
     on PYTHONPATH), one per statement the unpipelined wrapper ran, each of which waited for its answer."""
-    from onceflow.store import postgres
+    from onceflow.store.backends import postgres
 
     if hasattr(postgres.PgConnection, "total_round_trips"):
         return lambda: int(postgres.PgConnection.total_round_trips)

@@ -51,8 +51,8 @@ import trio
 REVIEWERS = ("rev-1", "rev-2", "rev-3")
 TARGET_RATIO = 50.0  # the target: onceflow >= 50x DBOS on the same workload
 
-# onceflow's decisions and runs columns, constraints and indexes (store/schema.py), minus the foreign key
-# to tasks (no tasks table here): the per-row index work matches.
+# onceflow's decisions and runs columns, constraints and indexes (store/backends/schema.py), minus the foreign
+# key to tasks (no tasks table here): the per-row index work matches.
 APP_SCHEMA = """
 CREATE TABLE decisions (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -40,7 +40,7 @@ from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, check, count_statem
 from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store.step_entries import declaration_digest
+from onceflow.store.entries.step_entries import declaration_digest
 from onceflow.store.writer import Durability, StoreActor, open_store
 
 DIGEST = declaration_digest(["clear_decisions", "queue_run_for_each_participant"])
@@ -110,7 +110,7 @@ async def recover(
 
 
 def _round_trips() -> Callable[[], int]:
-    from onceflow.store.postgres import PgConnection
+    from onceflow.store.backends.postgres import PgConnection
 
     return lambda: PgConnection.total_round_trips
 
@@ -118,7 +118,7 @@ def _round_trips() -> Callable[[], int]:
 def _count_statements(postgres: bool, statements: dict[str, int]) -> Callable[[], None]:
     """Count every statement the store runs into `statements` (`count_statement`); returns the undo."""
     if postgres:
-        from onceflow.store.postgres import PgConnection
+        from onceflow.store.backends.postgres import PgConnection
 
         execute, executemany = PgConnection.execute, PgConnection.executemany
 

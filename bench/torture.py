@@ -56,8 +56,8 @@ import trio
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import participants
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.entries import participants
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.writer import open_store
 
 WORKFLOW = """\

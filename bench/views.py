@@ -28,8 +28,8 @@ from pathlib import Path
 
 import trio
 
-from onceflow import views
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.cli import views
 from onceflow.store import bulk
 
 WORKFLOW = Path(__file__).resolve().parent.parent / "onceflow" / "examples" / "office-example.yml"
@@ -71,7 +71,13 @@ def build(db: Path, entries: int, runs_per_entry: int) -> float:
 def measure(db: Path | None, view: str, *extra: str) -> None:
     """Run one view as a child process (None `db`: `onceflow --version`, the start-up baseline) and print
     its figures."""
-    args = [sys.executable, "-m", "onceflow.cli", *([view, "--db", str(db)] if db else ["--version"]), *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "onceflow.cli",
+        *([view, "--db", str(db)] if db else ["--version"]),
+        *extra,
+    ]
     started = time.perf_counter()
     child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert child.stdout is not None

@@ -153,7 +153,7 @@ if TYPE_CHECKING:
         Host,
         SessionActionRequest,
     )
-    from onceflow.store.lock import (
+    from onceflow.store.backends.lock import (
         DatabaseOwnedError,
     )
     from onceflow.store.writer import (
@@ -204,7 +204,7 @@ _HOMES: dict[str, str] = {
     "Coordinator": "onceflow.protocol.coordinator",
     "CoordinatorAck": "onceflow.protocol",
     "CreateTask": "onceflow.protocol",
-    "DatabaseOwnedError": "onceflow.store.lock",
+    "DatabaseOwnedError": "onceflow.store.backends.lock",
     "DecisionRecorded": "onceflow.protocol",
     "DecisionsCleared": "onceflow.protocol",
     "DeleteTask": "onceflow.protocol",

@@ -14,7 +14,7 @@ import trio.testing
 from pg_support import freeze_server_clock
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store.urls import is_postgres_url
+from onceflow.store.backends.urls import is_postgres_url
 from onceflow.testing import START
 
 

@@ -153,8 +153,8 @@ CREATE FUNCTION onceflow_clock() RETURNS DOUBLE PRECISION LANGUAGE sql VOLATILE
                         CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION))';
 """
 """The database server's clock as the tests' databases have it: the server's own (`clock_timestamp()`, as
-the runtime's schema creates it, store/pg_schema.py), unless a test froze it (`freeze_server_clock`); the
-schema keeps a clock it finds."""
+the runtime's schema creates it, store/backends/pg_schema.py), unless a test froze it (`freeze_server_clock`);
+the schema keeps a clock it finds."""
 
 
 def freeze_server_clock(url: str, at: float | None) -> None:

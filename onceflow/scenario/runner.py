@@ -37,7 +37,7 @@ from onceflow.scenario.format import (
     Step,
     load_scenarios,
 )
-from onceflow.store.connection import Connection
+from onceflow.store.backends.connection import Connection
 from onceflow.store.writer import Durability, StoreActor
 from onceflow.testing import RecordingCoordinator, RecordingHost
 

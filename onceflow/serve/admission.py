@@ -9,7 +9,7 @@ import contextlib
 
 import trio
 
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import BusyError
 from onceflow.serve.connection import Connection
 from onceflow.serve.options import EvictedError

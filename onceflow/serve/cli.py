@@ -18,7 +18,7 @@ from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS
 from onceflow.serve.http.options import BindError, HttpOptions, Tokens, parse_bind
 from onceflow.serve.options import ServeOptions
 from onceflow.serve.server import serve
-from onceflow.store.urls import database_arg
+from onceflow.store.backends.urls import database_arg
 
 
 def add_parser(sub: Any) -> None:

@@ -9,7 +9,7 @@ import attrs
 import trio
 
 from onceflow.actors.runtime.host_broker import RegisteredHost
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.events import ErrorInfo
 from onceflow.serve.options import ServeOptions, SlowConsumerError

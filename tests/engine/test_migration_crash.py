@@ -16,8 +16,8 @@ from helpers import OFFICE, create_task, move, ok, setup_office, to_review
 from versions_support import Template, renamed, step, text
 
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.cli.views import open_read_only
 from onceflow.testing import FakeClock, RecordingHost
-from onceflow.views import open_read_only
 
 CHILD = Path(__file__).with_name("migrate_child.py")
 TASKS = [f"T{n}" for n in range(8)]  # even ones in review, odd ones in work (whose on_enter asks the host)

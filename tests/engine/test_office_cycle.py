@@ -91,7 +91,7 @@ async def test_restart_mid_cycle_keeps_state_and_the_cycle_continues(
     db_path: Path, kandev_templates: Path, hand_clock: HandClock
 ) -> None:
     """Time stands still across the restart, so the runs read back exactly as they were (a time ahead of
-    the restarted clock would be clamped to it, store/clock.py)."""
+    the restarted clock would be clamped to it, store/backends/clock.py)."""
     clock = hand_clock.wall
     async with open_runtime(db_path, clock=clock) as rt:
         await setup_office(rt, kandev_templates / "office-default.yml")

@@ -26,7 +26,7 @@ from versions_support import CHANGES, office, step, text
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS
 from onceflow.testing import FakeClock, RecordingHost
 
 CHANGED = pytest.mark.parametrize("change", list(CHANGES))

@@ -27,7 +27,7 @@ from onceflow.protocol.workflow import (
     Workflow,
     load_workflow_text,
 )
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 from onceflow.testing import RecordingHost
 
 WF = "eo"

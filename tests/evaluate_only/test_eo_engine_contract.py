@@ -30,7 +30,7 @@ from onceflow.actors.engine.engine import HandleResult
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.errors import ActionError
 from onceflow.protocol.workflow import HOST_ACTION_TYPES, SESSION_ACTION_TYPES, TRANSITION_TYPES, Trigger
-from onceflow.store.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS
 
 # boom: a transition to parked, then a queue_run for the task's primary agent, which fails (ActionError)
 # while the task has no primary agent.

@@ -18,7 +18,7 @@ from helpers import FIXTURES
 import onceflow.aio
 from onceflow.protocol.events import Event
 from onceflow.protocol.host import SessionActionRequest
-from onceflow.store.lock import DatabaseOwnedError
+from onceflow.store.backends.lock import DatabaseOwnedError
 from onceflow.testing import RecordingHost
 
 WORKFLOW = FIXTURES / "workflows" / "minimal.yml"

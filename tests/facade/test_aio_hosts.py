@@ -1,4 +1,4 @@
-"""`onceflow.aio` with hosts and coordinators written for asyncio (onceflow/aio_hosts.py): their coroutine
+"""`onceflow.aio` with hosts and coordinators written for asyncio (onceflow/aio/hosts.py): their coroutine
 methods run on the caller's asyncio loop, raise into diagnostics that carry the exception, and are cancelled
 when the runtime gives up on them.
 
@@ -20,7 +20,7 @@ import pytest
 import trio
 
 import onceflow.aio
-from onceflow.aio_hosts import HOST_METHODS, AsyncioCalls
+from onceflow.aio.hosts import HOST_METHODS, AsyncioCalls
 from onceflow.protocol.coordinator import AcknowledgeRequest, DeliveryRequest, RetryPolicy
 from onceflow.protocol.events import Diagnostic, Reply
 from onceflow.protocol.host import BaseHost, SessionActionRequest

@@ -18,8 +18,8 @@ import trio
 from helpers import REPO
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.cli import main
-from onceflow.store.lock import acquire_database_lock
+from onceflow.cli.main import main
+from onceflow.store.backends.lock import acquire_database_lock
 
 KANDEV = REPO / "tests" / "fixtures" / "kandev"
 SCRIPT = REPO / "tests" / "scripts" / "office-default-rejection.jsonl"
@@ -385,7 +385,7 @@ def test_run_stops_at_a_refused_register_workflow_unless_keep_going(tmp_path: Pa
 def test_help_is_complete_for_the_command_and_each_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     """`onceflow --help` names every subcommand with its synopsis and the exit statuses, its description is
     a whole sentence; `onceflow X --help` says what X does."""
-    from onceflow.cli import _parser
+    from onceflow.cli.main import _parser
 
     parser = _parser(every=True)
     with pytest.raises(SystemExit):
@@ -433,7 +433,7 @@ def test_demo_and_run_say_where_the_database_is_alike(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_demo_says_where_its_work_is_and_how_to_start_again() -> None:
-    from onceflow.cli import Progress, _interrupted
+    from onceflow.cli.main import Progress, _interrupted
 
     line = _interrupted(argparse.Namespace(command="demo"), "SIGINT", Path("/tmp/d.db"), Progress())
     assert line.startswith("onceflow: interrupted by SIGINT: the runtime shut down and released /tmp/d.db")

@@ -12,14 +12,14 @@ import sys
 import pytest
 from helpers import REPO
 
-from onceflow import cli
+from onceflow.cli import main as cli
 
 KANDEV_TEMPLATE = REPO / "tests" / "fixtures" / "kandev" / "office-default.yml"
 
 # Prints the modules the command imported (as JSON on stderr) once it has run.
 _PROBE = """
 import json, sys
-from onceflow.cli import main
+from onceflow.cli.main import main
 try:
     main(sys.argv[1:])
 except SystemExit:

@@ -23,7 +23,7 @@ from helpers import REPO
 
 from onceflow.protocol import limits
 from onceflow.protocol.codec import decode_command, parse_json
-from onceflow.protocol.template_schema import template_schema
+from onceflow.protocol.template.schema import template_schema
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,
@@ -51,7 +51,11 @@ def templates() -> list[str]:
 
 def onceflow(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow.cli", *args], cwd=folder, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "onceflow.cli", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

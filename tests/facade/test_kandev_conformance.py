@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import TESTS
 
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.protocol.workflow import load_workflow_file
 
 ENV = "ONCEFLOW_KANDEV_WORKFLOWS"

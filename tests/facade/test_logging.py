@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.logs import formatter, get_logger
+from onceflow.observability.logs import formatter, get_logger
 
 EMBEDDED = textwrap.dedent(
     """

@@ -48,7 +48,7 @@ def test_the_full_trio_embedding_example_runs_from_an_empty_folder(tmp_path: Pat
 
 
 def test_the_logging_example_writes_json_records(tmp_path: Path) -> None:
-    snippet = _snippet("onceflow.logs.formatter(json=True)")
+    snippet = _snippet("onceflow.observability.logs.formatter(json=True)")
     program = snippet + (  # the snippet configures logging; a runtime opened after it logs through it
         "\nimport trio\n\nasync def _open() -> None:\n"
         f"    async with onceflow.open_runtime({str(tmp_path / 'b.db')!r}):\n"
@@ -205,8 +205,8 @@ async def main() -> None:
 trio.run(main)
 """
     checked = subprocess.run(
-        [sys.executable, "-m", "onceflow.cli", "validate", "bugfix.yml"], cwd=tmp_path, capture_output=True,
-        text=True, timeout=60,
+        [sys.executable, "-m", "onceflow.cli", "validate", "bugfix.yml"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert checked.returncode == 0 and checked.stdout.startswith("ok: bugfix.yml: bugfix (4 steps)")
     done = _run_snippet(program, tmp_path)

@@ -1,5 +1,5 @@
-"""The queued- and claimed-run gauges (onceflow/metrics.py `onceflow.runs.queued`, `onceflow.runs.claimed`),
-read by the SDK's in-memory reader, on either backend."""
+"""The queued- and claimed-run gauges (onceflow/observability/metrics.py `onceflow.runs.queued`,
+`onceflow.runs.claimed`), read by the SDK's in-memory reader, on either backend."""
 
 from __future__ import annotations
 

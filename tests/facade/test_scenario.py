@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers import TESTS
 
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.scenario import ScenarioError, load_scenarios, matches, run_files
 
 HERE = TESTS

@@ -1,8 +1,8 @@
 """`onceflow serve` driven from other processes over the socket with raw JSON.
 
-The server runs as a subprocess (`python -m onceflow.cli serve`); clients are tests/facade/wire_client.py,
-which imports nothing of onceflow (it also runs as its own `python -I` process). The wire format is in
-onceflow/serve/__init__.py's docstring.
+The server runs as a subprocess (`python -m onceflow.cli serve`); clients are
+tests/facade/wire_client.py, which imports nothing of onceflow (it also runs as its own `python -I` process).
+The wire format is in onceflow/serve/__init__.py's docstring.
 """
 
 from __future__ import annotations

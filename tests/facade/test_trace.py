@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from onceflow.cli.trace import describe, escape_controls
 from onceflow.protocol import events as e
-from onceflow.trace import describe, escape_controls
 
 
 @given(st.text())

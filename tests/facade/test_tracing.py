@@ -25,9 +25,9 @@ from wire_client import WireClient
 import onceflow.aio
 from onceflow import serve
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.observability.tracing import Tracing
 from onceflow.protocol.coordinator import RetryPolicy
 from onceflow.testing import RecordingCoordinator, RecordingHost
-from onceflow.tracing import Tracing
 
 TRACED = """
 id: traced

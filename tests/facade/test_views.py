@@ -15,18 +15,23 @@ from helpers import create_task, decide, ok, send, to_review
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow import views
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.cli import main
-from onceflow.store import bulk, schema, tasks
-from onceflow.store.lock import DatabaseOwnedError
+from onceflow.cli import views
+from onceflow.cli.main import main
+from onceflow.store import bulk
+from onceflow.store.backends import schema
+from onceflow.store.backends.lock import DatabaseOwnedError
+from onceflow.store.tasks import tasks
 
 
 async def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
     """`onceflow ARGS` in another process (as an operator would run it beside a live host)."""
     return await trio.run_process(
-        [sys.executable, "-m", "onceflow.cli", *args], capture_stdout=True, capture_stderr=True, check=False
+        [sys.executable, "-m", "onceflow.cli", *args],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
     )
 
 

@@ -21,7 +21,7 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.testing import RecordingHost
 
 WF = "disp"

@@ -25,10 +25,11 @@ from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import EntryPath, Event
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, ActionDecl, load_workflow_text
-from onceflow.store import participants, step_entries, tasks, workflows
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.store.step_entries import EntryKey
-from onceflow.store.workflows import StoredWorkflow
+from onceflow.store.entries import participants, step_entries
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.tasks import tasks, workflows
+from onceflow.store.tasks.workflows import StoredWorkflow
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost
 

@@ -29,9 +29,9 @@ from helpers import move, ok, step_of
 from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store import tasks
-from onceflow.store.recovery import BATCH_SIZE
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries.recovery import BATCH_SIZE
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.tasks import tasks
 
 FAN_OUT = """
 - type: clear_decisions

@@ -38,8 +38,8 @@ from structlog.testing import capture_logs
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Event
-from onceflow.store import step_entries
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.testing import RecordingHost
 
 FOUR = """

@@ -30,16 +30,17 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import onceflow.actors.engine.entry as entry
-import onceflow.store.admission as admission
+import onceflow.store.entries.admission as admission
 from onceflow.actors.engine.order import dispatch_order
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, load_workflow_text
-from onceflow.store import keys, runs, tasks, workflows
-from onceflow.store.common_entry import admit_common, common_plan
-from onceflow.store.executors import fan_out_digest, fan_out_reason
-from onceflow.store.participants import add_participant, dedupe_seats, step_participants
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries.common_entry import admit_common, common_plan
+from onceflow.store.entries.executors import fan_out_digest, fan_out_reason
+from onceflow.store.entries.participants import add_participant, dedupe_seats, step_participants
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.runs import keys, runs
+from onceflow.store.tasks import tasks, workflows
 from onceflow.store.writer import open_store
 
 

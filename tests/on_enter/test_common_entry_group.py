@@ -25,12 +25,13 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from test_common_entry import ACTIONS, key_in_advance, seat_message, workflow_yaml
 
-import onceflow.store.admission as admission
+import onceflow.store.entries.admission as admission
 from onceflow.actors.engine.common import common_order
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store import runs, tasks
-from onceflow.store.common_entry import Admission, admit_common, admit_group, common_plan
+from onceflow.store.entries.common_entry import Admission, admit_common, admit_group, common_plan
+from onceflow.store.runs import runs
+from onceflow.store.tasks import tasks
 from onceflow.store.writer import Grouped
 
 TASKS = ("T0", "T1", "T2", "T3")

@@ -33,7 +33,7 @@ from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 
 # No type with a fixed position (AC-A9): the declared order is the execution order on every path.
 UNHOISTED = """

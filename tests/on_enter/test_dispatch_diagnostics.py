@@ -37,8 +37,8 @@ from structlog.testing import capture_logs
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store import runs as runs_store
-from onceflow.store.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS
+from onceflow.store.runs import runs as runs_store
 from onceflow.testing import RecordingHost
 
 # --- AC-A6 -------------------------------------------------------------------------------------------

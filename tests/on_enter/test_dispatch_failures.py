@@ -36,7 +36,7 @@ from structlog.testing import capture_logs
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect
 
 FAN_OUT_THEN_KICK = """
 - type: queue_run_for_each_participant

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onceflow.actors.engine import order
 from onceflow.actors.engine.order import dispatch_order, leading_segment, plan_chunks
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store.executors import DEFAULT_EXECUTORS
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS
 
 KINDS = (
     "reset_agent_context",

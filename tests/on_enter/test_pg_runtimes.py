@@ -20,8 +20,8 @@ from entry_support import (
 )
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.cli import main
-from onceflow.store.step_entries import EntryKey
+from onceflow.cli.main import main
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost
 

@@ -43,9 +43,10 @@ from structlog.testing import capture_logs
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import step_entries, tasks
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.tasks import tasks
 from onceflow.testing import RecordingHost
 
 THREE = """

@@ -39,14 +39,16 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import onceflow.actors.runtime.startup as supervisor
-import onceflow.store.recovery as recovery
+import onceflow.store.entries.recovery as recovery
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.events import Event
-from onceflow.store import participants, runs, tasks
-from onceflow.store.keys import config_digest
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.entries import participants
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.runs import runs
+from onceflow.store.runs.keys import config_digest
+from onceflow.store.tasks import tasks
 from onceflow.store.writer import open_store
 
 REVIEW = """

@@ -27,7 +27,7 @@ from onceflow.protocol.coordinator import DeliveryRequest, RetryPolicy
 from onceflow.protocol.events import Event
 from onceflow.protocol.outcome import OutcomeAcknowledgement
 from onceflow.protocol.times import rfc3339, unix_seconds
-from onceflow.store import outcomes
+from onceflow.store.outcomes import outcomes
 from onceflow.testing import RecordingCoordinator
 
 

@@ -1,4 +1,5 @@
-"""A database written before onceflow spoke Gas City's wire format migrates (store/schema.py migration 8).
+"""A database written before onceflow spoke Gas City's wire format migrates (store/backends/schema.py
+migration 8).
 
 The old rows are written here with plain SQL exactly as a schema-7 onceflow stored them (`producer_fence`,
 `run_id`, Unix-seconds `occurred_at`, the old outcome id over sorted-key JSON, acks without
@@ -18,7 +19,7 @@ from outcome_support import SHA, ack, acknowledged, state, until
 from trio.testing import MockClock
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store import schema
+from onceflow.store.backends import schema
 from onceflow.testing import RecordingCoordinator
 
 

@@ -31,8 +31,8 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.coordinator import DeliveryRequest
 from onceflow.protocol.outcome import OutcomeEnvelope
 from onceflow.protocol.times import rfc3339, unix_seconds
-from onceflow.store import outcomes
-from onceflow.store.outcomes import MAX_PENDING_ACKS
+from onceflow.store.outcomes import outcomes
+from onceflow.store.outcomes.outcomes import MAX_PENDING_ACKS
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingCoordinator
 

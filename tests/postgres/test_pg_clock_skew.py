@@ -1,5 +1,5 @@
 """Runtimes whose own clocks disagree agree on every lease: on PostgreSQL each lease, expiry and age is
-judged by the database server's clock (store/clock.py), never by the runtime's. Real server
+judged by the database server's clock (store/backends/clock.py), never by the runtime's. Real server
 (tests/pg_support.py), real time, two runtimes in one process on one database."""
 
 from __future__ import annotations

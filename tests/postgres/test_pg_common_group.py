@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
 import test_common_entry_group as group
 
-import onceflow.store.admission as admission
-from onceflow.store import tasks
-from onceflow.store.common_entry import Admission, Admitted
+import onceflow.store.entries.admission as admission
+from onceflow.store.entries.common_entry import Admission, Admitted
+from onceflow.store.tasks import tasks
 
 TASKS = group.TASKS
 

@@ -1,12 +1,12 @@
 """The common paths on PostgreSQL: the one-savepoint common entry and the set-oriented recovery decide
 exactly as the per-action / per-entry paths do, there too.
 
-The SQL of both paths is SQLite's (json_each, `?NNN` parameters, `CROSS JOIN ... ON`); store/postgres.py
-translates it, and the writer runs it pipelined. These are the common paths' equivalence tests
-(tests/on_enter/test_common_entry.py, test_recovery_set.py) replayed on a PostgreSQL database per run, with
-their scenarios, plus the database-error case as a PostgreSQL trigger: the failing statement is one whose
-answer the pipeline reads late, so it also checks that its error is raised inside the savepoint that
-issued it. The databases are compared by SQL; replies, events and logs as they are.
+The SQL of both paths is SQLite's (json_each, `?NNN` parameters, `CROSS JOIN ... ON`);
+store/backends/postgres.py translates it, and the writer runs it pipelined. These are the common paths'
+equivalence tests (tests/on_enter/test_common_entry.py, test_recovery_set.py) replayed on a PostgreSQL
+database per run, with their scenarios, plus the database-error case as a PostgreSQL trigger: the failing
+statement is one whose answer the pipeline reads late, so it also checks that its error is raised inside the
+savepoint that issued it. The databases are compared by SQL; replies, events and logs as they are.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import test_common_entry as common
 import test_recovery_set as recovery_set
 from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
 
-import onceflow.store.admission as admission
-import onceflow.store.recovery as recovery
+import onceflow.store.entries.admission as admission
+import onceflow.store.entries.recovery as recovery
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.events import Event
 from onceflow.store.writer import open_store

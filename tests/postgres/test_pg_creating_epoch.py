@@ -1,8 +1,8 @@
 """Each step entry records the epoch of the runtime that created it (`step_entries.created_epoch`, migration
-15), which the PostgreSQL sweep reads (store/epochs.py `dead_epoch_entries`, tests/postgres/test_pg_sweep.py):
-on PostgreSQL a column DEFAULT from the session setting `epochs.hold_epoch` sets with the epoch's lock, kept
-through a session's reset and replaced with the epoch when the writer renews it; NULL for the entries from
-before the migration, and on SQLite, where no sweep reads it.
+15), which the PostgreSQL sweep reads (store/backends/epochs.py `dead_epoch_entries`,
+tests/postgres/test_pg_sweep.py): on PostgreSQL a column DEFAULT from the session setting `epochs.hold_epoch`
+sets with the epoch's lock, kept through a session's reset and replaced with the epoch when the writer renews
+it; NULL for the entries from before the migration, and on SQLite, where no sweep reads it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from onceflow.protocol.errors import StorageError
-from onceflow.store import epochs, pg_schema, postgres, step_entries
-from onceflow.store.connection import Connection
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.backends import epochs, pg_schema, postgres
+from onceflow.store.backends.connection import Connection
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import open_store
 
 

@@ -1,5 +1,6 @@
 """Every fault a PostgreSQL connection can raise reaches the host typed, commits nothing of the transaction
-that met it, and leaves the connection reset or replaced so that the next command works (store/postgres.py
+that met it, and leaves the connection reset or replaced so that the next command works
+(store/backends/postgres.py
 `FAULTS` and `Remedy`, store/writer.py `StoreActor._usable`).
 
 Each test brings about the real condition on a throw-away server: a backend terminated from another session
@@ -42,9 +43,9 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.errors import StorageError, StorageKind
 from onceflow.protocol.events import Reply
-from onceflow.store import faults, postgres
-from onceflow.store.connection import Connection
-from onceflow.store.postgres import FAULTS, Remedy
+from onceflow.store.backends import faults, postgres
+from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.postgres import FAULTS, Remedy
 from onceflow.store.writer import StoreActor, open_store
 
 OFFICE = FIXTURES / "kandev" / "office-default.yml"

@@ -1,6 +1,6 @@
 """Coordinator outcome delivery with several runtimes on one PostgreSQL database.
 
-An outcome is delivered by the runtime holding its claim (store/outcome_claims.py) until a fenced
+An outcome is delivered by the runtime holding its claim (store/outcomes/outcome_claims.py) until a fenced
 acknowledgement completes it; no other runtime delivers or acknowledges it meanwhile, and when the claiming
 runtime dies (SIGKILL) a live one resumes it from its stored state within the sweep interval: the cycle left
 in flight is retried under its own id (AC-CO-17), acks waiting in the inbox are judged (AC-CO-14). Real
@@ -25,7 +25,8 @@ from structlog.testing import capture_logs
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store import outcome_claims, postgres
+from onceflow.store.backends import postgres
+from onceflow.store.outcomes import outcome_claims
 from onceflow.testing import RecordingCoordinator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "outcome"))

@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from onceflow.store import epochs, postgres
+from onceflow.store.backends import epochs, postgres
 
 CHILD = """
 import sys, trio

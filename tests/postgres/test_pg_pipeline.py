@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store import epochs, faults, postgres
-from onceflow.store.postgres import PgConnection, translate
+from onceflow.store.backends import epochs, faults, postgres
+from onceflow.store.backends.postgres import PgConnection, translate
 from onceflow.store.writer import open_store
 
 TABLE = "CREATE TABLE items (id BIGINT PRIMARY KEY, name TEXT NOT NULL)"

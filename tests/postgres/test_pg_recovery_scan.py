@@ -30,12 +30,12 @@ import test_recovery_set as recovery_set
 from entry_support import REVIEWERS, add_decision, admit, mark, new_task, setup_entries
 
 import onceflow.actors.runtime.startup as supervisor
-import onceflow.store.recovery as recovery
+import onceflow.store.entries.recovery as recovery
 from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.kernel.services import Services
 from onceflow.actors.runtime.startup import open_runtime
-from onceflow.store.epochs import TASK_NAMESPACE
-from onceflow.store.postgres import PgConnection
+from onceflow.store.backends.epochs import TASK_NAMESPACE
+from onceflow.store.backends.postgres import PgConnection
 from onceflow.store.writer import open_store
 
 KINDS = recovery_set.KINDS

@@ -20,7 +20,8 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.errors import ConflictError
 from onceflow.protocol.runs import RunPolicy
-from onceflow.store import postgres, run_claims
+from onceflow.store.backends import postgres
+from onceflow.store.runs import run_claims
 
 WORKFLOW = ONE_STEP_COMMENT_QUEUES_RUN
 RUNS, RUNTIMES, CLAIMERS = 200, 3, 20

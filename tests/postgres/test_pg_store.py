@@ -12,8 +12,10 @@ import pytest
 import trio
 
 from onceflow.protocol.errors import StorageError
-from onceflow.store import epochs, faults, pg_schema, postgres, schema, step_entries, writer
-from onceflow.store.step_entries import EntryKey
+from onceflow.store import writer
+from onceflow.store.backends import epochs, faults, pg_schema, postgres, schema
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import open_store
 
 
@@ -57,9 +59,10 @@ async def test_open_store_on_postgres_creates_the_schema_at_the_current_version(
 
 
 async def test_postgres_schema_has_sqlites_tables_and_columns(pg_url: str, tmp_path: Any) -> None:
-    """store/pg_schema.py restates store/schema.py for PostgreSQL: the two must not drift apart. Every
-    table and column SQLite's migrations end with exists on PostgreSQL and the other way round (PostgreSQL
-    adds only an explicit `rowid` where the store reads SQLite's implicit one, and its version table)."""
+    """store/backends/pg_schema.py restates store/backends/schema.py for PostgreSQL: the two must not drift
+    apart. Every table and column SQLite's migrations end with exists on PostgreSQL and the other way round
+    (PostgreSQL adds only an explicit `rowid` where the store reads SQLite's implicit one, and its version
+    table)."""
     with contextlib.closing(sqlite3.connect(tmp_path / "s.db", isolation_level=None)) as lite:
         schema.migrate(lite)
         tables = [row[0] for row in lite.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]

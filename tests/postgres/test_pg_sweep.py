@@ -38,10 +38,10 @@ from onceflow.actors.runtime.epoch_sweep import GRACE_INTERVALS, sweep_once
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.host import SessionActionRequest
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import tasks
-from onceflow.store.connection import Connection
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
-from onceflow.store.step_entries import EntryKey
+from onceflow.store.backends.connection import Connection
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.tasks import tasks
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost
 

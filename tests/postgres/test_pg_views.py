@@ -24,10 +24,11 @@ from trio.testing import MockClock
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.cli import main
-from onceflow.store import outcomes, schema
+from onceflow.cli.main import main
+from onceflow.cli.views import TASK_SCOPED, VIEWS, ViewError, open_read_only, rows
+from onceflow.store.backends import schema
+from onceflow.store.outcomes import outcomes
 from onceflow.testing import RecordingCoordinator, RecordingHost
-from onceflow.views import TASK_SCOPED, VIEWS, ViewError, open_read_only, rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "outcome"))
 from outcome_support import ack, envelope, ready, state, within_real_time
@@ -73,7 +74,11 @@ async def _filled(db: Path | str) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`onceflow ARGS` in another process, as an operator runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "onceflow.cli", *args], capture_output=True, text=True, check=False, timeout=60
+        [sys.executable, "-m", "onceflow.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
     )
 
 

@@ -1,8 +1,9 @@
 """WIP limits with several runtimes on one PostgreSQL database.
 
 Admissions into one WIP-limited step are serialized across runtimes by a transaction-scoped advisory lock
-keyed by (workflow, step), taken before the occupancy count (store/wip.py `serialize_admissions`). Without it
-two transactions admitting different tasks each count the other's admission as uncommitted and both see room.
+keyed by (workflow, step), taken before the occupancy count (store/entries/wip.py `serialize_admissions`).
+Without it two transactions admitting different tasks each count the other's admission as uncommitted and both
+see room.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from helpers import ok, register
 
 from onceflow import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store import pg_schema, postgres, wip
+from onceflow.store.backends import pg_schema, postgres
+from onceflow.store.entries import wip
 
 LIMIT = 2
 RACE_FLOW = f"""

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_schema, encode
 from onceflow.protocol.limits import (

@@ -21,7 +21,7 @@ from helpers import OFFICE
 from pydantic import TypeAdapter, ValidationError
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.cli import main
+from onceflow.cli.main import main
 from onceflow.protocol import results
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Reply

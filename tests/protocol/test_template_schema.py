@@ -16,8 +16,8 @@ import pytest
 import yaml
 from helpers import REPO
 
-from onceflow.cli import main
-from onceflow.protocol.template_schema import template_schema
+from onceflow.cli.main import main
+from onceflow.protocol.template.schema import template_schema
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,

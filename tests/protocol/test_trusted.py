@@ -22,9 +22,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, ValidationError
 
-from onceflow import metrics
 from onceflow.actors.kernel.outbox import EventHub, Outbox
-from onceflow.logs import get_logger
+from onceflow.observability import metrics
+from onceflow.observability.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import (
     ActionOutcome,

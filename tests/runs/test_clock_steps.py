@@ -19,7 +19,7 @@ from helpers import COMMENT_QUEUES_RUN, events, list_runs, ok, send
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.times import unix_seconds
-from onceflow.store import runs
+from onceflow.store.runs import runs
 
 HOUR = 3600.0
 STEPS = {"forward_61_s": 61.0, "back_1_h": -HOUR, "forward_25_h": 25 * HOUR}

@@ -17,7 +17,7 @@ from helpers import COMMENT_QUEUES_RUN, list_runs, ok, send
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.store.urls import is_postgres_url
+from onceflow.store.backends.urls import is_postgres_url
 
 RUNS = 20
 

@@ -16,8 +16,9 @@ from helpers import events, list_runs, ok, send
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.actors.runtime.worker import HandBack
-from onceflow.store import flow, runs, schema
-from onceflow.store.runs import RunRequest
+from onceflow.store.backends import schema
+from onceflow.store.runs import flow, runs
+from onceflow.store.runs.runs import RunRequest
 
 T0 = 1_800_000_000.0
 

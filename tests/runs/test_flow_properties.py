@@ -1,7 +1,7 @@
 """Flow control over random interleavings of enqueues, claims (one agent, several, any), finishes, pauses and
-ceiling changes, on the store itself (store/run_claims.py, store/flow.py), on both backends: an agent's
-live claims never exceed its ceiling, no run is lost or handed to two live claimers, a claim finds nothing
-exactly when nothing is eligible, and priority order holds (no aging here: the clock stands still)."""
+ceiling changes, on the store itself (store/runs/run_claims.py, store/runs/flow.py), on both backends: an
+agent's live claims never exceed its ceiling, no run is lost or handed to two live claimers, a claim finds
+nothing exactly when nothing is eligible, and priority order holds (no aging here: the clock stands still)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from pg_support import freeze_server_clock
 
 from onceflow.protocol.runs import RunPolicy
-from onceflow.store import flow, pg_schema, postgres, run_claims, runs, schema
-from onceflow.store.connection import Connection
-from onceflow.store.runs import RunRequest
-from onceflow.store.urls import is_postgres_url
+from onceflow.store.backends import pg_schema, postgres, schema
+from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.urls import is_postgres_url
+from onceflow.store.runs import flow, run_claims, runs
+from onceflow.store.runs.runs import RunRequest
 
 T0 = 1_800_000_000.0
 AGENTS = ("a", "b", "c")

@@ -35,8 +35,10 @@ from onceflow.actors.runtime.retention import prune
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.runs import KEY_WINDOW, RunPolicy
-from onceflow.store import retention, run_claims, runs, schema
-from onceflow.store.runs import RunRequest
+from onceflow.store.backends import schema
+from onceflow.store.retention import retention
+from onceflow.store.runs import run_claims, runs
+from onceflow.store.runs.runs import RunRequest
 
 DAY = 24 * 3600.0
 WEEK = 7 * DAY

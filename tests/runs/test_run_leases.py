@@ -19,7 +19,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import unix_seconds
-from onceflow.store import run_claims
+from onceflow.store.runs import run_claims
 
 
 @pytest.fixture

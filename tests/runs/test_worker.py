@@ -22,7 +22,7 @@ from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.events import Event
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import rfc3339
-from onceflow.store import run_claims
+from onceflow.store.runs import run_claims
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The runs worker under asyncio (`onceflow.aio` `rt.runs(agent)`, onceflow/worker_aio.py): bodies on the
+"""The runs worker under asyncio (`onceflow.aio` `rt.runs(agent)`, onceflow/aio/worker.py): bodies on the
 asyncio loop, claims, renewals and finishes on the runtime's Trio thread, each test under `asyncio.run`
 with real time (short leases)."""
 
@@ -14,11 +14,11 @@ from helpers import COMMENT_QUEUES_RUN
 
 import onceflow.aio
 from onceflow.actors.runtime.worker import RunError
+from onceflow.aio.worker import AsyncioRun
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.protocol.runs import RunPolicy
 from onceflow.protocol.times import unix_seconds
-from onceflow.worker_aio import AsyncioRun
 
 Runtime = onceflow.aio.AsyncioRuntime
 

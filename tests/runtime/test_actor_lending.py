@@ -25,7 +25,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.actors.task.actor import TaskActor
 from onceflow.protocol import commands as c
-from onceflow.store import epochs
+from onceflow.store.backends import epochs
 from onceflow.testing import RecordingHost
 
 WORKFLOW = """

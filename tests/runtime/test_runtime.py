@@ -33,7 +33,7 @@ from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.events import Reply
 from onceflow.protocol.host import SessionActionRequest
-from onceflow.store.lock import DatabaseOwnedError
+from onceflow.store.backends.lock import DatabaseOwnedError
 from onceflow.testing import RecordingHost
 
 

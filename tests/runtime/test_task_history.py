@@ -17,8 +17,8 @@ from helpers import START, FakeClock, create_task, decide, move, ok, send, setup
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.results import result_of
-from onceflow.store import retention
-from onceflow.store.history import rfc3339
+from onceflow.store.retention import retention
+from onceflow.store.tasks.history import rfc3339
 from onceflow.testing import RecordingHost
 
 WEEK = 7 * 24 * 3600.0
@@ -217,7 +217,10 @@ async def test_retention_prunes_old_history_but_each_tasks_latest(
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow.cli", "history", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "onceflow.cli", "history", *args],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -253,7 +256,17 @@ async def test_onceflow_history_ends_quietly_on_a_closed_pipe(
             await move(rt, "T1", "b")
             await move(rt, "T1", "a")
     flags = ["--json"] if as_json else []
-    command = [sys.executable, "-m", "onceflow.cli", "history", "--db", str(db_path), "--task", "T1", *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "onceflow.cli",
+        "history",
+        "--db",
+        str(db_path),
+        "--task",
+        "T1",
+        *flags,
+    ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         first = proc.stdout.readline()
@@ -283,7 +296,17 @@ async def test_the_entries_view_shows_every_entry_the_history_tells(
         await second_part(rt, clock)
         items = (await history(rt, "T1"))["items"]
         shown = subprocess.run(
-            [sys.executable, "-m", "onceflow.cli", "entries", "--db", str(db_path), "--task", "T1", "--json"],
+            [
+                sys.executable,
+                "-m",
+                "onceflow.cli",
+                "entries",
+                "--db",
+                str(db_path),
+                "--task",
+                "T1",
+                "--json",
+            ],
             capture_output=True,
             text=True,
             check=False,

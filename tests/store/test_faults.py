@@ -19,8 +19,8 @@ import trio
 import trio.testing
 
 from onceflow.protocol.errors import StorageError
-from onceflow.store import faults
-from onceflow.store.savepoint import savepoint
+from onceflow.store.backends import faults
+from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.writer import StoreActor, open_store
 
 BIG = 20_000  # bytes: always needs new (overflow) pages

@@ -14,8 +14,8 @@ from helpers import FakeClock, ok
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.protocol.errors import NotFoundError
-from onceflow.store import tasks
 from onceflow.store.records import TaskRecord
+from onceflow.store.tasks import tasks
 from onceflow.store.writer import Grouped
 
 WORKFLOW = """

@@ -1,4 +1,4 @@
-"""The run idempotency-key format (store/keys.py): every key parses back into its parts, whatever the ids
+"""The run idempotency-key format (store/runs/keys.py): every key parses back into its parts, whatever the ids
 hold (the limits allow any character but control characters, `:` and `%` included); the SQL builders write
 the same bytes as the Python ones, on both backends; keys of ordinary ids are what they always were."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from onceflow.protocol.limits import MAX_ID_CHARS
 from onceflow.protocol.operation_ids import decision_operation_id
-from onceflow.store import keys
+from onceflow.store.runs import keys
 from onceflow.store.writer import open_store
 
 # What protocol/limits.py admits as an id: 1..256 characters, none a control character (C0, DEL, C1);

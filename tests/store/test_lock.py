@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.store.lock import DatabaseOwnedError, acquire_database_lock
+from onceflow.store.backends.lock import DatabaseOwnedError, acquire_database_lock
 
 # Runs in a second process: try the same lock, report the outcome on stdout.
 CHILD = """
 import sys
 from pathlib import Path
-from onceflow.store.lock import DatabaseOwnedError, acquire_database_lock
+from onceflow.store.backends.lock import DatabaseOwnedError, acquire_database_lock
 try:
     acquire_database_lock(Path(sys.argv[1])).release()
 except DatabaseOwnedError as exc:

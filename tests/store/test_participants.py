@@ -1,4 +1,4 @@
-"""Seats (store/participants.py): the same seat sent twice is one row, on both backends."""
+"""Seats (store/entries/participants.py): the same seat sent twice is one row, on both backends."""
 
 from __future__ import annotations
 

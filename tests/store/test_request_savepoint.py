@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.store.savepoint import REQUEST_SAVEPOINT, request_savepoint
+from onceflow.store.backends.savepoint import REQUEST_SAVEPOINT, request_savepoint
 
 
 def open_request(path: Path) -> sqlite3.Connection:

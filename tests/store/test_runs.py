@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.protocol.runs import RunPolicy
-from onceflow.store import run_claims, runs
-from onceflow.store.connection import Connection
+from onceflow.store.backends.connection import Connection
 from onceflow.store.records import RunRecord
-from onceflow.store.runs import RunRequest
+from onceflow.store.runs import run_claims, runs
+from onceflow.store.runs.runs import RunRequest
 from onceflow.store.writer import StoreActor, open_store
 
 T0 = 1_800_000_000.0

@@ -23,9 +23,9 @@ from onceflow.actors.kernel.outbox import EventHub
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store import step_entries
-from onceflow.store.executors import DEFAULT_EXECUTORS, ActionContext, Effect
-from onceflow.store.wip import Promotion
+from onceflow.store.entries import step_entries
+from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect
+from onceflow.store.entries.wip import Promotion
 
 
 def assert_typed_full(reply: Any) -> None:

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from onceflow.store.lock import DatabaseOwnedError
-from onceflow.store.schema import SCHEMA_VERSION
+from onceflow.store.backends.lock import DatabaseOwnedError
+from onceflow.store.backends.schema import SCHEMA_VERSION
 from onceflow.store.writer import Durability, StoreActor, StoreClosedError, open_store
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.logs import get_logger
+from onceflow.observability.logs import get_logger
 from onceflow.protocol.codec import encode
 from onceflow.protocol.errors import ProtocolError
 from onceflow.protocol.event_stream import EventGap, check_after

@@ -1,0 +1,1 @@
+"""Retention: deleting resolved history past its time, in bounded batches. Writer thread."""

@@ -1,0 +1,264 @@
+"""A task's history: the durable timeline of how it got where it is. Writer thread (and the read-only views'
+own connection): every function runs inside the caller's transaction.
+
+Only what no other table keeps is written, in the transaction of the effect itself, to `task_history`
+(task id, per-task `seq`, `at`, `kind`, `detail` JSON): the task's creation (`created`), each transition
+(`transition`: from and to step, trigger, operation id, entry path and the step entry it allocated: the
+step change overwrites the task row and a step that declares no engine-owned action allocates no entry
+record, so neither keeps it), each decision recorded (`decision`: `clear_decisions` deletes decision
+rows) and each migration onto another version of its workflow (`migrated`, store/tasks/task_migration.py). One
+row per admission, one statement per writer group of common entries (store/entries/common_entry.py).
+
+Runs are not written twice: their queue row keeps when each was queued, claimed (the latest claim: a run
+retried shows its last attempt) and resolved, and `page` derives their items from it (`run` items, status
+`queued`, `claimed`, or its final status). Nor are host calls answered over `onceflow serve`'s host role:
+their rows (store/outcomes/host_calls.py) give `host_call` items, at the time each ended.
+
+`page` merges them in one query, ordered by (time, rank, key): a transition before the runs it queued at
+the same instant, those before a claim, a claim before an end, an end before a host call; `after` is the
+last item's cursor. Times are the runtime clock's (Unix seconds in the database, RFC 3339 UTC in the
+items). Retention (store/retention/retention.py) deletes history rows past the retention like the runs they
+sit beside.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal, cast
+
+import attrs
+
+from onceflow.protocol.errors import NotFoundError, ProtocolError
+from onceflow.protocol.results import HistoryItem, HistoryPage, HostCallInfo
+from onceflow.protocol.times import rfc3339
+from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.urls import on_postgres
+from onceflow.store.outcomes import host_calls
+
+Kind = Literal["created", "transition", "decision", "run", "host_call", "migrated"]
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+"""`json.dumps(..., separators=(",", ":"))` without a new encoder per call (one per entry)."""
+
+_INSERT = (
+    "INSERT INTO task_history (task_id, seq, at, kind, detail)"
+    " SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4 FROM task_history WHERE task_id = ?1"
+)
+
+
+def hold(conn: Connection, task_id: str) -> None:
+    """On PostgreSQL, lock the task's row until `conn`'s transaction ends, so two runtimes appending to one
+    task's history never number two items alike (a transition holds it already: its step change updates
+    the row first); nothing on SQLite, whose one writer serializes every transaction. Call it before the
+    transaction's first statement that touches the task's rows."""
+    if on_postgres(conn):
+        conn.execute("UPDATE tasks SET updated_at = updated_at WHERE id = ?", (task_id,))
+
+
+def record(conn: Connection, task_id: str, at: float, kind: str, detail: dict[str, Any]) -> None:
+    """Append one item of `kind` to the task's history at `at` (Unix seconds), numbered one past its last.
+    Raises sqlite3.Error (the task does not exist: its foreign key)."""
+    conn.execute(_INSERT, (task_id, at, kind, _COMPACT.encode(detail)))
+
+
+def transition_detail(
+    *,
+    from_step: str | None,
+    to_step: str,
+    workflow_id: str,
+    trigger: str,
+    operation_id: str,
+    path: str | None,
+    entry_seq: int | None,
+    queued: bool = False,
+) -> str:
+    """The `detail` JSON of a transition: `queued` when the task waits at a full step (not an entry),
+    `entry_seq` None when the step allocates no entry record (or the task is queued)."""
+    return _COMPACT.encode(
+        {
+            "from_step": from_step,
+            "to_step": to_step,
+            "workflow_id": workflow_id,
+            "trigger": trigger,
+            "operation_id": operation_id or None,
+            "entry_path": path,
+            "entry_seq": entry_seq,
+            "queued": queued,
+        },
+    )
+
+
+def record_transition(conn: Connection, task_id: str, at: float, detail: str) -> None:
+    """Append a transition (`transition_detail`) to the task's history."""
+    conn.execute(_INSERT, (task_id, at, "transition", detail))
+
+
+_INSERT_GROUP = (
+    "INSERT INTO task_history (task_id, seq, at, kind, detail) SELECT m.value ->> 0,"
+    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM task_history WHERE task_id = m.value ->> 0),"
+    " CAST(m.value ->> 1 AS DOUBLE PRECISION), 'transition', m.value ->> 2 FROM json_each(?1) AS m"
+)
+
+
+def record_transitions(conn: Connection, rows: list[tuple[str, float, str]]) -> None:
+    """Append one transition per (task id, at, detail JSON) in one statement; the tasks are distinct."""
+    conn.execute(_INSERT_GROUP, (json.dumps(rows),))
+
+
+@attrs.frozen
+class Cursor:
+    """A position in a task's history: the item's time (Unix seconds), rank and key (`page`)."""
+
+    at: float
+    rank: int
+    key: int
+
+    def encode(self) -> str:
+        """The cursor as the wire carries it: `<at>:<rank>:<key>` (`at` exact, as Python's repr)."""
+        return f"{self.at!r}:{self.rank}:{self.key}"
+
+
+def parse_cursor(text: str) -> Cursor:
+    """The cursor `Cursor.encode` wrote.
+
+    Raises:
+        ProtocolError: not one (field after).
+    """
+    parts = text.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError(text)
+        cursor = Cursor(float(parts[0]), int(parts[1]), int(parts[2]))
+    except ValueError:
+        raise ProtocolError(f"after {text!r} is not a history cursor", field="after") from None
+    if not math.isfinite(cursor.at):
+        raise ProtocolError(f"after {text!r} is not a history cursor", field="after")
+    return cursor
+
+
+_RUN_COLUMNS = "id, agent_profile_id, workflow_step_id, attempt, trigger, entry_seq, reason, outcome_reason"
+_UNION = (
+    "SELECT requested_at AS at, 1 AS rank, id AS k, 'run' AS kind, 'queued' AS status, NULL AS detail,"
+    f" {_RUN_COLUMNS} FROM runs WHERE task_id = ?1"
+    f" UNION ALL SELECT claimed_at, 2, id, 'run', 'claimed', NULL, {_RUN_COLUMNS}"
+    " FROM runs WHERE task_id = ?1 AND claimed_at IS NOT NULL"
+    f" UNION ALL SELECT finished_at, 3, id, 'run', status, NULL, {_RUN_COLUMNS}"
+    " FROM runs WHERE task_id = ?1 AND finished_at IS NOT NULL"
+    " AND status IN ('finished', 'failed', 'cancelled')"
+    " UNION ALL SELECT at, 0, seq, kind, NULL, detail, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    " FROM task_history WHERE task_id = ?1"
+    " UNION ALL SELECT answered_at, 4, id, 'host_call', status, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL FROM host_calls WHERE task_id = ?1"
+)
+_PAGE = f"SELECT * FROM ({_UNION}) AS h ORDER BY at, rank, k LIMIT ?2"
+_PAGE_AFTER = (
+    f"SELECT * FROM ({_UNION}) AS h WHERE (at, rank, k) > (?3, ?4, ?5) ORDER BY at, rank, k LIMIT ?2"
+)
+
+
+def page(
+    conn: Connection, task_id: str, *, after: Cursor | None, limit: int
+) -> tuple[list[tuple[Cursor, HistoryItem]], bool]:
+    """At most `limit` items of the task's history after `after` (None: from the first), oldest first, each
+    with its cursor; and whether more follow. A task without history (or none) gives no items."""
+    if after is None:
+        rows = conn.execute(_PAGE, (task_id, limit + 1)).fetchall()
+    else:
+        rows = conn.execute(_PAGE_AFTER, (task_id, limit + 1, after.at, after.rank, after.key)).fetchall()
+    calls = _host_calls(conn, [int(row[2]) for row in rows[:limit] if row[1] == _HOST_CALL_RANK])
+    items = [
+        (
+            Cursor(float(row[0]), int(row[1]), int(row[2])),
+            _call_item(calls[int(row[2])]) if row[1] == _HOST_CALL_RANK else _item(row),
+        )
+        for row in rows[:limit]
+    ]
+    return items, len(rows) > limit
+
+
+def task_page(conn: Connection, task_id: str, after: str | None, limit: int) -> HistoryPage:
+    """`task_history`'s reply: a `page` of the task's history after the cursor `after` (a page's `next`;
+    None: from the first item).
+
+    Raises:
+        NotFoundError: the task does not exist (field task_id); its history went with it.
+        ProtocolError: `after` is not a cursor (field after).
+    """
+    cursor = None if after is None else parse_cursor(after)
+    if conn.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
+        raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
+    items, more = page(conn, task_id, after=cursor, limit=limit)
+    return {"items": [item for _, item in items], "next": items[-1][0].encode() if more else None}
+
+
+_HOST_CALL_RANK = 4
+
+
+def _host_calls(conn: Connection, ids: list[int]) -> dict[int, HostCallInfo]:
+    """The host calls a page names, by id (one statement, none when the page names none)."""
+    if not ids:
+        return {}
+    marks = ", ".join("?" * len(ids))
+    rows = conn.execute(f"SELECT {host_calls.COLUMNS} FROM host_calls WHERE id IN ({marks})", ids)
+    return {int(row[0]): host_calls.info(row) for row in rows}
+
+
+def _call_item(call: HostCallInfo) -> HistoryItem:
+    assert call["answered_at"] is not None  # a recorded call has ended
+    return {"at": call["answered_at"], "kind": "host_call", "seq": None, "detail": dict(call)}
+
+
+def _item(row: Any) -> HistoryItem:
+    at, _, key, kind, status, detail = row[:6]
+    if detail is not None:
+        return {"at": rfc3339(at), "kind": cast(Kind, kind), "seq": key, "detail": json.loads(detail)}
+    run_id, agent, step_id, attempt, trigger, entry_seq, reason, outcome_reason = row[6:]
+    run: dict[str, Any] = {"run_id": run_id, "status": status, "agent_profile_id": agent, "step_id": step_id}
+    if status == "queued":
+        run |= {"trigger": trigger, "entry_seq": entry_seq, "reason": reason}
+    elif status == "claimed":
+        run["attempt"] = attempt
+    else:
+        run |= {"attempt": attempt, "outcome_reason": outcome_reason}
+    return {"at": rfc3339(at), "kind": "run", "seq": None, "detail": run}
+
+
+# Step entries that allocated no record (the step's on_enter declares no engine-owned action): only their
+# transition item keeps them. Read by the `entries` view beside the records, in the same order.
+_RECORDLESS = {
+    "sqlite": (
+        "SELECT task_id, json_extract(detail, '$.to_step') AS step_id, seq, detail FROM task_history"
+        " WHERE kind = 'transition' AND json_extract(detail, '$.entry_seq') IS NULL"
+        " AND NOT json_extract(detail, '$.queued')"
+    ),
+    "postgresql": (
+        "SELECT task_id, CAST(detail AS json) ->> 'to_step' AS step_id, seq, detail FROM task_history"
+        " WHERE kind = 'transition' AND CAST(detail AS json) ->> 'entry_seq' IS NULL"
+        " AND CAST(detail AS json) ->> 'queued' = 'false'"
+    ),
+}
+
+RecordlessCursor = tuple[str, int]
+"""Where a page of record-less entries ends: (task id, history seq)."""
+
+
+def recordless_entries_page(
+    conn: Connection, *, task_id: str | None, after: RecordlessCursor | None, limit: int
+) -> tuple[list[tuple[RecordlessCursor, dict[str, Any]]], bool]:
+    """Up to `limit` step entries that allocated no entry record (of one task, or all), from the history's
+    transitions (not a WIP queueing), after `after`, in (task, seq) order, the history's key: each with its
+    cursor and its transition's detail (`transition_detail`); and whether more follow."""
+    sql = _RECORDLESS["postgresql" if on_postgres(conn) else "sqlite"]
+    where: list[str] = []
+    args: list[str | int] = []
+    if task_id is not None:
+        where.append("task_id = ?")
+        args.append(task_id)
+    if after is not None:
+        where.append("(task_id, seq) > (?, ?)")
+        args.extend(after)
+    scope = "".join(f" AND {clause}" for clause in where)
+    rows = conn.execute(f"{sql}{scope} ORDER BY task_id, seq LIMIT ?", [*args, limit + 1]).fetchall()
+    found = [((str(row[0]), int(row[2])), json.loads(row[3])) for row in rows[:limit]]
+    return found, len(rows) > limit

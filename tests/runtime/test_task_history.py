@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from hand_clock import HandClock
-from helpers import START, FakeClock, create_task, decide, move, ok, send, setup_office, turn_complete
+from helpers import OFFICE, START, FakeClock, create_task, decide, move, ok, send, setup_office, turn_complete
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
@@ -156,6 +156,16 @@ async def test_a_cleared_decision_stays_in_the_history(office: Runtime) -> None:
     assert [(d["detail"]["decider_id"], d["detail"]["decision"]) for d in decisions] == [
         ("rev-a", "rejected")
     ]
+
+
+async def test_a_taken_task_id_is_refused_and_writes_nothing(office: Runtime) -> None:
+    # the insert answers the row it wrote, or nothing when the id is taken: nothing else may land
+    await create_task(office, "T1")
+    again = await send(office, {"type": "create_task", "task_id": "T1", "workflow_id": OFFICE, "title": "2"})
+    assert again.error is not None and (again.error.code, again.error.field) == ("conflict", "task_id")
+    assert [item["kind"] for item in (await history(office, "T1"))["items"]] == ["created"]
+    task = (await ok(office, {"type": "get_task", "task_id": "T1"})).result
+    assert task["title"] != "2" and not again.events
 
 
 async def test_bad_cursors_and_unknown_tasks_are_refused_naming_the_field(office: Runtime) -> None:

@@ -17,6 +17,7 @@ of its batch, once the transaction is gone.
 from __future__ import annotations
 
 import sqlite3
+import sys
 
 from onceflow.protocol.errors import StorageError, StorageKind
 from onceflow.store.backends.connection import Connection
@@ -123,6 +124,15 @@ def database_errors(conn: object) -> tuple[type[Exception], ...]:
 
 
 _SQLITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, DatabaseFault)
+
+
+def any_database_errors(*more: type[Exception]) -> tuple[type[Exception], ...]:
+    """What a database error of either backend may be, for a handler with no connection at hand (the CLI),
+    and `more`: sqlite3's, `DatabaseFault`, and psycopg's once psycopg is loaded (a PostgreSQL connection was
+    opened; a SQLite-only process never imports it)."""
+    psycopg = sys.modules.get("psycopg")
+    driver: tuple[type[Exception], ...] = () if psycopg is None else (psycopg.Error,)
+    return (*_SQLITE_ERRORS, *driver, *more)
 
 
 def is_constraint_violation(exc: BaseException) -> bool:

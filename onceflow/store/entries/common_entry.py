@@ -427,11 +427,11 @@ def _admit_group(
         raise Anomaly("a WIP limit: admitted one at a time")
     if len({admission.task.id for admission in admissions}) != len(admissions):
         raise Anomaly("a task twice")
-    if plan.fan_outs and flow.rates_set(conn):
-        raise Anomaly("an hourly rate to check per run")
     members = json.dumps([_member(admission) for admission in admissions])
     if on_postgres(conn):
         return _admit_group_pg(conn, plan, workflow_id, path, admissions, members)
+    if plan.fan_outs and flow.rates_set(conn):
+        raise Anomaly("an hourly rate to check per run")
     if conn.execute(_MOVE_GROUP.sqlite, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
@@ -461,9 +461,10 @@ def _admit_group_pg(
     """`_admit_group` on PostgreSQL, one round trip before the commit: every statement is sent before any
     answer is read (the markers' and runs' statements read each entry's seq from the row the entries'
     insert wrote, `_SEQ_PG`), then the last one's answer is read, which brings every earlier one's. A task
-    that had moved fails the group then, and its savepoint undoes all of it. The history's transitions,
-    which name the seqs, follow unread."""
+    that had moved, or an hourly rate set, fails the group then, and its savepoint undoes all of it. The
+    history's transitions, which name the seqs, follow unread."""
     step = plan.step
+    rates = conn.execute(flow.RATES_SET) if plan.fan_outs else None
     moved = conn.execute(_MOVE_GROUP.postgres, (workflow_id, step.id, members))
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
     seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members))
@@ -472,6 +473,8 @@ def _admit_group_pg(
     if plan.fan_outs:
         last = conn.execute(_RUNS_GROUP_PG, (members, step.id, workflow_id, plan.fan_outs))
     returned = last.fetchall()  # the last statement's answer: every earlier one's comes with it
+    if rates is not None and rates.fetchone() is not None:
+        raise Anomaly("an hourly rate to check per run")
     if moved.rowcount != len(admissions):
         raise Anomaly("a task moved")
     seq_of = dict(seqs.fetchall())

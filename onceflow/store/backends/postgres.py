@@ -5,7 +5,7 @@ The store's transaction functions are written once against that API (store/backe
 SQL that is the same on both backends except where `dialect.Dialect` says otherwise: those statements are
 written in both forms side by side (store/backends/dialect.py), so nothing in a statement is rewritten here.
 `PgConnection` drives them from the writer thread with psycopg's synchronous API (psycopg's async API is
-asyncio-only). The one thing it maps is the parameter style (`statement`): SQLite's `?` and numbered `?NNN`
+asyncio-only). The one thing it maps is the parameter style (`statement_of`): SQLite's `?` and numbered `?NNN`
 placeholders become psycopg's `%s`, with the caller's parameters picked by number, once per statement text
 (cached). It reads text as bytes when the caller asks (`text_factory = bytes`).
 

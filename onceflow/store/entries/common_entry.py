@@ -33,7 +33,7 @@ from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
-from onceflow.store.backends.dialect import POSTGRES, Sql
+from onceflow.store.backends.dialect import Sql
 from onceflow.store.backends.savepoint import request_savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
@@ -337,74 +337,41 @@ _SEQS_GROUP = (
 """One row: per task of ?3 its new entry's seq and how many decisions the clear will delete, and the
 largest run id so far (every run the group queues has a larger one: AUTOINCREMENT, one writer)."""
 
-_RUNS_GROUP = (
-    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
-    f" (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM json_each(?1)),"
-    " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4"
-    f" FROM json_each(?4)),"
-    " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
-    " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
-    f" FROM e CROSS JOIN a CROSS JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
-    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
-    " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
-    " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
+_RUNS_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
+        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
+        f" (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM {d.json_rows('?1')}),"
+        " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
+        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4"
+        f" FROM {d.json_rows('?4')}),"
+        " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
+        " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
+        f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
+        f" FROM e CROSS JOIN a {d.join} {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
+        " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
+        " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
+        " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+        " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
+    )
 )
 """`_RUNS` for every entry of ?1 ([[task id, seq, now, key prefix], ...]) in entry order: the run ids are
-those the entries get one after another (SQLite: `_RUNS_GROUP_PG` is PostgreSQL's). Its rows are read back
-by id (`_QUEUED_GROUP`), not RETURNING: one row to fetch instead of one per run."""
+those the entries get one after another. On SQLite its rows are read back by id (`_QUEUED_GROUP`), not
+RETURNING: one row to fetch instead of one per run; PostgreSQL answers them (`_RUNS_GROUP_PG`)."""
 
-_SEQ_PG = "(SELECT MAX(entry_seq) FROM step_entries WHERE task_id = {task} AND step_id = {step})"
-"""On PostgreSQL the group's statements read each entry's seq from the row `_ENTRIES_GROUP` just wrote (its
-largest), so that none of them waits for that answer (`_admit_group_pg`)."""
+_RUNS_GROUP_PG = _RUNS_GROUP.postgres + " RETURNING id, task_id, agent_profile_id, idempotency_key"
 
-_RUNS_GROUP_PG = (
-    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-    " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " WITH e (i, task, now, seq) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 5, "
-    + _SEQ_PG.format(task="value ->> 0", step="?2")
-    + f" FROM {POSTGRES.json_rows('?1')}),"
-    " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4"
-    f" FROM {POSTGRES.json_rows('?4')}),"
-    " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
-    " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" {keys.entry_prefix_sql('e.task', '?2', 'e.seq')}"
-    f" || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
-    f" FROM e CROSS JOIN a JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
-    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-    " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
-    " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
-    " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
-    " RETURNING id, task_id, agent_profile_id, idempotency_key"
+_MARKERS_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+        " detail, updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER),"
+        " CAST(k.value ->> 0 AS INTEGER), k.value ->> 1, 'done', NULL, '',"
+        " CAST(e.value ->> 2 AS DOUBLE PRECISION)"
+        f" FROM {d.json_rows('?2', 'e')}, {d.json_rows('?3', 'k')} ORDER BY e.key, k.key"
+    )
 )
-"""`_RUNS_GROUP` on PostgreSQL, over `_MOVE_GROUP`'s rows (?1) with each entry's seq read in the statement,
-answering the runs it queued."""
-
-_MARKERS_GROUP_PG = (
-    "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-    " updated_at) SELECT e.value ->> 0, ?1, "
-    + _SEQ_PG.format(task="e.value ->> 0", step="?1")
-    + ", CAST(k.value ->> 0 AS INTEGER), k.value ->> 1, 'done', NULL, '',"
-    " CAST(e.value ->> 5 AS DOUBLE PRECISION)"
-    f" FROM {POSTGRES.json_rows('?2', 'e')}, {POSTGRES.json_rows('?3', 'k')} ORDER BY e.key, k.key"
-)
-"""`_MARKERS_GROUP` on PostgreSQL, over `_MOVE_GROUP`'s rows (?2), each entry's seq read in the statement."""
-
-_MARKERS_GROUP = (
-    "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-    " updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER),"
-    " CAST(k.value ->> 0 AS INTEGER),"
-    " k.value ->> 1, 'done', NULL, '', CAST(e.value ->> 2 AS DOUBLE PRECISION)"
-    " FROM json_each(?2) AS e, json_each(?3) AS k ORDER BY e.key, k.key"
-)
-"""The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...]) (SQLite:
-`_MARKERS_GROUP_PG` is PostgreSQL's)."""
+"""The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...])."""
 
 _QUEUED_GROUP = (
     "SELECT json_group_array(json_array(id, task_id, agent_profile_id, idempotency_key))"
@@ -442,10 +409,10 @@ def _admit_group(
     rows = json.dumps([entry[:4] for entry in entries])
     if plan.clears:
         conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
-    conn.execute(_MARKERS_GROUP, (step.id, rows, plan.markers))
+    conn.execute(_MARKERS_GROUP.sqlite, (step.id, rows, plan.markers))
     returned = []
     if plan.fan_outs:
-        conn.execute(_RUNS_GROUP, (rows, step.id, workflow_id, plan.fan_outs))
+        conn.execute(_RUNS_GROUP.sqlite, (rows, step.id, workflow_id, plan.fan_outs))
         returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
     return _admitted(step.id, plan, entries, returned, leaving)
 
@@ -458,33 +425,35 @@ def _admit_group_pg(
     admissions: Sequence[Admission],
     members: str,
 ) -> list[Admitted]:
-    """`_admit_group` on PostgreSQL, one round trip before the commit: every statement is sent before any
-    answer is read (the markers' and runs' statements read each entry's seq from the row the entries'
-    insert wrote, `_SEQ_PG`), then the last one's answer is read, which brings every earlier one's. A task
-    that had moved, or an hourly rate set, fails the group then, and its savepoint undoes all of it. The
-    history's transitions, which name the seqs, follow unread."""
+    """`_admit_group` on PostgreSQL in two round trips before the commit: the rate check, the move, the
+    leave, the entries (answering their seqs) and the clear are sent before any answer is read, then the
+    last one's answer is read, which brings every earlier one's (a task that had moved, or an hourly rate
+    set, fails the group then, and its savepoint undoes all of it); the history's transitions, the markers
+    and the runs (answering what they queued) follow, and the runs' answer is the second wait."""
     step = plan.step
     rates = conn.execute(flow.RATES_SET) if plan.fan_outs else None
     moved = conn.execute(_MOVE_GROUP.postgres, (workflow_id, step.id, members))
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
     seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members))
     cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
-    last = conn.execute(_MARKERS_GROUP_PG, (step.id, members, plan.markers))
-    if plan.fan_outs:
-        last = conn.execute(_RUNS_GROUP_PG, (members, step.id, workflow_id, plan.fan_outs))
-    returned = last.fetchall()  # the last statement's answer: every earlier one's comes with it
+    # the last statement sent is read first: its answer brings every earlier one's (one wait)
+    deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
+    seq_of = dict(seqs.fetchall())
     if rates is not None and rates.fetchone() is not None:
         raise Anomaly("an hourly rate to check per run")
     if moved.rowcount != len(admissions):
         raise Anomaly("a task moved")
-    seq_of = dict(seqs.fetchall())
-    deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
     numbered = [
         (index, seq_of[admission.task.id], deleted[admission.task.id])
         for index, admission in enumerate(admissions)
     ]
     entries = _numbered(plan, workflow_id, path, admissions, numbered)
     history.record_transitions(conn, [transition for *_, transition in entries])
+    rows = json.dumps([entry[:4] for entry in entries])
+    conn.execute(_MARKERS_GROUP.postgres, (step.id, rows, plan.markers))
+    returned = []
+    if plan.fan_outs:
+        returned = conn.execute(_RUNS_GROUP_PG, (rows, step.id, workflow_id, plan.fan_outs)).fetchall()
     return _admitted(step.id, plan, entries, returned, leaving)
 
 

@@ -104,12 +104,12 @@ async def test_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_url: str
     def fn(conn: sqlite3.Connection) -> tuple[Any, ...]:
         first = conn.execute(
             "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
-            " ON CONFLICT (idempotency_key) DO NOTHING",
+            " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
             ("a", "k1"),
         )
         again = conn.execute(
             "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
-            " ON CONFLICT (idempotency_key) DO NOTHING",
+            " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
             ("a", "k1"),
         )
         null_match = conn.execute("SELECT id FROM runs WHERE task_id IS ?", (None,)).fetchall()

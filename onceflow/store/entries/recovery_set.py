@@ -44,8 +44,9 @@ log = get_logger("onceflow.recovery")
 _WITH = (
     " WITH e (n, task_id, entry_seq) AS MATERIALIZED"
     " (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2)),"
-    " r (n, suffix, agent, reason, payload) AS MATERIALIZED"
-    " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each(?3)),"
+    " r (n, suffix, agent, reason, payload, position, digest) AS MATERIALIZED"
+    " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4, CAST(value ->> 0 AS INTEGER),"
+    " value ->> 5 FROM json_each(?3)),"
     " pos (position, kind) AS MATERIALIZED"
     " (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM json_each(?3)) "
 )
@@ -84,9 +85,9 @@ StepPlans = Mapping[tuple[str, str, int], StepPlan]
 class Group:
     """The set plan of one (workflow, step): its recovery order, per fan-out position the agents it queues
     for (template participants, deduplicated, in order), and the same as JSON parameters: `runs`, one
-    [position, key suffix (`keys.entry_suffix`), agent, reason, payload JSON] per run of an entry in
-    dispatch order, and `kinds`, one [position, action type] per position. `notes`: the diagnostics an
-    entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs an entry
+    [position, key suffix (`keys.entry_suffix`), agent, reason, payload JSON, config digest] per run of an
+    entry in dispatch order, and `kinds`, one [position, action type] per position. `notes`: the diagnostics
+    an entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs an entry
     queues."""
 
     workflow_id: str
@@ -137,8 +138,11 @@ def plan_common(
         candidates = [i for i in indexes if batch[i][0].declaration_digest == digest]
         if not candidates:
             continue
-        merged = (  # a key of these entries merged into an earlier run: only probed when any on_enter key was
+        merged = (  # a key of these entries merged into an earlier run or held as text by a run of another
+            # trigger: only probed when some on_enter key is
             " AND NOT EXISTS (SELECT 1 FROM r CROSS JOIN coalesced_keys AS k ON k.idempotency_key = "
+            + _KEY
+            + ") AND NOT EXISTS (SELECT 1 FROM r CROSS JOIN runs AS o ON o.idempotency_key = "
             + _KEY
             + ")"
             if any_merged
@@ -157,10 +161,12 @@ def plan_common(
 
 
 def _any_merged_on_enter_key(conn: Connection) -> bool:
-    """Whether coalescing merged any on_enter key into a run (one index probe; the keys start "on_enter:")."""
+    """Whether coalescing merged any on_enter key into a run, or a run holds one as its text (not by its
+    parts: a run of another trigger); two index probes, the keys start "on_enter:"."""
     return (
         conn.execute(
-            "SELECT 1 FROM coalesced_keys WHERE idempotency_key >= ? AND idempotency_key < ? LIMIT 1",
+            "SELECT 1 FROM coalesced_keys WHERE idempotency_key >= ?1 AND idempotency_key < ?2"
+            " UNION ALL SELECT 1 FROM runs WHERE idempotency_key >= ?1 AND idempotency_key < ?2 LIMIT 1",
             keys.ON_ENTER_RANGE,
         ).fetchone()
         is not None
@@ -178,7 +184,7 @@ def _group(conn: Connection, plan: StepPlan | None) -> Group | None:
     step, order, workflow_id = plan.step, plan.common, plan.workflow.id
     template = template_participants(conn, workflow_id=workflow_id, step_id=step.id)
     agents: dict[int, tuple[str, ...]] = {}
-    runs: list[tuple[int, str, str, str, str | None]] = []
+    runs: list[tuple[int, str, str, str, str | None, str]] = []
     notes: list[tuple[str, str, dict[str, object]]] = []
     for position, action in order:
         if action.type != "queue_run_for_each_participant":
@@ -191,7 +197,9 @@ def _group(conn: Connection, plan: StepPlan | None) -> Group | None:
         why = fan_out_reason(action, "on_enter")
         digest = fan_out_digest(action, why)
         payload = payload_json(getattr(action.config, "payload", None))
-        runs.extend((position, keys.entry_suffix(position, a, digest), a, why, payload) for a in seated)
+        runs.extend(
+            (position, keys.entry_suffix(position, a, digest), a, why, payload, digest) for a in seated
+        )
         for note in fan_out_notes("", step.id, step.name, role, len(seated), len(seated)):
             notes.append((note.level, note.code, {k: v for k, v in note.fields.items() if k != "task_id"}))
     kinds = json.dumps([[position, action.type] for position, action in order])
@@ -328,13 +336,14 @@ def _insert_runs(
     """
     expected = members * sum(len(agents) for agents in group.agents.values())
     cursor = conn.execute(
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
         + _WITH
-        + f"SELECT r.agent, e.task_id, ?1, r.reason, r.payload, {_KEY}, 1, ?4, 'on_enter', e.entry_seq,"
-        " (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
+        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
         " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
-        " ON CONFLICT (idempotency_key) DO NOTHING" + (" RETURNING idempotency_key, id" if detailed else ""),
+        f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
+        + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else ""),
         (step_id, entries, group.runs, now),
     )
     if detailed:

@@ -18,8 +18,16 @@ from onceflow.store.writer import open_store
 
 
 def _entry_request(key: str, seq: int = 1) -> RunRequest:
+    """As an on_enter fan-out enqueues its run: excluded from coalescing (AC-H9)."""
     return RunRequest(
-        "rev:a", "T:1%", "review", "on_enter", idempotency_key=key, trigger="on_enter", entry_seq=seq
+        "rev:a",
+        "T:1%",
+        "review",
+        "on_enter",
+        idempotency_key=key,
+        exclude_from_coalescing=True,
+        trigger="on_enter",
+        entry_seq=seq,
     )
 
 

@@ -189,9 +189,7 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
     entry = keys.entry_parts(key)
     own = None
     if merged is None and not should_coalesce(request):  # the common keyed case: insert, look on a conflict
-        if (
-            entry is not None
-        ):  # an on_enter key: a run may hold it in the form this insert does not conflict on
+        if entry is not None:  # an on_enter key: held maybe in the form this insert does not conflict on
             own = _own(conn, key, entry, now)
         if own is None:
             inserted = _insert(conn, request, now, skip_taken_key=True)

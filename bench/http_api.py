@@ -6,12 +6,13 @@ One server process serves both `--socket` and `--http` on one SQLite file (the s
 interleaved: `-n` `create_task` commands from `-c` concurrent clients over the socket (one connection each,
 one command at a time: send, read the reply), then as many over HTTP (`POST /v1/commands` on `-c` kept-alive
 connections, a minimal HTTP/1.1 client as lean as the socket's). Prints commands/s each and HTTP / socket
-(target: at least 0.5x), medians over the rounds.
+(target: at least 0.5x), medians over the rounds; and the server process's CPU time per command each way
+(from /proc: user + system, its store thread included), steadier than rates on a shared machine.
 
 Board: `--board-tasks` tasks are created (pipelined over the socket), then the board is opened in headless
 Chromium (Debian's chromium + chromium-driver): the time from navigation start to its first page of cards
 on screen (`data-painted`, target: under 1 s), to every page loaded, the cards in the DOM (bounded: at
-most 100 a column) and the page's JS heap once loaded.
+most 100 a column) and the page's JS heap once loaded (after a garbage collection: what it keeps).
 
 Checks (exit 1 on a violation): every command's reply is ok.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -147,6 +149,7 @@ def board(url: str) -> dict[str, float]:
         "--disable-dev-shm-usage",
         "--window-size=1400,900",
         "--enable-precise-memory-info",
+        "--js-flags=--expose-gc",
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(
@@ -164,6 +167,7 @@ def board(url: str) -> dict[str, float]:
             figures["painted"].append(painted / 1000)
             figures["loaded"].append(loaded / 1000)
         cards = driver.execute_script("return document.querySelectorAll('.card').length")
+        driver.execute_script("window.gc && window.gc()")  # the heap kept, not the pages' garbage
         heap = driver.execute_script("return performance.memory ? performance.memory.usedJSHeapSize : 0")
         return {
             "painted": statistics.median(figures["painted"]),
@@ -175,13 +179,27 @@ def board(url: str) -> dict[str, float]:
         driver.quit()
 
 
-async def main_async(args: argparse.Namespace, sock: Path, url: str) -> tuple[list[float], list[float]]:
-    sockets, https = [], []
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, every thread) process `pid` has used, in seconds (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main_async(args: argparse.Namespace, sock: Path, url: str, pid: int) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {"socket": [], "http": [], "socket_cpu": [], "http_cpu": []}
     for r in range(args.rounds):
-        sockets.append(await socket_round(sock, args.n, args.c, f"s{r}"))
-        https.append(await http_round(url, args.n, args.c, f"h{r}"))
-        print(f"round {r + 1}: socket {sockets[-1]:,.0f}/s, http {https[-1]:,.0f}/s", flush=True)
-    return sockets, https
+        began = cpu_seconds(pid)
+        figures["socket"].append(await socket_round(sock, args.n, args.c, f"s{r}"))
+        middle = cpu_seconds(pid)
+        figures["http"].append(await http_round(url, args.n, args.c, f"h{r}"))
+        figures["socket_cpu"].append((middle - began) * 1000 / args.n)
+        figures["http_cpu"].append((cpu_seconds(pid) - middle) * 1000 / args.n)
+        print(
+            f"round {r + 1}: socket {figures['socket'][-1]:,.0f}/s ({figures['socket_cpu'][-1]:.3f} ms CPU "
+            f"each), http {figures['http'][-1]:,.0f}/s ({figures['http_cpu'][-1]:.3f} ms CPU each)",
+            flush=True,
+        )
+    return figures
 
 
 def stop(process: subprocess.Popen[bytes], folder: Path) -> None:
@@ -201,25 +219,33 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="of-bench-http-", dir="/tmp"))
     process, sock, url = start(folder)
     try:
-        sockets, https = trio.run(main_async, args, sock, url)
+        figures = trio.run(main_async, args, sock, url, process.pid)
     finally:
         stop(process, folder)
-    socket_rate, http_rate = statistics.median(sockets), statistics.median(https)
-    print(f"socket create_task/s, C={args.c}: {socket_rate:,.0f}")
-    print(f"HTTP POST /v1/commands create_task/s, C={args.c}: {http_rate:,.0f}")
-    print(f"HTTP / socket: {http_rate / socket_rate:.2f}x (target >= 0.5x)")
+    median = {name: statistics.median(values) for name, values in figures.items()}
+    ratios = [h / s for h, s in zip(figures["http"], figures["socket"], strict=True)]
+    print(f"socket create_task/s, C={args.c}: {median['socket']:,.0f}")
+    print(f"HTTP POST /v1/commands create_task/s, C={args.c}: {median['http']:,.0f}")
+    print(
+        f"HTTP / socket: {median['http'] / median['socket']:.2f}x (target >= 0.5x; per round "
+        f"{', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+    print(
+        f"server CPU per command: socket {median['socket_cpu']:.3f} ms, HTTP {median['http_cpu']:.3f} ms "
+        f"({median['http_cpu'] / median['socket_cpu']:.2f}x)"
+    )
     if args.no_board:
         return
     folder = Path(tempfile.mkdtemp(prefix="of-bench-board-", dir="/tmp"))
     process, sock, url = start(folder)  # a fresh database: the board holds exactly --board-tasks
     try:
         trio.run(fill, sock, args.board_tasks)
-        figures = board(url)
+        shown = board(url)
     finally:
         stop(process, folder)
     print(f"board, {args.board_tasks:,} tasks:")
-    print(f"  first paint {figures['painted']:.3f} s (target < 1 s), all pages {figures['loaded']:.3f} s")
-    print(f"  cards in the DOM {figures['cards']:.0f}, JS heap {figures['heap_mib']:.1f} MiB")
+    print(f"  first paint {shown['painted']:.3f} s (target < 1 s), all pages {shown['loaded']:.3f} s")
+    print(f"  cards in the DOM {shown['cards']:.0f}, JS heap {shown['heap_mib']:.1f} MiB")
 
 
 if __name__ == "__main__":

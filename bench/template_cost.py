@@ -36,8 +36,8 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol import workflow as workflow_module
 from onceflow.protocol.limits import MAX_TEMPLATE_ACTIONS, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_STEPS
+from onceflow.protocol.template import parse as workflow_parse
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 from onceflow.store.writer import StoreActor
 
@@ -199,7 +199,7 @@ def main() -> int:
     parser.add_argument("--python", action="store_true", help="PyYAML's pure-Python loader only")
     args = parser.parse_args()
     if args.python:
-        workflow_module._CLoader = None
+        workflow_parse._CLoader = None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     directory = Path(tempfile.mkdtemp(prefix="onceflow-template-cost-", dir=args.dir))
     kinds = ("plain", "chain")

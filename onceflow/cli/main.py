@@ -255,9 +255,9 @@ async def demo(db: Path | str, stop: trio.Event) -> int:
 
 def validate(paths: list[Path], *, strict: bool = False) -> int:
     """Check every file and print every problem of each (`invalid:` lines), then the lint's warnings of each
-    file that loads (`warning:` lines, protocol/lint.py): 0 all valid, 1 some invalid (or, `strict`, some
-    warned), 2 some unreadable."""
-    from onceflow.protocol.lint import lint
+    file that loads (`warning:` lines, protocol/template/lint.py): 0 all valid, 1 some invalid (or, `strict`,
+    some warned), 2 some unreadable."""
+    from onceflow.protocol.template.lint import lint
     from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 
     status = 0
@@ -296,7 +296,7 @@ def print_schema(args: argparse.Namespace) -> int:
 
     from onceflow.cli import reference
     from onceflow.protocol.codec import command_schema
-    from onceflow.protocol.template_schema import template_schema
+    from onceflow.protocol.template.schema import template_schema
 
     if args.import_path and not args.template:
         say("error: --import-path goes with --template", err=True)

@@ -1,7 +1,8 @@
 """ "Did you mean": the closest known name to one a host or a template author misspelt. Pure.
 
 One helper for every place a name is looked up and not found: a template's unknown key or action type
-(protocol/workflow.py), a command's unknown `type` or field (protocol/codec.py).
+(protocol/template/problems.py, protocol/template/actions.py), a command's unknown `type` or field
+(protocol/codec.py).
 """
 
 from __future__ import annotations

@@ -47,8 +47,32 @@ def _finite(limit: int) -> int:
     return sys.maxsize if limit == resource.RLIM_INFINITY else limit
 
 
-def connection_cap(requested: int | None) -> int:
-    """The most clients `onceflow serve` holds at once: `requested` (None: DEFAULT_MAX_CONNECTIONS), within
+def connection_caps(
+    socket: int | None, http: int | None, *, serving_socket: bool, serving_http: bool
+) -> tuple[int, int]:
+    """The caps of the socket's clients and of the HTTP connections, which share one descriptor budget: the
+    two together are `connection_cap` of the sum of what each wants, so serving both never holds more
+    descriptors than the open-files limit leaves. Each wants its own figure (`socket` None:
+    DEFAULT_MAX_CONNECTIONS; `http` None: the socket's); a listener not served wants nothing (its cap is 0).
+    When the limit cannot hold the sum, each gets its share of what it leaves in proportion to its want, at
+    least one each. Raises OSError (EMFILE) as `connection_cap` does."""
+    socket_wants = (socket or DEFAULT_MAX_CONNECTIONS) if serving_socket else 0
+    http_wants = (http or socket or DEFAULT_MAX_CONNECTIONS) if serving_http else 0
+    explicit = (serving_socket and socket is not None) or (serving_http and (http or socket) is not None)
+    wanted = socket_wants + http_wants
+    total = connection_cap(wanted if explicit else None, default=wanted)
+    if total >= wanted or not (socket_wants and http_wants):
+        caps = min(socket_wants, total), min(http_wants, total)
+    else:
+        socket_cap = min(max(1, total * socket_wants // wanted), total - 1)
+        caps = socket_cap, max(1, total - socket_cap)
+    if socket_wants and http_wants:
+        log.info("connection_limits_shared", socket_max_connections=caps[0], http_max_connections=caps[1])
+    return caps
+
+
+def connection_cap(requested: int | None, *, default: int = DEFAULT_MAX_CONNECTIONS) -> int:
+    """The most clients `onceflow serve` holds at once: `requested` (None: `default`), within
     what the open-files limit leaves once the descriptors open now and HEADROOM are set aside. Call it with
     the store open, before accepting.
 
@@ -59,7 +83,7 @@ def connection_cap(requested: int | None) -> int:
     limit, and says so). Logs INFO `connection_limit`. Raises OSError (EMFILE) when the limit leaves no
     descriptor for a single client.
     """
-    wanted = requested or DEFAULT_MAX_CONNECTIONS
+    wanted = requested or default
     in_use = descriptors_open()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = in_use + HEADROOM + wanted

@@ -28,7 +28,7 @@ from onceflow.protocol.events import Reply
 from onceflow.serve import hosting
 from onceflow.serve.admission import Admission
 from onceflow.serve.connection import Connection
-from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_cap
+from onceflow.serve.descriptors import DEFAULT_MAX_CONNECTIONS, SpareDescriptor, connection_caps
 from onceflow.serve.http.app import build_app
 from onceflow.serve.http.listen import HttpListener, open_listener
 from onceflow.serve.http.options import HttpOptions
@@ -391,9 +391,16 @@ async def serve(
             ) as runtime:
                 hosts.on_coordinator = runtime.attach_coordinator
                 hosts.clock = runtime.services.clock  # call records share the runtime's time base
-                if listener is not None or web is not None:
-                    cap = connection_cap(options.max_connections)
-                    options = attrs.evolve(options, max_connections=cap)
+                if listener is not None or web is not None:  # one descriptor budget for both listeners
+                    caps = connection_caps(
+                        options.max_connections,
+                        None if http is None else http.max_connections,
+                        serving_socket=listener is not None,
+                        serving_http=web is not None,
+                    )
+                    options = attrs.evolve(options, max_connections=caps[0] or options.max_connections)
+                    if http is not None:
+                        http = attrs.evolve(http, max_connections=caps[1])
                 if not await _register(runtime, workflows):
                     return 1
                 async with trio.open_nursery() as recording:  # ended calls' records, written to the last
@@ -546,7 +553,8 @@ async def _serve_http(
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve HTTP on `web` until `stopped` (then the listener drains, onceflow/serve/http/listen.py); its
-    connections have a cap of their own (`http.max_connections`, else the socket's)."""
+    connections have a cap of their own (`http.max_connections`, set with the socket's from one descriptor
+    budget: descriptors.connection_caps)."""
     app = build_app(runtime, commands, http, stopped, options.grace)
     cap = http.max_connections or options.max_connections or DEFAULT_MAX_CONNECTIONS
     site = HttpListener(app, http, cap, options.grace)

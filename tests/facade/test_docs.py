@@ -23,7 +23,7 @@ from helpers import REPO
 
 from onceflow.protocol import limits
 from onceflow.protocol.codec import decode_command, parse_json
-from onceflow.protocol.template_schema import template_schema
+from onceflow.protocol.template.schema import template_schema
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,

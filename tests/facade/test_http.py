@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,12 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from http_support import WORKFLOW, HttpServed, http_serving
 
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import ErrorInfo, Reply
 from onceflow.serve.http.api import STATUS, status_of
+from onceflow.serve.http.listen import HttpListener, open_listener
 from onceflow.serve.http.openapi import openapi_document
+from onceflow.serve.http.options import HttpOptions
 
 READ_TOKEN = "r" * 24
 WRITE_TOKEN = "w" * 24
@@ -87,7 +91,7 @@ def _read_sse(
 
 def test_a_command_over_http_answers_the_sockets_reply_with_its_status(served: HttpServed) -> None:
     created = post(served, create("h-1"))
-    assert created.status_code == 200
+    assert created.status_code == 200 and created.headers["x-content-type-options"] == "nosniff"
     reply = Reply.model_validate(created.json())
     assert reply.ok and reply.command == "create_task" and reply.events[0].type == "task_created"
     got = httpx.get(f"{served.url}/v1/tasks/h-1").json()
@@ -142,6 +146,29 @@ def test_a_body_over_the_limit_is_413_unread(served: HttpServed) -> None:
     response = httpx.post(f"{served.url}/v1/commands", content=big, timeout=30)
     assert response.status_code == 413 and response.json()["error"]["code"] == "too_large"
     assert post(served, create("after-big")).status_code == 200  # the server still serves
+    chunks = (b"x" * (1 << 20) for _ in range(9))  # no Content-Length: refused as it passes the limit
+    chunked = httpx.post(f"{served.url}/v1/commands", content=chunks, timeout=30)
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "too_large"
+
+
+def test_commands_pipelined_on_one_connection_are_answered_in_order(served: HttpServed) -> None:
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
+    requests = b""
+    for n in range(3):
+        body = json.dumps(create(f"piped-{n}")).encode()
+        requests += b"POST /v1/commands HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(requests)  # one write: the second and third arrive before the first is answered
+        received = b""
+        while received.count(b'"type":"reply"') < 3:
+            chunk = conn.recv(65536)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+    replies = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert [r["events"][0]["task_id"] for r in replies] == ["piped-0", "piped-1", "piped-2"]
 
 
 def test_events_stream_as_sse_and_resume_after_last_event_id(served: HttpServed) -> None:
@@ -194,6 +221,10 @@ def test_tokens_gate_the_api_and_a_read_token_only_reads() -> None:
         write = {"Authorization": f"Bearer {WRITE_TOKEN}"}
         none = httpx.get(f"{served.url}/v1/tasks")
         assert none.status_code == 401 and none.headers["www-authenticate"] == "Bearer"
+        unsent = post(served, create("t-0"))
+        assert unsent.status_code == 401 and unsent.headers["www-authenticate"] == "Bearer"
+        assert unsent.json()["error"]["code"] == "unauthorized"
+        assert httpx.get(f"{served.url}/v1/tasks/t-0", headers=read).status_code == 404  # not created
         wrong = httpx.get(f"{served.url}/v1/tasks", headers={"Authorization": "Bearer " + "x" * 24})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
         assert httpx.get(f"{served.url}/v1/tasks", headers=read).status_code == 200
@@ -230,6 +261,8 @@ def test_cors_is_off_unless_an_origin_is_named(served: HttpServed) -> None:
     with http_serving("--cors-origin", "http://elsewhere.example") as open_to:
         allowed = httpx.get(f"{open_to.url}/v1/tasks", headers=origin)
         assert allowed.headers["access-control-allow-origin"] == "http://elsewhere.example"
+        sent = post(open_to, create("cors-1"), headers=origin)
+        assert sent.status_code == 200 and sent.headers["access-control-allow-origin"] == origin["Origin"]
 
 
 def test_past_the_connection_cap_a_client_gets_busy() -> None:
@@ -315,3 +348,47 @@ def test_a_workflow_graph_draws_every_step_and_transition() -> None:
     assert svg.startswith("<svg") and svg.count("<g data-step=") == 4
     assert svg.count('data-from="review"') == 2 and "http" not in svg.replace("http://www.w3.org", "")
     assert workflow_of({"yaml": WORKFLOW.read_text()}) == workflow
+
+
+async def _slow_or_sized(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app: `/slow` answers after 0.6 s, anything else at once (a sized body)."""
+    if scope["path"] == "/slow":
+        await trio.sleep(0.6)
+    body = b'{"ok":true}'
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"11")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _request(stream: trio.SocketStream, path: str) -> tuple[bytes, float]:
+    """One GET on a kept-alive connection: the response's bytes, and how many reads it took."""
+    await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    data, reads = b"", 0
+    while not data.endswith(b'{"ok":true}'):
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed before the response ended: {data!r}"
+        data, reads = data + chunk, reads + 1
+    return data, reads
+
+
+async def test_an_idle_connection_closes_after_keep_alive_but_never_during_a_request() -> None:
+    options = HttpOptions(port=0, keep_alive=0.3)
+    listener = HttpListener(_slow_or_sized, options, cap=4, grace=1.0)
+    async with trio.open_nursery() as nursery:
+        socket_listener = await open_listener(options, backlog=8)
+        port = socket_listener.socket.getsockname()[1]
+        await nursery.start(listener.run, socket_listener)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        head, reads = await _request(stream, "/slow")  # 0.6 s under way: past keep_alive, still answered
+        assert head.startswith(b"HTTP/1.1 200") and reads == 1  # the head and its sized body: one write
+        began = trio.current_time()
+        with trio.fail_after(5):
+            assert await stream.receive_some(65536) == b""  # idle: closed by the keep-alive timer
+        assert 0.2 < trio.current_time() - began < 2
+        with trio.fail_after(1):  # and its slot freed
+            while listener.connections:
+                await trio.sleep(0.01)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await _request(idle, "/")
+        listener.stop()  # stopping closes an idle connection at once, not keep_alive later
+        with trio.fail_after(0.25):
+            assert await idle.receive_some(65536) == b""

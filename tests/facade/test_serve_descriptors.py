@@ -6,9 +6,12 @@ second however many idle clients are connected. Real `onceflow serve` processes 
 
 from __future__ import annotations
 
+import json
 import re
 import resource
 import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -121,3 +124,38 @@ def test_serve_refuses_to_start_when_the_open_files_limit_leaves_no_descriptor_f
         err.decode(),
     ), err.decode()
     assert not socket.exists()
+
+
+# Run in a child process that lowers its own limit (soft and hard: `connection_cap` raises a soft limit
+# toward the hard one) to leave room for `room` connections beside what it has open.
+_CAPS = """
+import json, resource, sys
+from onceflow.serve.descriptors import HEADROOM, connection_caps, descriptors_open
+limit = descriptors_open() + HEADROOM + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+cases = json.loads(sys.argv[2])
+caps = [connection_caps(a, b, serving_socket=s, serving_http=h) for a, b, s, h in cases]
+print(json.dumps(caps))
+"""
+
+
+def _caps(room: int, cases: list[tuple[int | None, int | None, bool, bool]]) -> list[list[int]]:
+    run = subprocess.run(
+        [sys.executable, "-c", _CAPS, str(room), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return list(json.loads(run.stdout))
+
+
+def test_the_socket_and_http_share_one_descriptor_budget() -> None:
+    """Serving both listeners, their caps together stay within what the open-files limit leaves: room for
+    100 connections is split in proportion to what each wants (both default: half each; 300 and 100: three
+    quarters and a quarter), at least one each; with room for all they want, each gets its own figure."""
+    both, http_only, socket_only = (True, True), (False, True), (True, False)
+    assert _caps(100, [
+        (None, None, *both), (300, 100, *both), (300, None, *both), (60, 30, *both),
+        (None, 40, *http_only), (500, None, *socket_only),
+    ]) == [[50, 50], [75, 25], [50, 50], [60, 30], [0, 40], [100, 0]]  # fmt: skip
+    assert _caps(2, [(1000, 1, *both)]) == [[1, 1]]

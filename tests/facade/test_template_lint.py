@@ -11,7 +11,7 @@ from helpers import FIXTURES, OFFICE, create_task, ok, register, setup_office
 
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.cli.main import main
-from onceflow.protocol.lint import lint
+from onceflow.protocol.template.lint import lint
 from onceflow.protocol.workflow import WorkflowError, load_workflow_text
 
 OFFICE_FILE = FIXTURES / "kandev" / "office-default.yml"

@@ -23,7 +23,7 @@ from onceflow.protocol import errors, limits
 from onceflow.protocol.codec import command_schema
 from onceflow.protocol.commands import COMMAND_TYPES
 from onceflow.protocol.events import Event
-from onceflow.protocol.template_schema import template_schema
+from onceflow.protocol.template.schema import template_schema
 
 EVENT_TYPES = typing.get_args(typing.get_args(Event)[0])
 

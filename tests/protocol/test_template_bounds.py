@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from onceflow.actors.runtime import versions
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol import workflow as workflow_module
 from onceflow.protocol.limits import (
     MAX_PAYLOAD_BYTES,
     MAX_TEMPLATE_ACTIONS,
@@ -31,6 +30,9 @@ from onceflow.protocol.limits import (
     MAX_TEMPLATE_STEPS,
     MAX_YAML_DEPTH,
 )
+from onceflow.protocol.template import parse as workflow_parse
+from onceflow.protocol.template.model import _feeder_cycles
+from onceflow.protocol.template.problems import problem
 from onceflow.protocol.workflow import (
     IMPORT_ALLOWED_ACTIONS,
     ConfigureSessionConfig,
@@ -38,7 +40,6 @@ from onceflow.protocol.workflow import (
     Trigger,
     Workflow,
     WorkflowError,
-    _feeder_cycles,
     load_workflow_text,
 )
 from onceflow.store.writer import StoreActor
@@ -404,20 +405,20 @@ def _every_reading(text: str) -> dict[str, str]:
     when it reads the text."""
     encoded = text.encode("utf-8", "surrogatepass")
     loaders: list[tuple[str, Callable[[], Any]]] = [
-        ("python", lambda: yaml.load(text, Loader=workflow_module._StrictLoader)),
-        ("parse_yaml", lambda: workflow_module._parse_yaml(text, encoded)),
+        ("python", lambda: yaml.load(text, Loader=workflow_parse._StrictLoader)),
+        ("parse_yaml", lambda: workflow_parse.parse_yaml(text, encoded)),
     ]
     readings = {}
     for name, load in loaders:
         try:
             readings[name] = repr(load())
         except yaml.YAMLError as exc:
-            readings[name] = f"{type(exc).__name__}: {workflow_module._yaml_problem(exc)}"
-    assert workflow_module._CLoader is not None, "PyYAML without libyaml: nothing to compare"
-    with contextlib.suppress(yaml.YAMLError, workflow_module._Unbounded):  # else `_StrictLoader` reads it
-        readings["libyaml"] = repr(yaml.load(encoded, Loader=workflow_module._CLoader))  # type: ignore[arg-type]
-    with contextlib.suppress(yaml.YAMLError, workflow_module._NotPlain):  # else the node graph reads it
-        readings["events"] = repr(workflow_module._read_events(encoded))
+            readings[name] = f"{type(exc).__name__}: {workflow_parse.yaml_problem(exc)}"
+    assert workflow_parse._CLoader is not None, "PyYAML without libyaml: nothing to compare"
+    with contextlib.suppress(yaml.YAMLError, workflow_parse._Unbounded):  # else `_StrictLoader` reads it
+        readings["libyaml"] = repr(yaml.load(encoded, Loader=workflow_parse._CLoader))  # type: ignore[arg-type]
+    with contextlib.suppress(yaml.YAMLError, workflow_parse._NotPlain):  # else the node graph reads it
+        readings["events"] = repr(workflow_parse._read_events(encoded))
     return readings
 
 
@@ -469,7 +470,7 @@ def test_too_many_steps_is_the_one_problem_reported_even_when_every_step_is_also
     valid = _steps_yaml(MAX_TEMPLATE_STEPS + 1)
     with pytest.raises(ValidationError) as full:
         Workflow.model_validate(yaml.safe_load(valid))
-    (expected,) = [workflow_module._problem(e, Workflow) for e in full.value.errors()]
+    (expected,) = [problem(e, Workflow) for e in full.value.errors()]
     assert (("steps",), refused(valid).message) == expected
 
 
@@ -493,7 +494,7 @@ def _every_refusal(text: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str
     """The refusal read through libyaml's events, and through the pure-Python loader then the mapping."""
     readings = [refused(text)]
     with monkeypatch.context() as patched:
-        patched.setattr(workflow_module, "_CLoader", None)
+        patched.setattr(workflow_parse, "_CLoader", None)
         readings.append(refused(text))
     return [(e.step_id, e.field, e.message, len(e.others)) for e in readings]
 
@@ -580,7 +581,7 @@ def test_counts_at_the_limits_load_as_the_python_loader_reads_them(monkeypatch: 
         isinstance(configure.config, ConfigureSessionConfig)
         and len(configure.config.rules) == MAX_TEMPLATE_ACTIONS
     )
-    monkeypatch.setattr(workflow_module, "_CLoader", None)
+    monkeypatch.setattr(workflow_parse, "_CLoader", None)
     assert load_workflow_text(text, allowed_actions=IMPORT_ALLOWED_ACTIONS) == workflow
 
 

@@ -17,7 +17,7 @@ import yaml
 from helpers import REPO
 
 from onceflow.cli.main import main
-from onceflow.protocol.template_schema import template_schema
+from onceflow.protocol.template.schema import template_schema
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,

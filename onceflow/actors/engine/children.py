@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import NotFoundError
-from onceflow.protocol.lint import TERMINAL_STEP_NAMES, terminal_step
 from onceflow.protocol.results import OpenChild
+from onceflow.protocol.template.lint import TERMINAL_STEP_NAMES, terminal_step
 from onceflow.protocol.workflow import Workflow
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})

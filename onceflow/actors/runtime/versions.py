@@ -16,7 +16,6 @@ from onceflow.actors.task.migrate import MigrateTask
 from onceflow.observability.logs import get_logger
 from onceflow.protocol import commands as c
 from onceflow.protocol.errors import ConflictError, NotFoundError, WorkflowInvalidError
-from onceflow.protocol.lint import changes, lint
 from onceflow.protocol.results import (
     AlreadyApplied,
     LintWarningInfo,
@@ -29,6 +28,7 @@ from onceflow.protocol.results import (
     WorkflowSummary,
     WorkflowText,
 )
+from onceflow.protocol.template.lint import changes, lint
 from onceflow.protocol.workflow import (
     ALLOWED_ACTIONS,
     IMPORT_ALLOWED_ACTIONS,

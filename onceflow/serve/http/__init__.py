@@ -1,8 +1,9 @@
 """`onceflow serve --http HOST:PORT`: the protocol over HTTP/1.1 (and h2), its events as Server-Sent Events,
 an OpenAPI 3.1 document, and a board. Trio thread: hypercorn's Trio protocol server in the same Trio run as
-the runtime and the socket (listen.py), a Starlette app (app.py: the routes and the token check; api.py:
-commands, resource routes, statuses; sse.py: events; openapi.py; graph.py: workflow graphs as SVG;
-options.py: the bind, bounds and tokens; board/: the pages).
+the runtime and the socket (listen.py; protocol.py: its HTTP/1.1 protocol answering `POST /v1/commands`
+itself, the hot path), a Starlette app (app.py: the routes and the token check; api.py: commands, resource
+routes, statuses; sse.py: events; openapi.py; graph.py: workflow graphs as SVG; options.py: the bind,
+bounds and tokens; board/: the pages).
 
 Routes (every JSON answer is the socket's `Reply` object; its status follows the error code):
 

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from onceflow.actors.runtime.supervisor import Runtime
-from onceflow.protocol.codec import command_type, encode, parse_json
+from onceflow.protocol.codec import command_type, parse_json
 from onceflow.protocol.errors import OnceflowError, ProtocolError
 from onceflow.protocol.events import Reply
 from onceflow.serve.wire import refusal
@@ -88,12 +88,17 @@ def status_of(reply: Reply) -> int:
     return 503 if reply.error.retryable else 400
 
 
+def reply_json(reply: Reply) -> bytes:
+    """`codec.encode(reply)` as UTF-8 bytes, written by pydantic as bytes (no str made and encoded)."""
+    return reply.__pydantic_serializer__.to_json(reply)
+
+
 def reply_response(reply: Reply) -> Response:
     """The reply as the response body (the `Reply` JSON), its status per `status_of`; a retryable refusal
     carries `Retry-After: 1`."""
     status = status_of(reply)
     headers = {"Retry-After": "1"} if reply.error is not None and reply.error.retryable else None
-    return Response(encode(reply), status_code=status, media_type="application/json", headers=headers)
+    return Response(reply_json(reply), status_code=status, media_type="application/json", headers=headers)
 
 
 class UnauthorizedError(OnceflowError):
@@ -114,16 +119,13 @@ class TooLargeError(OnceflowError):
     code = "too_large"
 
 
-def refused(command: str, exc: OnceflowError) -> Response:
-    """A refusal that never reached the runtime (auth, size, socket-only), as a `Reply`."""
-    return reply_response(refusal(command, exc))
-
-
 class Commands:
     """Runs commands for HTTP requests. A command runs in the server's command nursery, never cancelled by
-    its client going away: what it commits stays committed, its reply is dropped. A `claim_run` is the
-    exception (as on the socket): it runs in the request and a client gone before it returns claims
-    nothing (the cancelled claim hands back a run it committed meanwhile)."""
+    its client going away: what it commits stays committed, its reply is dropped. A `claim_run` runs in the
+    request. Over HTTP/1.1 the server reads nothing more of a connection while its command runs, so a client
+    gone during a claim's wait is seen only when the reply is written: a run claimed meanwhile is nobody's
+    until its lease ends (`run_lease_expired`), then queued again (the socket, which sees a client go at
+    once, cancels the claim instead). Long-poll over HTTP with a `wait` short against the lease."""
 
     def __init__(self, runtime: Runtime, nursery: trio.Nursery) -> None:
         self._runtime = runtime
@@ -201,13 +203,23 @@ async def command_reply(
     return await commands.send(data)
 
 
-async def send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
-    """Write `reply` as a whole ASGI response (status per `status_of`, `Retry-After: 1` when retryable)."""
-    body = encode(reply).encode()
+Headers = list[tuple[bytes, bytes]]
+
+
+def reply_parts(reply: Reply, extra: Headers) -> tuple[int, Headers, bytes]:
+    """A reply as a whole response: its status (`status_of`), headers (JSON of its length, `extra`,
+    `Retry-After: 1` when retryable) and body (`reply_json`)."""
+    body = reply_json(reply)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
     if reply.error is not None and reply.error.retryable:
         headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status_of(reply), "headers": headers})
+    return status_of(reply), headers, body
+
+
+async def send_reply(send: Send, reply: Reply, extra: Headers) -> None:
+    """Write `reply` as a whole ASGI response (`reply_parts`)."""
+    status, headers, body = reply_parts(reply, extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

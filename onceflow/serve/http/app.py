@@ -5,6 +5,7 @@ hypercorn in the server's Trio run, listen.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from onceflow.actors.runtime.supervisor import Runtime
+from onceflow.protocol.events import Reply
 from onceflow.serve.http.api import (
     ROUTES,
     Commands,
@@ -26,7 +28,6 @@ from onceflow.serve.http.api import (
     command_reply,
     get_route,
     read_body,
-    refused,
     reply_response,
     send_reply,
 )
@@ -34,6 +35,7 @@ from onceflow.serve.http.graph import graph_svg, workflow_of
 from onceflow.serve.http.openapi import openapi_bytes
 from onceflow.serve.http.options import HttpOptions, Role
 from onceflow.serve.http.sse import EventsEndpoint
+from onceflow.serve.wire import refusal
 
 ROLE_KEY = "onceflow.role"
 """Where the token check leaves the request's role in the ASGI scope."""
@@ -59,46 +61,67 @@ SECURITY_HEADERS = [
 class Gate:
     """The ASGI app's front: a request under /v1/ needs `Authorization: Bearer <token>` of a known token
     when the server has tokens (401 `unauthorized` otherwise); its role goes into the scope (`write` when
-    the server has none). `POST /v1/commands[/{type}]` is answered here, the hot path, without the router;
-    the rest goes to `app`. Every response gets the security headers."""
+    the server has none). `POST /v1/commands[/{type}]` is answered here, the hot path, without the router
+    (over HTTP/1.1 the listener answers it before it becomes an ASGI request: protocol.py, by `role` and
+    `command`); the rest goes to `app`. Every response gets the security headers."""
 
     def __init__(self, app: Any, options: HttpOptions, commands: Commands) -> None:
         self._app, self._tokens, self._commands = app, options.tokens, commands
-        self._max_body = options.max_body
+        self.max_body = options.max_body
+
+    def role(self, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Role | None:
+        """The role of a request for `path`: its bearer token's under /v1/ when the server has tokens (None:
+        it carries no known token), else `write`."""
+        if not (self._tokens.required and path.startswith("/v1/")):
+            return "write"
+        role: Role | None = None
+        for name, value in headers:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    role = self._tokens.role_of(token.strip())
+        return role
+
+    async def command(self, path: str, role: Role, body: bytes | None) -> Reply:
+        """The reply to `POST path` (a `command_path`) with `body` (None: longer than `max_body`)."""
+        kind = path.removeprefix("/v1/commands/") if path != "/v1/commands" else None
+        return await command_reply(body, self._commands, self.max_body, role, kind or None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-
-        async def secured(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
-            await send(message)
-
-        role: Role | None = "write"
-        if self._tokens.required and scope["path"].startswith("/v1/"):
-            role = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    scheme, _, token = value.decode("latin-1").partition(" ")
-                    if scheme.lower() == "bearer":
-                        role = self._tokens.role_of(token.strip())
-            if role is None:
-                response = refused("unknown", UnauthorizedError("a bearer token is required"))
-                response.headers["WWW-Authenticate"] = "Bearer"
-                await response(scope, receive, secured)
-                return
-        granted: Role = role or "write"  # None returned above
-        scope[ROLE_KEY] = granted
         path = scope["path"]
-        if scope["method"] == "POST" and (path == "/v1/commands" or path.startswith("/v1/commands/")):
-            kind = path.removeprefix("/v1/commands/") if path != "/v1/commands" else None
-            body = await read_body(receive, scope["headers"], self._max_body)
-            reply = await command_reply(body, self._commands, self._max_body, granted, kind or None)
-            await send_reply(send, reply, SECURITY_HEADERS)
+        role = self.role(path, scope["headers"])
+        if role is None:
+            await send_reply(send, UNAUTHORIZED, [*SECURITY_HEADERS, WWW_AUTHENTICATE])
             return
-        await self._app(scope, receive, secured)
+        scope[ROLE_KEY] = role
+        if scope["method"] == "POST" and command_path(path):
+            body = await read_body(receive, scope["headers"], self.max_body)
+            await send_reply(send, await self.command(path, role, body), SECURITY_HEADERS)
+            return
+        await self._app(scope, receive, _secured(send))
+
+
+def command_path(path: str) -> bool:
+    """Whether `path` is `/v1/commands` or `/v1/commands/{type}` (answered by `Gate.command` on POST)."""
+    return path == "/v1/commands" or path.startswith("/v1/commands/")
+
+
+UNAUTHORIZED = refusal("unknown", UnauthorizedError("a bearer token is required"))
+WWW_AUTHENTICATE = (b"www-authenticate", b"Bearer")
+
+
+def _secured(send: Send) -> Send:
+    """`send` adding the security headers to the response's start."""
+
+    async def secured(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+        await send(message)
+
+    return secured
 
 
 def build_app(

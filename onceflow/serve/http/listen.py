@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
+import time
 from typing import Any
 
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
 from onceflow.observability.logs import get_logger
+from onceflow.serve.http.app import Gate
 from onceflow.serve.http.options import HttpOptions
+from onceflow.serve.http.protocol import FastH11Protocol
 
 log = get_logger("onceflow.serve.http")
 
@@ -30,10 +37,22 @@ BUSY_BODY = (
 ACCEPT_RETRY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
+class _Config(Config):
+    """Hypercorn's config, its response headers (the Date header) made once a second, not per response."""
+
+    _made: tuple[tuple[int, str], list[tuple[bytes, bytes]]] = ((-1, ""), [])
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        key = (int(time.time()), protocol)
+        if self._made[0] != key:
+            self._made = (key, super().response_headers(protocol))
+        return list(self._made[1])  # a copy: a caller may add to it
+
+
 def hypercorn_config(options: HttpOptions, grace: float) -> Config:
     """Hypercorn's bounds from ours: header bytes, keep-alive and read timeouts, the drain time; no access
     log (the runtime logs what it does), no h2c upgrade beyond hypercorn's own limits."""
-    config = Config()
+    config = _Config()
     config.h11_max_incomplete_size = options.max_header
     config.h2_max_header_list_size = options.max_header
     config.keep_alive_timeout = options.keep_alive
@@ -45,13 +64,91 @@ def hypercorn_config(options: HttpOptions, grace: float) -> Config:
     return config
 
 
+class _IdleTimer:
+    """Hypercorn's keep-alive timer without a task started per request (its own starts one each time the
+    connection goes idle and cancels it at the next request): one watcher task per connection, whose
+    deadline is `keep_alive` seconds ahead while the connection is idle and infinite while a request is
+    under way. Past the deadline, or when the server stops while the connection is idle, it closes the
+    connection (as hypercorn's `_idle_timeout` does); `close` ends it when the connection has ended."""
+
+    def __init__(self, server: _TCPServer) -> None:
+        self._server = server
+        self._scope = trio.CancelScope()
+        self._started = self._idle = self._closed = False
+
+    async def restart(self, task_group: Any, _: Any) -> None:
+        """The connection is idle (hypercorn's `Updated(idle=True)`, and once at its start)."""
+        self._idle = True
+        self._scope.deadline = trio.current_time() + self._server.config.keep_alive_timeout
+        if not self._started:
+            self._started = True
+            task_group.spawn(self._watch)
+
+    async def stop(self) -> None:
+        """A request is under way: no deadline until it is answered."""
+        self._idle = False
+        self._scope.deadline = math.inf
+
+    def close(self) -> None:
+        """The connection has ended: the watcher ends without closing anything."""
+        self._closed = True
+        self._scope.cancel()
+
+    async def _watch(self) -> None:
+        with self._scope:
+            await self._server.context.terminated.wait()
+            if not self._idle:  # hypercorn closes the connection after the response under way
+                await trio.sleep_forever()
+        if not self._closed:
+            with trio.CancelScope(shield=True):
+                await self._server._initiate_server_close()
+
+
 class _TCPServer(TCPServer):
-    """Hypercorn's connection server, ending as soon as its client has gone: its own keeps the
-    connection's task group (so its slot) open until the keep-alive timer runs out."""
+    """Hypercorn's connection server, ending as soon as its client has gone (its own keeps the
+    connection's task group, so its slot, open until the keep-alive timer runs out), with a keep-alive
+    timer that starts no task per request (`_IdleTimer`), no write of the empty end of a sized body, no
+    checkpoint taking a free write lock, and HTTP/1.1 spoken by `FastH11Protocol` (commands answered by
+    `gate` without an ASGI request; `gate` None, as behind CORS: every request through the app)."""
+
+    def __init__(
+        self, app: Any, config: Config, context: WorkerContext, stream: Any, gate: Gate | None
+    ) -> None:
+        super().__init__(app, config, context, {}, stream)
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
+        self._gate = gate
+
+    @property
+    def protocol(self) -> ProtocolWrapper:
+        return self._wrapper
+
+    @protocol.setter
+    def protocol(self, wrapper: ProtocolWrapper) -> None:
+        if type(wrapper.protocol) is H11Protocol:  # h2 stays hypercorn's
+            wrapper.protocol.__class__ = FastH11Protocol
+            wrapper.protocol.gate = self._gate  # type: ignore[attr-defined]
+        self._wrapper = wrapper
+
+    async def protocol_send(self, event: Event) -> None:
+        if type(event) is not RawData:
+            await super().protocol_send(event)
+        elif not event.data:
+            return  # h11's end of a body of known length: nothing to write, no lock, no checkpoint
+        elif self.send_lock.locked():
+            await super().protocol_send(event)  # a write under way: wait for it (hypercorn's way)
+        else:  # hypercorn's write, taking the free lock without its extra checkpoint (send_all has one)
+            self.send_lock.acquire_nowait()
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+            finally:
+                self.send_lock.release()
 
     async def _read_data(self) -> None:
         await super()._read_data()
-        await self.idle_task.stop()
+        self.idle_task.close()  # type: ignore[attr-defined]
 
 
 class HttpListener:
@@ -62,6 +159,7 @@ class HttpListener:
 
     def __init__(self, app: Any, options: HttpOptions, cap: int, grace: float) -> None:
         self._app = ASGIWrapper(app)
+        self._gate = app if isinstance(app, Gate) else None  # behind CORS: every request goes through it
         self._config = hypercorn_config(options, grace)
         self._context = WorkerContext(None)
         self._cap, self._grace = cap, grace
@@ -105,7 +203,7 @@ class HttpListener:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            await _TCPServer(self._app, self._config, self._context, {}, stream)  # type: ignore[arg-type]
+            await _TCPServer(self._app, self._config, self._context, stream, self._gate)
         finally:
             self._open -= 1
 

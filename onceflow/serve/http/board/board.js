@@ -5,6 +5,7 @@
 const PAGE = 500;          // tasks per list_tasks page
 const MAX_CARDS = 100;     // cards shown per column; the rest are counted ("+N more")
 const RETRY_MS = 2000;
+const MAX_PENDING = 1000;  // events held while the board loads; past it they are dropped, it loads again
 
 const state = {
   token: sessionStorage.getItem("onceflow.token") || "",
@@ -14,7 +15,8 @@ const state = {
   steps: new Map(),        // task_id -> "workflow/step" for shown cards
   lastEventId: null,
   loaded: false,
-  pending: [],             // events received before the first load finished
+  pending: [],             // events received before the load finished (at most MAX_PENDING)
+  stale: false,            // events were dropped during the load: load again
   total: 0,
 };
 
@@ -207,9 +209,13 @@ function resetLanes() {
 
 async function reload() {
   state.loaded = false;
-  resetLanes();
-  await loadWorkflows();
-  await loadTasks();
+  do {
+    if (state.stale) state.pending = [];  // the next load reads what the dropped events did
+    state.stale = false;
+    resetLanes();
+    await loadWorkflows();
+    await loadTasks();
+  } while (state.stale);
   state.loaded = true;
   const pending = state.pending;
   state.pending = [];
@@ -396,7 +402,10 @@ function handleBlock(block) {
   if (!data) return;
   const item = kind === "gap" ? { gap: JSON.parse(data) } : { event: JSON.parse(data) };
   if (id !== null) state.lastEventId = id;
-  if (state.loaded) apply(item); else if (!item.gap) state.pending.push(item);
+  if (state.loaded) apply(item);
+  else if (item.gap) return;
+  else if (state.pending.length < MAX_PENDING) state.pending.push(item);
+  else state.stale = true;
 }
 
 // --- start -------------------------------------------------------------------------------------------

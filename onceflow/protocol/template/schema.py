@@ -1,6 +1,6 @@
 """The JSON Schema of the workflow template format, for an editor's YAML language server. Pure.
 
-Generated from the loader's models (`workflow.py`), then sharpened where the loader checks more than the
+Generated from the loader's models (`workflow_model.py`), then sharpened where the loader checks more than the
 models' types say: each action is one variant per action type (`type` a constant, `config` that type's model,
 required when the model has required keys; move_to_step needs a non-empty `step_id`, the other moves take
 none), each trigger's list admits only its allowed types, and a move gives its guard one way, not both.
@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.protocol.workflow import (
+from onceflow.protocol.template.actions import (
     ALLOWED_ACTIONS,
     CONFIG_MODELS,
     IMPORT_ALLOWED_ACTIONS,
     TRANSITION_TYPES,
     Trigger,
-    Workflow,
 )
+from onceflow.protocol.template.model import Workflow
 
 DIALECT = "http://json-schema.org/draft-07/schema#"
 _REFS = "#/definitions/"

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from onceflow.protocol.workflow import MoveConfig, Step, Trigger, Workflow
+from onceflow.protocol.template.actions import MoveConfig, Trigger
+from onceflow.protocol.template.model import Step, Workflow
 
 TERMINAL_STEP_NAMES = frozenset({"done", "complete", "completed", "approved"})
 """A step with one of these names (trimmed, case-insensitive) that comes last of them is the terminal step."""

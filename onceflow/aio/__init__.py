@@ -43,7 +43,7 @@ from onceflow.actors.runtime.retention import RETENTION_EVERY
 from onceflow.actors.runtime.runs import LEASE_SWEEP_INTERVAL
 from onceflow.aio.hosts import COORDINATOR_METHODS, HOST_METHODS, AsyncioCalls
 from onceflow.aio.hosts import HostCallCancelledError as HostCallCancelledError  # re-exported
-from onceflow.aio.worker import AsyncioRuns
+from onceflow.aio.worker import AsyncioRun, AsyncioRuns
 from onceflow.observability import tracing
 from onceflow.protocol import commands as c
 from onceflow.protocol.codec import command_type, parse_json
@@ -60,6 +60,16 @@ T = TypeVar("T")
 
 EVENT_BATCH = 256
 """Items an `EventSubscription` asks the Trio thread for at a time (its buffer's bound)."""
+
+__all__ = [
+    "AsyncioRun",
+    "AsyncioRuns",
+    "AsyncioRuntime",
+    "EventSubscription",
+    "HostCallCancelledError",
+    "Subscription",
+    "open_runtime",
+]
 
 
 class _End:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TextIO
 
 from onceflow.cli.views import CANNOT_RUN, ViewError, escape, open_read_only
 from onceflow.protocol.results import HistoryItem
+from onceflow.store.backends import faults
 from onceflow.store.backends.urls import database_arg
 from onceflow.store.tasks import history
 
@@ -52,7 +52,7 @@ def items(target: Path | str, task_id: str, limit: int | None) -> Iterator[Histo
                     left -= len(page)
                 if not more:
                     return
-        except sqlite3.Error as exc:
+        except faults.any_database_errors() as exc:
             raise ViewError(f"reading the history failed: {exc}", "read") from None
 
 

@@ -540,11 +540,11 @@ def _main(argv: list[str] | None) -> int:
     if hasattr(args, "handler"):  # the subcommands defined in their own modules
         return int(args.handler(args))
     import functools
-    import sqlite3
 
     import trio
 
     from onceflow.protocol.errors import OnceflowError
+    from onceflow.store.backends import faults
     from onceflow.store.backends.lock import DatabaseOwnedError
 
     signalled: list[int] = []
@@ -578,7 +578,9 @@ def _main(argv: list[str] | None) -> int:
     except OSError as exc:
         say(f"error: {_os_error(exc)}", err=True)
         return CANNOT_RUN
-    except (sqlite3.Error, OnceflowError) as exc:  # the database cannot be used (not one, damaged, ...)
+    except faults.any_database_errors(
+        OnceflowError
+    ) as exc:  # the database cannot be used (not one, damaged, ...)
         say(f"error: {db}: {exc}", err=True)
         return CANNOT_RUN
     except ValueError as exc:  # a script or template file that cannot be read (the message names it)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import trio
 from onceflow.actors.runtime.retention import prune
 from onceflow.protocol.errors import OnceflowError
 from onceflow.protocol.runs import DEFAULT_RETENTION, retention_seconds
+from onceflow.store.backends import faults
 from onceflow.store.backends.lock import DatabaseOwnedError
 from onceflow.store.backends.urls import database_arg, is_postgres_url, redacted
 from onceflow.store.writer import open_store
@@ -50,7 +50,7 @@ def run(db: Path | str, older_than: float) -> int:
         if not is_postgres_url(db) and not Path(db).is_file():
             raise FileNotFoundError(f"{db}: no such database file")
         deleted = trio.run(_prune, db, retention)
-    except (DatabaseOwnedError, OSError, sqlite3.Error, OnceflowError, ValueError) as exc:
+    except faults.any_database_errors(DatabaseOwnedError, OSError, OnceflowError, ValueError) as exc:
         where = redacted(db) if isinstance(db, str) else str(db)
         print(f"error: {where}: {exc}", file=sys.stderr)
         return CANNOT_RUN

@@ -35,6 +35,7 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 from onceflow.protocol.times import rfc3339
+from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
 from onceflow.store.backends.schema import SCHEMA_VERSION
 from onceflow.store.backends.urls import database_arg, is_postgres_url, redacted
@@ -128,7 +129,7 @@ def _open_postgres(url: str) -> Iterator[Connection]:
     name = redacted(url)
     try:
         conn = postgres.connect(url, connect_timeout=_CONNECT_TIMEOUT, lock_timeout=_LOCK_TIMEOUT)
-    except sqlite3.Error as exc:
+    except postgres.PgConnection.errors as exc:
         cause = exc.__cause__
         text = _scrubbed(str(cause if cause is not None else exc), url)
         unparsed = "invalid" in text and "connection to server" not in text and "host name" not in text
@@ -147,7 +148,7 @@ def _open_postgres(url: str) -> Iterator[Connection]:
             if conn.scalar("SELECT to_regclass('onceflow_meta')") is None:
                 raise ViewError(f"{name} is not an onceflow database: no onceflow_meta table", "not_onceflow")
             version = conn.scalar("SELECT version FROM onceflow_meta")
-        except sqlite3.Error as exc:
+        except postgres.PgConnection.errors as exc:
             text = _scrubbed(str(exc), url)
             if "permission denied" in text:  # the user may connect but not read onceflow's tables
                 raise ViewError(f"{name} refused the credentials: {text}", "credentials") from None
@@ -209,7 +210,7 @@ def _limited(pages: Iterator[list[Row]], view: str, limit: int | None) -> Iterat
                 left -= min(left, len(page))
                 if left == 0:
                     return
-    except sqlite3.Error as exc:
+    except faults.any_database_errors() as exc:
         raise ViewError(f"reading the {view} view failed: {exc}", "read") from None
 
 

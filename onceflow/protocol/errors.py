@@ -199,7 +199,7 @@ class StorageError(OnceflowError):
     aborted: the same command may succeed once the lock is released, space returns or the device recovers.
     It is False for read_only and corrupt, which need an operator. `detail` (the database's message, with
     PostgreSQL's SQLSTATE, and why this request failed when another one ended its batch) goes into the
-    message; the sqlite3 error that caused it is chained as `__cause__`.
+    message; the database error that caused it (sqlite3's, or psycopg's) is chained as `__cause__`.
     """
 
     def __init__(self, kind: StorageKind, detail: str) -> None:

@@ -41,6 +41,7 @@ from onceflow.observability.logs import get_logger
 from onceflow.protocol.errors import StorageError
 from onceflow.store.backends import epochs, faults, schema, urls
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import dialect_of
 from onceflow.store.backends.lock import acquire_database_lock
 
 if TYPE_CHECKING:
@@ -167,8 +168,9 @@ class StoreActor:
             StorageError: a storage fault (busy past the busy timeout, disk full, I/O, read-only, corrupt;
                 on PostgreSQL also the server unreachable, every fault of `postgres.FAULTS`), raised by `fn`
                 or by the transaction itself, or another request of the same batch ended the transaction;
-                nothing of this request was committed. The sqlite3 error is its cause.
-            BaseException: whatever else `fn` raised (its writes are rolled back), or the sqlite3 error that
+                nothing of this request was committed. The database's error is its cause (on PostgreSQL
+                a `faults.DatabaseFault` is itself the StorageError, psycopg's error its cause).
+            BaseException: whatever else `fn` raised (its writes are rolled back), or the database error that
                 failed the transaction itself (e.g. a deferred constraint at COMMIT), in which case nothing
                 of this request was committed.
         """
@@ -284,8 +286,8 @@ class StoreActor:
 
     def _reconnect(self, conn: PgConnection) -> PgConnection:
         """A fresh connection holding a fresh epoch, after `conn` was lost or could not be trusted (its epoch
-        died with its session: never re-locked). Raises what connecting raises (a sqlite3 error typed as a
-        storage fault); the old connection is closed either way."""
+        died with its session: never re-locked). Raises what connecting raises (a `faults.DatabaseFault`,
+        a typed storage fault); the old connection is closed either way."""
         with contextlib.suppress(Exception):
             conn.close()
         try:
@@ -360,8 +362,8 @@ class StoreActor:
         be.
 
         Raises:
-            Exception: no new connection could be made (a sqlite3 error typed as a storage fault, for the
-                batch's requests); `conn` is then closed, and the next call tries again.
+            Exception: no new connection could be made (a `faults.DatabaseFault`, a typed storage fault, for
+                the batch's requests); `conn` is then closed, and the next call tries again.
         """
         from onceflow.store.backends.postgres import Remedy
 
@@ -375,7 +377,7 @@ class StoreActor:
         if conn.reset_needed:
             try:
                 conn.reset()
-            except sqlite3.Error as exc:
+            except conn.errors as exc:
                 log.warning("store_reset_failed", path=str(self.path), error=str(exc))
                 return self._reconnect(conn)
         return conn
@@ -387,7 +389,7 @@ class StoreActor:
             conn = self._usable(conn)
             try:
                 conn.execute("SELECT 1")
-            except sqlite3.Error:
+            except conn.errors:
                 conn = self._usable(conn)
                 conn.execute("SELECT 1")
             self._confirmed = time.monotonic()
@@ -473,7 +475,7 @@ class StoreActor:
         started = time.perf_counter()
         try:
             with _pg(conn).pipelined() if self.postgres else contextlib.nullcontext():
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(dialect_of(conn).begin)
                 if self.postgres:
                     self._lock_tasks(_pg(conn), batch)
                 if len(batch) > 1:
@@ -586,7 +588,7 @@ class StoreActor:
         if conn.in_transaction:
             try:
                 conn.execute("ROLLBACK")
-            except sqlite3.Error as rollback_exc:
+            except faults.database_errors(conn) as rollback_exc:
                 log.error("store_rollback_failed", path=str(self.path), error=str(rollback_exc))
 
 
@@ -599,14 +601,20 @@ class _TransactionEnded(Exception):
 
 
 def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
-    """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause)."""
-    if isinstance(result, outcome.Error) and faults.storage_kind(result.error) is not None:
+    """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause); a
+    `StorageError` already (PostgreSQL's typed faults) is kept."""
+    if (
+        isinstance(result, outcome.Error)
+        and not isinstance(result.error, StorageError)
+        and faults.storage_kind(result.error) is not None
+    ):
         return outcome.Error(_chained(faults.storage_error(result.error), result.error))
     return result
 
 
 def _chained(error: StorageError, cause: BaseException) -> StorageError:
-    error.__cause__ = cause
+    if error is not cause:  # (a `faults.DatabaseFault` is its own StorageError)
+        error.__cause__ = cause
     return error
 
 

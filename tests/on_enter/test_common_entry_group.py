@@ -216,6 +216,37 @@ def sent_back_one_at_a_time(db: Path | str) -> None:
     assert [log.get("group") for log in declined] == [4, None]  # the group, then T1 alone
 
 
+async def _with_an_hourly_rate(db: Path | str, scenario: dict[str, Any]) -> tuple[list[Any], list[Any], int]:
+    async with open_runtime(db, clock=FakeClock()) as rt:
+        admissions = await prepare(rt, scenario)
+        await ok(rt, {"type": "set_limits", "scope": "agent", "id": "rev-a", "runs_per_hour": 100})
+        results, ran = await one_batch(rt, admissions)
+        count = await rt.services.store.transact(
+            lambda conn: conn.execute("SELECT count(*) FROM runs").fetchone()
+        )
+        return results, ran, int(count[0])
+
+
+def declined_for_an_hourly_rate(db: Path | str) -> None:
+    """An hourly rate is set: every new run must be counted at its enqueue, so the group declines (each
+    entry then takes the per-action path) and writes nothing."""
+    scenario = {
+        "review": ["clear", "fan_out"],
+        "seats": ["rev-a"],
+        "before": dict.fromkeys(TASKS, "fresh"),
+        "cached": dict.fromkeys(TASKS, False),
+        "order": TASKS,
+    }
+    together, ran, runs_written = run_still(_with_an_hourly_rate, db, scenario)
+    assert ran == [None]
+    assert together == [None] * len(TASKS)  # the common path alone declines too
+    assert runs_written == 0
+
+
+def test_an_hourly_rate_declines_the_group(tmp_path: Path) -> None:
+    declined_for_an_hourly_rate(tmp_path / "together.db")
+
+
 def test_a_clean_batch_is_admitted_by_one_group_run(tmp_path: Path) -> None:
     """Not vacuous: entries with nothing in the way are decided by the group, and its result is each one's."""
     admitted_by_one_group_run(tmp_path / "together.db")

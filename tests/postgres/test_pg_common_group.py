@@ -78,6 +78,14 @@ def test_pg_one_anomaly_sends_the_whole_group_back_to_one_at_a_time_AC_H6(
     group.sent_back_one_at_a_time(fresh(postgres_server))
 
 
+def test_pg_an_hourly_rate_declines_the_group_after_its_statements_ran(
+    postgres_server: PostgresServer,
+) -> None:
+    """On PostgreSQL the rate is read with the group's other answers, after its statements were sent: the
+    group still declines, its savepoint undoing every statement."""
+    group.declined_for_an_hourly_rate(fresh(postgres_server))
+
+
 def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
     postgres_server: PostgresServer,
 ) -> None:

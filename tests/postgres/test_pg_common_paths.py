@@ -1,8 +1,8 @@
 """The common paths on PostgreSQL: the one-savepoint common entry and the set-oriented recovery decide
 exactly as the per-action / per-entry paths do, there too.
 
-The SQL of both paths is SQLite's (json_each, `?NNN` parameters, `CROSS JOIN ... ON`);
-store/backends/postgres.py translates it, and the writer runs it pipelined. These are the common paths'
+The SQL of both paths is written once per dialect where the two differ (store/backends/dialect.py: the JSON
+arrays as rows, the ordered joins), and the writer runs it pipelined. These are the common paths'
 equivalence tests (tests/on_enter/test_common_entry.py, test_recovery_set.py) replayed on a PostgreSQL
 database per run, with their scenarios, plus the database-error case as a PostgreSQL trigger: the failing
 statement is one whose answer the pipeline reads late, so it also checks that its error is raised inside the

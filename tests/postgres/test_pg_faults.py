@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -130,7 +129,8 @@ def assert_storage(
 ) -> None:
     assert isinstance(exc, StorageError), repr(exc)
     assert (exc.kind, exc.code, exc.retryable) == (kind, f"storage_{kind}", retryable), exc
-    assert isinstance(exc.__cause__, sqlite3.Error)
+    root = exc.__cause__.__cause__ if isinstance(exc.__cause__, StorageError) else exc.__cause__
+    assert isinstance(exc if root is None else root, StorageError if root is None else psycopg.Error), exc
     if sqlstate is not None:
         assert f"sqlstate {sqlstate}" in str(exc), exc
 
@@ -205,8 +205,8 @@ def test_every_sqlstate_of_the_table_is_its_storage_kind_with_its_retryable_and_
     assert error.sqlstate == code
     fault = FAULTS[key]
     assert postgres.fault_of(error) == fault
-    mapped = postgres.as_sqlite_error(error)
-    assert isinstance(mapped, sqlite3.OperationalError)
+    mapped = postgres.typed(error)
+    assert isinstance(mapped, faults.DatabaseFault)
     assert faults.storage_kind(mapped) == fault.kind
     typed = faults.storage_error(mapped)
     assert (typed.code, typed.retryable) == (
@@ -232,11 +232,12 @@ def test_every_sqlstate_of_the_table_is_its_storage_kind_with_its_retryable_and_
 )
 def test_errors_without_a_table_entry(error: psycopg.Error, fault: postgres.Fault | None) -> None:
     """psycopg's own errors: a connection it lost or cannot use is io (replaced), an aborted pipeline is
-    aborted; constraints, SQL errors and misuse are no storage fault (class 23 is an IntegrityError)."""
+    aborted; constraints, SQL errors and misuse are no storage fault: they stay psycopg's own errors."""
     assert postgres.fault_of(error) == fault
-    mapped = postgres.as_sqlite_error(error)
+    mapped = postgres.typed(error)
     assert faults.storage_kind(mapped) == (None if fault is None else fault.kind)
-    assert isinstance(mapped, sqlite3.IntegrityError) == isinstance(error, psycopg.errors.IntegrityError)
+    assert (mapped is error) == (fault is None)
+    assert faults.is_constraint_violation(mapped) == isinstance(error, psycopg.errors.IntegrityError)
 
 
 # --- connection closed or reset, admin termination ----------------------------------------------------------
@@ -305,15 +306,15 @@ async def test_a_connection_lost_anywhere_in_a_batch_fails_it_as_io_and_the_next
 
 def test_entering_the_pipeline_on_a_connection_psycopg_knows_lost_is_an_io_fault(pg_url: str) -> None:
     """After psycopg has seen its connection go, `pipelined` (which psycopg refuses with its own
-    OperationalError, 'the connection is closed') raises the typed sqlite3 error, and the connection asks to
-    be replaced."""
+    OperationalError, 'the connection is closed') raises the typed storage fault, and the connection asks
+    to be replaced."""
     conn = postgres.connect(pg_url)
     try:
         terminate(pg_url, conn.raw.info.backend_pid)
-        with pytest.raises(sqlite3.OperationalError) as lost:
+        with pytest.raises(faults.DatabaseFault) as lost:
             conn.execute("SELECT 1")
         assert faults.storage_kind(lost.value) == "io" and conn.remedy is Remedy.REPLACE
-        with pytest.raises(sqlite3.OperationalError) as entering, conn.pipelined():
+        with pytest.raises(faults.DatabaseFault) as entering, conn.pipelined():
             pass
         assert faults.storage_kind(entering.value) == "io"
         assert isinstance(entering.value.__cause__, psycopg.OperationalError)
@@ -697,11 +698,11 @@ def test_a_failed_pipelined_batch_leaves_no_statement_psycopg_believes_prepared(
             conn.execute("ROLLBACK")
         for item in range(5):
             with conn.pipelined():
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("BEGIN")
                 conn.execute("INSERT INTO items (id, name) VALUES (?, 'x')", (item,))
                 conn.execute("COMMIT")
-        with pytest.raises(sqlite3.IntegrityError), conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(psycopg.errors.NotNullViolation), conn.pipelined():
+            conn.execute("BEGIN")
             conn.execute("SAVEPOINT request")
             conn.execute("INSERT INTO items (id, name) VALUES (?, NULL)", (100,))  # fails
             conn.execute("INSERT INTO items (id, name) VALUES (?, 'x')", (101,))  # sixth use: skipped

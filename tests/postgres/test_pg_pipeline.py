@@ -1,12 +1,11 @@
 """Group commit on PostgreSQL that is not round-trip bound: the writer's transaction runs in
 psycopg's pipeline mode (`PgConnection.pipelined`), a statement's answer is waited for only where it is
-read, and an error is still raised inside the savepoint, and the request, that issued the statement. Also the
-dialect layer the common paths need (json_each, numbered parameters, `CROSS JOIN ... ON`).
+read, and an error is still raised inside the savepoint, and the request, that issued the statement. Also
+the connection's parameter style (numbered parameters) and the dialect's JSON rows.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from typing import Any
 
@@ -16,7 +15,8 @@ import trio
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.backends import epochs, faults, postgres
-from onceflow.store.backends.postgres import PgConnection, translate
+from onceflow.store.backends.dialect import POSTGRES
+from onceflow.store.backends.postgres import PgConnection, statement_of
 from onceflow.store.writer import open_store
 
 TABLE = "CREATE TABLE items (id BIGINT PRIMARY KEY, name TEXT NOT NULL)"
@@ -28,32 +28,38 @@ def rows(url: str) -> list[tuple[Any, ...]]:
 
 
 def test_numbered_parameters_become_positional_ones_in_their_order() -> None:
-    statement = translate("SELECT ?2, ?1 WHERE x = ?1 AND y = ?")
-    assert statement.text == "SELECT %s, %s WHERE x = %s AND y = %s"
+    statement = statement_of("SELECT ?2, ?1 WHERE x = ?1 AND y = ? AND z = '?' AND w LIKE 'a%'")
+    assert statement.text == "SELECT %s, %s WHERE x = %s AND y = %s AND z = '?' AND w LIKE 'a%%'"
     assert statement.params_for(("a", "b", "c")) == ["b", "a", "a", "c"]
-    assert translate("SELECT ? + ?").order is None  # unnumbered: the caller's order, as given
+    assert statement_of("SELECT ? + ?").order is None  # unnumbered: the caller's order, as given
 
 
-def test_json_each_reads_elements_as_json_or_as_text() -> None:
-    read_into = translate(
-        "SELECT value ->> 0 FROM json_each(?1) AS j CROSS JOIN t AS u ON u.a = j.value ->> 1"
-    )
-    each = (
-        "(SELECT value, ordinality - 1 AS key FROM {}(CAST(%s AS json))"
-        " WITH ORDINALITY AS _each (value, ordinality))"
-    )
-    assert each.format("json_array_elements") + " AS j JOIN t AS u ON" in read_into.text
-    scalars = translate("SELECT key, value FROM json_each(?)")
-    assert scalars.text == "SELECT key, value FROM " + each.format("json_array_elements_text") + " AS _each"
+def test_the_parameter_style_is_all_the_connection_changes_in_a_statement() -> None:
+    """SQLite's forms reach the server as written (and fail there): the PostgreSQL forms are written once,
+    side by side (store/backends/dialect.py), not rewritten at run time."""
+    sqlite_only = "SELECT value FROM json_each(?) AS e CROSS JOIN t AS u ON u.a = e.value WHERE x IS ?"
+    assert statement_of(sqlite_only).text == sqlite_only.replace("?", "%s")
+    assert statement_of("BEGIN IMMEDIATE").text == "BEGIN IMMEDIATE"
+    assert statement_of("ROLLBACK TO request").control == ("ROLLBACK TO", "request")
+    assert statement_of("ROLLBACK").control == ("ROLLBACK", "")
+    assert statement_of("SAVEPOINT sp").control == ("SAVEPOINT", "sp")
+    assert statement_of("SELECT 1").control is None
 
 
-def test_json_each_keys_count_from_zero_as_in_sqlite(pg_url: str) -> None:
+def test_json_rows_keys_count_from_zero_and_read_as_json_or_as_text(pg_url: str) -> None:
     conn = postgres.connect(pg_url)
     try:
-        rows = conn.execute("SELECT key, value FROM json_each(?)", ('["a", "b"]',)).fetchall()
+        scalars = POSTGRES.json_rows("?", scalars=True)
+        rows = conn.execute(f"SELECT key, value FROM {scalars}", ('["a", "b"]',)).fetchall()
+        into = POSTGRES.json_rows("?", "j")
+        read = conn.execute(f"SELECT j.key, j.value ->> 1 FROM {into}", ('[["a", "b"], ["c", "d"]]',))
+        pairs = read.fetchall()
+        with pytest.raises(psycopg.errors.InvalidParameterValue):  # its json_each reads objects only
+            conn.execute("SELECT value FROM json_each(?) AS e", ('["a"]',))
     finally:
         conn.close()
     assert [tuple(row) for row in rows] == [(0, "a"), (1, "b")]
+    assert [tuple(row) for row in pairs] == [(0, "b"), (1, "d")]
 
 
 def test_a_pipelined_transaction_waits_only_where_an_answer_is_read(pg_url: str) -> None:
@@ -63,7 +69,7 @@ def test_a_pipelined_transaction_waits_only_where_an_answer_is_read(pg_url: str)
         conn.execute(TABLE)
         before = conn.round_trips
         with conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN")
             for i in range(10):
                 conn.execute("INSERT INTO items (id, name) VALUES (?, ?)", (i, f"n{i}"))
             assert conn.scalar("SELECT count(*) FROM items") == 10
@@ -86,12 +92,12 @@ def test_an_unread_statements_error_is_raised_inside_the_savepoint_that_issued_i
     try:
         conn.execute(TABLE)
         with conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN")
             conn.execute("INSERT INTO items (id, name) VALUES (1, 'kept')")
             conn.execute("SAVEPOINT block")
             conn.execute("INSERT INTO items (id, name) VALUES (2, 'undone')")
             conn.execute("INSERT INTO items (id, name) VALUES (1, 'duplicate')")
-            with pytest.raises(sqlite3.IntegrityError, match="23505"):
+            with pytest.raises(psycopg.errors.UniqueViolation):
                 conn.execute("RELEASE block")
             assert conn.in_transaction
             conn.execute("INSERT INTO items (id, name) VALUES (3, 'after')")
@@ -108,10 +114,10 @@ def test_a_read_raises_the_error_of_an_earlier_unread_statement(pg_url: str) -> 
     try:
         conn.execute(TABLE)
         with conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN")
             conn.execute("SAVEPOINT block")
             conn.execute("INSERT INTO items (id, name) VALUES (1, NULL)")
-            with pytest.raises(sqlite3.IntegrityError, match="23502"):
+            with pytest.raises(psycopg.errors.NotNullViolation):
                 conn.scalar("SELECT count(*) FROM items")
             conn.execute("ROLLBACK TO block")
             conn.execute("RELEASE block")
@@ -141,7 +147,7 @@ async def test_group_commit_gives_an_unread_statements_error_to_its_own_request(
                         conn.execute("INSERT INTO items (id, name) VALUES (?, 'x')", (item,)) and item
                     )
                 )
-            except sqlite3.IntegrityError as exc:
+            except psycopg.errors.IntegrityError as exc:
                 results[task_id] = exc
 
         async with trio.open_nursery() as nursery:
@@ -154,7 +160,7 @@ async def test_group_commit_gives_an_unread_statements_error_to_its_own_request(
             await trio.sleep(0.2)
             gate.set()
         waited = PgConnection.total_round_trips - before
-    failed = [task for task, result in results.items() if isinstance(result, sqlite3.IntegrityError)]
+    failed = [task for task, result in results.items() if isinstance(result, psycopg.errors.IntegrityError)]
     assert len(failed) == 1 and failed[0] in "AB"  # Trio may run A or B first: the second one fails
     assert results["C"] == 3 and results["B" if failed == ["A"] else "A"] == 1
     assert rows(pg_url) == [(1, "x"), (3, "x")]
@@ -211,11 +217,11 @@ def test_a_connection_lost_mid_pipeline_is_an_io_fault_that_ends_the_transaction
         conn.execute(TABLE)
         pid = conn.scalar("SELECT pg_backend_pid()")
         with conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN")
             conn.execute("INSERT INTO items (id, name) VALUES (1, 'lost')")
             with psycopg.connect(pg_url, autocommit=True) as killer:
                 killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            with pytest.raises(sqlite3.OperationalError) as raised:
+            with pytest.raises(faults.DatabaseFault) as raised:
                 conn.scalar("SELECT count(*) FROM items")
             assert faults.storage_kind(raised.value) == "io"
             assert conn.broken and not conn.in_transaction
@@ -229,12 +235,12 @@ def test_executemany_in_a_pipelined_transaction_answers_its_rowcount_in_one_wait
     try:
         conn.execute(TABLE)
         with conn.pipelined():
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN")
             before = conn.round_trips
             cursor = conn.executemany("INSERT INTO items (id, name) VALUES (?, ?)", [(1, "a"), (2, "b")])
             assert cursor.rowcount == 2
             assert conn.round_trips - before == 1
-            with pytest.raises(sqlite3.IntegrityError):
+            with pytest.raises(psycopg.errors.IntegrityError):
                 conn.executemany("INSERT INTO items (id, name) VALUES (?, ?)", [(3, "c"), (1, "again")])
             conn.execute("ROLLBACK")
     finally:

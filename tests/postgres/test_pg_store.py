@@ -14,6 +14,7 @@ import trio
 from onceflow.protocol.errors import StorageError
 from onceflow.store import writer
 from onceflow.store.backends import epochs, faults, pg_schema, postgres, schema
+from onceflow.store.backends.dialect import dialect_of
 from onceflow.store.entries import step_entries
 from onceflow.store.entries.step_entries import EntryKey
 from onceflow.store.writer import open_store
@@ -100,26 +101,26 @@ async def test_runtimes_starting_together_migrate_once(pg_url: str) -> None:
     assert len(set(opened)) == 3
 
 
-async def test_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_url: str) -> None:
+async def test_dialect_returning_null_safe_is_and_bytes_text_factory(pg_url: str) -> None:
+    insert = (
+        "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id"
+    )
+
     def fn(conn: sqlite3.Connection) -> tuple[Any, ...]:
-        first = conn.execute(
-            "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
-            " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
-            ("a", "k1"),
-        )
-        again = conn.execute(
-            "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
-            " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
-            ("a", "k1"),
-        )
-        null_match = conn.execute("SELECT id FROM runs WHERE task_id IS ?", (None,)).fetchall()
+        first = conn.execute(insert, ("a", "k1"))
+        first_id = first.fetchone()[0]
+        again = conn.execute(insert, ("a", "k1"))
+        again_row = again.fetchone()
+        same = dialect_of(conn).same
+        null_match = conn.execute(f"SELECT id FROM runs WHERE task_id {same} ?", (None,)).fetchall()
         conn.text_factory = bytes
         try:
             as_bytes = conn.execute("SELECT agent_profile_id FROM runs").fetchone()
         finally:
             conn.text_factory = str
         percent = conn.execute("SELECT '5%' || ?", ("x",)).fetchone()
-        return first.lastrowid, first.rowcount, again.lastrowid, again.rowcount, null_match, as_bytes, percent
+        return first_id, first.rowcount, again_row, again.rowcount, null_match, as_bytes, percent
 
     async with open_store(pg_url) as store:
         first_id, first_count, again_id, again_count, nulls, as_bytes, percent = await store.transact(fn)
@@ -132,7 +133,7 @@ async def test_dialect_lastrowid_null_safe_is_and_bytes_text_factory(pg_url: str
 async def test_a_constraint_violation_is_an_integrity_error_and_rolls_back_alone(pg_url: str) -> None:
     async with open_store(pg_url, max_batch=8) as store:
         await store.transact(_add_workflow("w1"))
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(psycopg.errors.UniqueViolation):
             await store.transact(_add_workflow("w1"))
         assert await store.transact(_add_workflow("w2")) == "w2"  # the transaction survived the savepoint
 
@@ -146,7 +147,7 @@ async def test_a_read_only_transaction_is_storage_read_only(pg_url: str) -> None
         with pytest.raises(StorageError) as caught:
             await store.transact(write_read_only)
     assert caught.value.kind == "read_only" and not caught.value.retryable
-    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    assert isinstance(caught.value.__cause__, psycopg.Error)
 
 
 async def test_a_deadlock_is_storage_busy_and_retryable(pg_url: str) -> None:
@@ -435,6 +436,7 @@ async def test_a_task_lock_held_past_the_busy_timeout_is_storage_busy(pg_url: st
     ],
 )
 def test_postgres_errors_map_to_storage_kinds(error: psycopg.Error, kind: str | None) -> None:
-    mapped = postgres.as_sqlite_error(error)
+    mapped = postgres.typed(error)
     assert faults.storage_kind(mapped) == kind
-    assert isinstance(mapped, sqlite3.IntegrityError) == isinstance(error, psycopg.errors.IntegrityError)
+    assert (mapped is error) == (kind is None)  # anything but a storage fault stays psycopg's own
+    assert faults.is_constraint_violation(mapped) == isinstance(error, psycopg.errors.IntegrityError)

@@ -18,6 +18,7 @@ from pg_support import freeze_server_clock
 from onceflow.protocol.runs import RunPolicy
 from onceflow.store.backends import pg_schema, postgres, schema
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import dialect_of
 from onceflow.store.backends.urls import is_postgres_url
 from onceflow.store.runs import flow, run_claims, runs
 from onceflow.store.runs.runs import RunRequest
@@ -44,7 +45,7 @@ def conn(db_path: Path | str) -> Iterator[Connection]:
 
 
 def tx(conn: Connection, fn: Any, *args: Any) -> Any:
-    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(dialect_of(conn).begin)
     try:
         result = fn(conn, *args)
     except BaseException:

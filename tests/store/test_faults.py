@@ -132,11 +132,12 @@ def test_savepoint_whose_block_swallowed_a_transaction_ending_error_does_not_rel
         conn.execute("BEGIN IMMEDIATE")
         fill_up(conn)
         with (
-            pytest.raises(sqlite3.OperationalError, match="transaction ended inside savepoint sp"),
+            pytest.raises(faults.DatabaseFault, match="transaction ended inside savepoint sp") as ended,
             savepoint(conn, "sp"),
             contextlib.suppress(sqlite3.Error),  # the catch-and-continue shape that once hid a fault
         ):
             conn.execute("INSERT INTO t VALUES (randomblob(?))", (BIG,))
+    assert ended.value.kind == "aborted"
 
 
 def test_savepoint_still_rolls_back_only_its_block_after_an_ordinary_error(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.store.backends import faults
 from onceflow.store.backends.savepoint import REQUEST_SAVEPOINT, request_savepoint
 
 
@@ -56,5 +57,5 @@ def test_request_savepoint_touches_nothing_after_the_transaction_ended(tmp_path:
         raise ValueError("gone")
     assert not conn.in_transaction
     conn = open_request(tmp_path / "db2")
-    with pytest.raises(sqlite3.OperationalError, match="transaction ended"), request_savepoint(conn):
+    with pytest.raises(faults.DatabaseFault, match="transaction ended"), request_savepoint(conn):
         conn.execute("ROLLBACK")

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.protocol.runs import RunPolicy
+from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
 from onceflow.store.records import RunRecord
 from onceflow.store.runs import run_claims, runs
@@ -112,7 +113,9 @@ def _enqueue_and_survive(request: RunRequest, now: float) -> Callable[[sqlite3.C
     def enqueue(conn: sqlite3.Connection) -> str:
         try:
             runs.enqueue_run(conn, request, now)
-        except sqlite3.IntegrityError as exc:
+        except Exception as exc:
+            if not faults.is_constraint_violation(exc):
+                raise
             return str(exc)
         return "enqueued"
 

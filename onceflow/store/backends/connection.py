@@ -1,8 +1,10 @@
 """The database connection every store function is given: the part of `sqlite3.Connection` the store uses.
 
-Both backends satisfy it: `sqlite3.Connection` itself, and `store.postgres.PgConnection` (psycopg 3 behind
-the same calls, raising sqlite3's exception classes). Store functions run on the writer thread inside the
-writer's transaction; they never BEGIN, COMMIT or ROLLBACK themselves (savepoints are theirs to use).
+Both backends satisfy it: `sqlite3.Connection` itself, and `store.backends.postgres.PgConnection` (psycopg 3
+behind the same calls; its errors are psycopg's, and its storage faults `faults.DatabaseFault`). Where the
+two dialects' SQL differs, store/backends/dialect.py has both forms. Store functions run on the writer
+thread inside the writer's transaction; they never BEGIN, COMMIT or ROLLBACK themselves (savepoints are
+theirs to use).
 """
 
 from __future__ import annotations
@@ -12,13 +14,11 @@ from typing import Any, Protocol
 
 
 class Cursor(Protocol):
-    """One statement's answer: its rows, how many rows it changed, the id an INSERT generated."""
+    """One statement's answer: its rows and how many rows it changed (an INSERT's generated id comes back
+    through its own `RETURNING`)."""
 
     @property
     def rowcount(self) -> int: ...
-
-    @property
-    def lastrowid(self) -> int | None: ...
 
     def fetchone(self) -> Any: ...
 

@@ -1,18 +1,21 @@
-"""PostgreSQL under the store actor: an sqlite3-shaped connection over psycopg 3, and the dialect layer.
+"""PostgreSQL under the store actor: a connection over psycopg 3 with the API the store's functions use, and
+the table from PostgreSQL's errors to the store's typed storage faults.
 
-The store's transaction functions are written once, against the sqlite3 connection API and portable SQL
-(`ON CONFLICT`, `RETURNING`, savepoints). `PgConnection` lets the same functions drive PostgreSQL from the
-writer thread with psycopg's synchronous API (psycopg's async API is asyncio-only): it rewrites what is not
-portable (placeholders `?` and numbered `?NNN` → `%s`, `BEGIN IMMEDIATE` → `BEGIN`, `lastrowid` through an
-appended `RETURNING`, `json_each(?)` → `json_array_elements(_text)`, `CROSS JOIN ... ON` → `JOIN ... ON`),
-reads text as bytes when the caller asks (`text_factory = bytes`), and raises every database error as the
-sqlite3 exception class, with the SQLite result code, that the rest of the store already understands. So
-`faults.storage_kind` types PostgreSQL's faults too. `FAULTS` is the one table from SQLSTATE (a code, else
-its class) to `StorageKind`: a serialization failure, deadlock, lock or statement timeout is `busy`
+The store's transaction functions are written once against that API (store/backends/connection.py), in
+SQL that is the same on both backends except where `dialect.Dialect` says otherwise: those statements are
+written in both forms side by side (store/backends/dialect.py), so nothing in a statement is rewritten here.
+`PgConnection` drives them from the writer thread with psycopg's synchronous API (psycopg's async API is
+asyncio-only). The one thing it maps is the parameter style (`statement_of`): SQLite's `?` and numbered `?NNN`
+placeholders become psycopg's `%s`, with the caller's parameters picked by number, once per statement text
+(cached). It reads text as bytes when the caller asks (`text_factory = bytes`).
+
+Errors are typed here, not translated: `FAULTS` is the one table from SQLSTATE (a code, else its class) to
+`StorageKind`, and an error it maps is raised as `faults.DatabaseFault` of that kind, a `StorageError`, with
+the psycopg error as its `__cause__`: a serialization failure, deadlock, lock or statement timeout is `busy`
 (retryable), a lost connection or a server shut down, crashed or starting up `io` (retryable), a full disk
 `full`, an exhausted server `out_of_memory`, a read-only transaction or missing privilege `read_only`,
-corruption `corrupt`, a transaction the server ended for another reason `aborted`; the psycopg error is the
-`__cause__`. No psycopg error leaves a `PgConnection`: every one is raised as its sqlite3 error.
+corruption `corrupt`, a transaction the server ended for another reason `aborted`. Any other error (a
+constraint violation, SQLSTATE class 23; an SQL error, our own bug) is raised as psycopg's own.
 
 The table also says what the connection needs afterwards (`Remedy`), which the connection records
 (`PgConnection.remedy`) and the writer applies before its next transaction: nothing beyond the
@@ -36,99 +39,62 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import re
-import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, NoReturn
 
 import psycopg
 from psycopg.adapt import Loader
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import IntDumper
 
-from onceflow.protocol.errors import StorageKind
-from onceflow.store.backends import faults
+from onceflow.protocol.errors import StorageError, StorageKind
+from onceflow.store.backends.dialect import POSTGRES, Dialect
+from onceflow.store.backends.faults import DatabaseFault
 
-# Tables whose integer key PostgreSQL generates (identity columns): an INSERT into one without its own
-# RETURNING gets `RETURNING <column>` appended, which is how `cursor.lastrowid` is answered.
-_IDENTITY = {
-    "participants": "id",
-    "decisions": "id",
-    "runs": "id",
-    "task_review_runs": "id",
-    "outcome_acks": "seq",
-}
-_INSERT = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
-# SQLite's `x IS ?` / `x IS NOT ?` compare NULL-safely with any value; PostgreSQL's IS takes NULL only.
-_IS_PARAM = re.compile(r"\bIS\s+(NOT\s+)?\?", re.IGNORECASE)
-# A parameter tested for NULL has no type the server could infer: it is cast to text (any scalar casts).
-_PARAM_IS_NULL = re.compile(r"\?(\s+IS\s+(?:NOT\s+)?NULL)", re.IGNORECASE)
-
-
-# SQLite's json_each(?) over a JSON array: PostgreSQL's json_array_elements when the statement reads into the
-# elements (`value ->> n`), else json_array_elements_text (scalars compared as text); `key` is the 0-based
-# index, as in SQLite.
-_JSON_EACH = re.compile(r"\bjson_each\((\?\d*)\)(?=(\s+AS\b)?)", re.IGNORECASE)
-# SQLite accepts `CROSS JOIN t ON ...` (CROSS fixes its join order); PostgreSQL's CROSS JOIN takes no ON.
-_CROSS_JOIN_ON = re.compile(r"\bCROSS\s+JOIN\s+(\w+(?:\s+AS\s+\w+)?)\s+ON\b", re.IGNORECASE)
-
-
-# A statement that reads a PostgreSQL array parameter as a set of values to match (`= ANY(?)`).
-_OVER_ARRAY = re.compile(r"=\s*ANY\(", re.IGNORECASE)
+# Transaction control the pipelined connection handles itself: the first word(s) of such a statement.
+_CONTROL = frozenset({"BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT"})
 
 
 class Statement(NamedTuple):
-    """A statement translated for PostgreSQL: its `text`, the identity column appended as RETURNING for
-    `lastrowid` (or None), and, when the SQLite text numbers its parameters (`?1`, `?2`), the 0-based index
-    of the caller's parameter for each `%s` in order (`params_for` applies it; None: in the caller's
-    order); `prepare` False for a statement the server plans at every execution.
+    """A statement as psycopg takes it: its `text` (`%s` placeholders), when the SQL numbers its parameters
+    (`?1`, `?2`), the 0-based index of the caller's parameter for each `%s` in order (`params_for` applies
+    it; None: in the caller's order); `prepare` False for a statement the server plans at every execution;
+    `control` its verb (BEGIN, SAVEPOINT, RELEASE, ROLLBACK, ROLLBACK TO, COMMIT) and savepoint name for
+    transaction control, else None.
 
     Prepared statements are used deliberately: psycopg prepares a statement at its fifth use, and the server
     then settles on a generic plan after five more, kept until its tables' statistics change. That is the
     plan planning afresh would give when no parameter's value moves the estimates: a statement of one row
-    (a key's lookup, a row's insert), and a set-based one over a JSON array (`json_each(?)`: a writer batch's
-    rows, a recovery group's), whose rows PostgreSQL estimates at 100 whatever the array holds. A statement
-    matching a PostgreSQL array (`= ANY(?)`) is planned for its array at every execution: its length and
-    values are what the estimates rest on, and a generic plan made when the batch's tables were young (a
-    scan of every open run through another partial index, for a batch's leave) would be kept as they grow.
-    Measured interleaved (`bench/multi_runtime.py`'s workload): every set-based statement planned afresh
-    cost ~50 µs of server CPU an entry more than this; every one prepared, ~65 µs more."""
+    (a key's lookup, a row's insert), and a set-based one over a JSON array (`Dialect.json_rows`: a writer
+    batch's rows, a recovery group's), whose rows PostgreSQL estimates at 100 whatever the array holds. A
+    statement matching a PostgreSQL array (`= ANY(?)`) is planned for its array at every execution: its
+    length and values are what the estimates rest on, and a generic plan made when the batch's tables were
+    young (a scan of every open run through another partial index, for a batch's leave) would be kept as
+    they grow. Measured interleaved (`bench/multi_runtime.py`'s workload): every set-based statement planned
+    afresh cost ~50 µs of server CPU an entry more than this; every one prepared, ~65 µs more."""
 
     text: str
-    returning: str | None
     order: tuple[int, ...] | None = None
     prepare: bool = True
+    control: tuple[str, str] | None = None
 
     def params_for(self, params: Sequence[Any]) -> Sequence[Any]:
         """The parameters as PostgreSQL takes them: one per `%s`, a numbered one repeated where reused."""
         return params if self.order is None else [params[i] for i in self.order]
 
 
-@functools.lru_cache(maxsize=1024)
-def translate(sql: str, has_params: bool = True) -> Statement:
-    """`sql` (SQLite dialect, `?` or `?NNN` placeholders) as PostgreSQL. `?` inside quoted literals is left
-    alone; `%` is escaped when the statement goes with parameters (psycopg reads placeholders only then).
-    A bare `?` after numbered ones is the next number, as in SQLite."""
-    if sql.strip().upper() == "BEGIN IMMEDIATE":
-        return Statement("BEGIN", None)
-    prepare = _OVER_ARRAY.search(sql) is None
-    sql = _PARAM_IS_NULL.sub(r"CAST(? AS TEXT)\1", sql)
-    sql = _IS_PARAM.sub(lambda m: "IS DISTINCT FROM ?" if m.group(1) else "IS NOT DISTINCT FROM ?", sql)
-    each = "json_array_elements" if "->>" in sql else "json_array_elements_text"
-    sql = _JSON_EACH.sub(
-        lambda m: (
-            f"(SELECT value, ordinality - 1 AS key FROM {each}(CAST({m.group(1)} AS json))"
-            " WITH ORDINALITY AS _each (value, ordinality))" + ("" if m.group(2) else " AS _each")
-        ),
-        sql,
-    )
-    sql = _CROSS_JOIN_ON.sub(r"JOIN \1 ON", sql)
+@functools.lru_cache(maxsize=2048)
+def statement_of(sql: str, has_params: bool = True) -> Statement:
+    """`sql` in psycopg's parameter style: `?` and `?NNN` placeholders become `%s` (a bare `?` after
+    numbered ones is the next number, as in SQLite); `?` inside quoted literals is left alone; `%` is
+    escaped when the statement goes with parameters (psycopg reads placeholders only then). Nothing else
+    of the text changes: a statement SQLite alone understands fails on the server, as any SQL error."""
     out: list[str] = []
     order: list[int] = []
     numbered = False
     quote: str | None = None
-    index = 0
-    while index < len(sql):
+    index, size = 0, len(sql)
+    while index < size:
         char = sql[index]
         index += 1
         if quote is not None:
@@ -137,67 +103,63 @@ def translate(sql: str, has_params: bool = True) -> Statement:
         elif char in "'\"":
             quote = char
         elif char == "?":
-            digits = re.match(r"\d*", sql[index:])
-            assert digits is not None
-            if digits.group():
+            end = index
+            while end < size and sql[end].isdigit():
+                end += 1
+            if end > index:
                 numbered = True
-                order.append(int(digits.group()) - 1)
-                index += len(digits.group())
+                order.append(int(sql[index:end]) - 1)
+                index = end
             else:
                 order.append(max(order, default=-1) + 1)
             out.append("%s")
             continue
         out.append("%%" if char == "%" and has_params else char)
     text = "".join(out)
-    returning = None
-    match = _INSERT.match(text)
-    if match is not None and "RETURNING" not in text.upper():
-        returning = _IDENTITY.get(match.group(1).lower())
-        if returning is not None:
-            text = f"{text.rstrip().rstrip(';')} RETURNING {returning}"
+    words = text.split(None, 2)
+    control = None
+    if words and words[0].upper() in _CONTROL:
+        verb = words[0].upper()
+        rest = words[1:]
+        if verb == "ROLLBACK" and rest and rest[0].upper() == "TO":
+            verb, rest = "ROLLBACK TO", text.split()[2:]
+        control = (verb, rest[0] if rest and verb in ("SAVEPOINT", "RELEASE", "ROLLBACK TO") else "")
     # Numbered parameters pick the caller's by index; a statement naming none (its time read from the
     # server's clock, store/backends/clock.py) sends none of them.
-    return Statement(text, returning, tuple(order) if numbered or not order else None, prepare)
+    return Statement(
+        text, tuple(order) if numbered or not order else None, "ANY(" not in text.upper(), control
+    )
 
 
 class PgCursor:
-    """The answer of one statement, shaped like a `sqlite3.Cursor` (fetchone, fetchall, iteration, rowcount,
-    lastrowid). Rows are plain tuples. Inside `PgConnection.pipelined` the answer is read from the server
-    only when first asked for (one round trip, which also settles every statement sent before it), and a
-    database error of this statement, or of an earlier unsettled one, is raised then."""
+    """The answer of one statement (`connection.Cursor`: fetchone, fetchall, iteration, rowcount). Rows are
+    plain tuples. Inside `PgConnection.pipelined` the answer is read from the server only when first asked
+    for (one round trip, which also settles every statement sent before it), and a database error of this
+    statement, or of an earlier unsettled one, is raised then."""
 
-    __slots__ = ("_conn", "_cur", "_lastrowid", "_returning", "_rowcount", "_rows")
+    __slots__ = ("_conn", "_cur", "_rowcount", "_rows")
 
-    def __init__(self, conn: PgConnection, cur: psycopg.Cursor[Any] | None, returning: str | None) -> None:
+    def __init__(self, conn: PgConnection, cur: psycopg.Cursor[Any] | None) -> None:
         self._conn = conn
         self._cur: psycopg.Cursor[Any] | None = cur
-        self._returning = returning
         self._rows: list[tuple[Any, ...]] = []
         self._rowcount = -1
-        self._lastrowid: int | None = None
 
     def _answer(self) -> None:
-        """Read this statement's answer (once) from its psycopg cursor; raises its error as sqlite3's."""
+        """Read this statement's answer (once) from its psycopg cursor; raises its error, typed
+        (`PgConnection._fault`)."""
         cur, self._cur = self._cur, None
         if cur is None:
             return
         rows = self._conn._fetch(self, cur)
         if self._conn.text_factory is bytes:
             rows = [tuple(v.encode() if isinstance(v, str) else v for v in row) for row in rows]
-        if self._returning is not None:
-            self._lastrowid = int(rows[0][0]) if rows else None
-            rows = []
         self._rows, self._rowcount = rows, cur.rowcount
 
     @property
     def rowcount(self) -> int:
         self._answer()
         return self._rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        self._answer()
-        return self._lastrowid
 
     def fetchone(self) -> tuple[Any, ...] | None:
         self._answer()
@@ -210,9 +172,6 @@ class PgCursor:
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.fetchall())
-
-
-_CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK\s+TO|ROLLBACK|COMMIT)\b\s*(\w*)", re.IGNORECASE)
 
 
 class Remedy(enum.IntEnum):
@@ -284,10 +243,9 @@ FAULTS: dict[str, Fault] = {
 characters). An error without SQLSTATE is psycopg's own: a pipeline aborted by an earlier statement's error
 is `aborted`; any other `psycopg.OperationalError` (the connection closed, lost, timed out, or left in a
 state it cannot leave) is `io` with REPLACE (`fault_of`). Class 23 (integrity constraint) is no storage
-fault: it is raised as `sqlite3.IntegrityError`. Anything else (an SQL or data error) is our own bug and
-stays untyped."""
+fault: it stays psycopg's `IntegrityError` (`faults.is_constraint_violation`). Anything else (an SQL or
+data error) is our own bug and stays untyped."""
 
-_CONSTRAINT_CLASS = "23"
 _LOST = Fault("io", Remedy.REPLACE)  # a connection gone, whatever the error that told of it
 
 
@@ -303,37 +261,36 @@ def fault_of(exc: psycopg.Error) -> Fault | None:
     return None
 
 
-def as_sqlite_error(exc: psycopg.Error, fault: Fault | None = None) -> sqlite3.Error:
-    """The sqlite3 exception standing for psycopg's `exc`: OperationalError with `sqlite_errorcode` set to
-    the SQLite code of its fault's kind (`faults.SQLITE_CODES`) for a storage fault (`fault`, else
-    `fault_of(exc)`), IntegrityError (SQLITE_CONSTRAINT) for class 23, else DatabaseError without a code.
-    Chain it."""
-    state = exc.sqlstate
+def typed(exc: psycopg.Error, fault: Fault | None = None) -> Exception:
+    """What the store sees of psycopg's `exc`: for a storage fault (`fault`, else `fault_of(exc)`) a
+    `faults.DatabaseFault` of its kind, its detail the server's message and SQLSTATE; else `exc` itself.
+    Raise it chained from `exc` (`_raise`)."""
     fault = fault or fault_of(exc)
-    cls: type[sqlite3.Error]
-    code: int | None
-    if fault is not None:
-        cls, code = sqlite3.OperationalError, faults.SQLITE_CODES[fault.kind]
-    elif state is not None and state.startswith(_CONSTRAINT_CLASS):
-        cls, code = sqlite3.IntegrityError, sqlite3.SQLITE_CONSTRAINT
-    else:
-        cls, code = sqlite3.DatabaseError, None
-    error = cls(f"{exc} [postgresql sqlstate {state}]".strip())
-    if code is not None:
-        error.sqlite_errorcode = code
-    return error
+    if fault is None:
+        return exc
+    return DatabaseFault(fault.kind, f"{exc} [postgresql sqlstate {exc.sqlstate}]".strip())
+
+
+def _raise(exc: psycopg.Error, error: Exception) -> NoReturn:
+    """Raise `error`, what the store sees of `exc` (`typed`), chained from it (or `exc` itself, as it is)."""
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 class PgConnection:
-    """A psycopg connection (autocommit; the writer issues BEGIN/SAVEPOINT/COMMIT itself) behind the part of
-    the `sqlite3.Connection` API the store uses: `execute`, `executemany`, `in_transaction`,
-    `text_factory`, `close`. Errors surface as sqlite3 exceptions carrying `sqlite_errorcode` (see the
-    module docstring); after one, `remedy` says what the connection needs before its next transaction.
+    """A psycopg connection (autocommit; the writer issues BEGIN/SAVEPOINT/COMMIT itself) behind the API the
+    store uses (store/backends/connection.py): `execute`, `executemany`, `in_transaction`, `text_factory`,
+    `close`. A storage fault is raised as `faults.DatabaseFault`, any other error as psycopg's (`typed`);
+    after one, `remedy` says what the connection needs before its next transaction.
     `raw` is the psycopg connection, for PostgreSQL-only statements. `round_trips` counts the waits for the
     server's answer."""
 
-    dialect: ClassVar[str] = "postgresql"
-    """What store code that must tell the backends apart reads (`urls.on_postgres`)."""
+    dialect: ClassVar[Dialect] = POSTGRES
+    """What store code that must tell the backends apart reads (`dialect.dialect_of`, `urls.on_postgres`)."""
+
+    errors: ClassVar[tuple[type[Exception], ...]] = (psycopg.Error, StorageError)
+    """What an error raised by this connection may be (`faults.database_errors`)."""
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
@@ -386,10 +343,10 @@ class PgConnection:
         server and forget psycopg's record of them. `reset_needed` is False afterwards.
 
         Raises:
-            sqlite3.Error: the session could not be reset (the connection must be replaced).
+            DatabaseFault: the session could not be reset (the connection must be replaced).
         """
         if self._pipeline is not None:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(*PgConnection.errors):
                 self._leave()
         self._forget_prepared()
         try:
@@ -397,19 +354,19 @@ class PgConnection:
                 self.raw.execute("ROLLBACK", prepare=False)
             self.raw.execute("DEALLOCATE ALL", prepare=False)
         except psycopg.Error as exc:
-            raise self._fault(exc, pipelined=False) from exc
+            self._raise(exc, pipelined=False)
         self._dirty = False
 
     @contextlib.contextmanager
     def pipelined(self) -> Iterator[None]:
         """Within the block, statements are sent in psycopg's pipeline mode without waiting for their
-        answers: a round trip is paid only where the caller reads one (rows, rowcount, lastrowid), at
+        answers: a round trip is paid only where the caller reads one (rows, rowcount), at
         SAVEPOINT / RELEASE after an unread statement (so an error is raised inside the savepoint that
         issued it, as on SQLite), at `settle`, and at COMMIT, which ends the pipeline. Leaving the block
         by an exception drains the pipeline quietly (the exception propagates).
 
         Raises:
-            sqlite3.Error: the pipeline cannot be entered (the connection is closed: an `io` fault).
+            DatabaseFault: the pipeline cannot be entered (the connection is closed: an `io` fault).
         """
         self._open = False
         self._enter()
@@ -417,49 +374,49 @@ class PgConnection:
             yield
         finally:
             if self._pipeline is not None:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*PgConnection.errors):
                     self._leave()
 
     def settle(self) -> None:
         """Wait for every pipelined statement not read yet (no round trip when there is none).
 
         Raises:
-            sqlite3.Error: the first of them that failed (the pipeline is usable again afterwards).
+            DatabaseFault, psycopg.Error: the first of them that failed (the pipeline is usable again
+                afterwards).
         """
         if self._unsettled:
             self._unsettled[-1]._answer()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
         PgConnection.total_statements += 1
-        statement = translate(sql, bool(params))
+        statement = statement_of(sql, bool(params))
         args = statement.params_for(params) if params else None
         if self._pipeline is None:
             return self._now(statement, args)
-        control = _CONTROL.match(statement.text)
+        control = statement.control
         if control is None:
-            cursor = self._send(statement.text, args, statement.returning, statement.prepare)
+            cursor = self._send(statement.text, args, statement.prepare)
             self._unsettled.append(cursor)
             return cursor
-        verb = control.group(1).upper().split()[0]
-        if verb == "ROLLBACK":  # an error of the statements it undoes no longer matters
-            with contextlib.suppress(sqlite3.Error):
+        verb, name = control
+        if verb in ("ROLLBACK", "ROLLBACK TO"):  # an error of the statements it undoes no longer matters
+            with contextlib.suppress(*PgConnection.errors):
                 self.settle()
         elif verb == "RELEASE":
             try:
                 self.settle()
-            except sqlite3.Error:  # the block failed after all: undo it, as the savepoint would have
+            except PgConnection.errors:  # the block failed after all: undo it, as the savepoint would have
                 if self._pipeline is not None:  # (else the connection is gone, and the savepoint with it)
-                    name = control.group(2)
-                    self._send(f"ROLLBACK TO {name}", None, None)
-                    self._send(f"RELEASE {name}", None, None)
+                    self._send(f"ROLLBACK TO {name}", None)
+                    self._send(f"RELEASE {name}", None)
                 raise
         elif verb == "SAVEPOINT":  # an earlier statement's error belongs to the enclosing block
             self.settle()
         if verb == "BEGIN":
             self._open = True
-        elif verb in ("COMMIT", "ROLLBACK") and "TO" not in statement.text.upper():
+        elif verb in ("COMMIT", "ROLLBACK"):
             self._open = False
-        cursor = self._send(statement.text, args, None)
+        cursor = self._send(statement.text, args)
         if verb == "COMMIT":  # its answer comes with the pipeline's closing sync: one round trip
             self._leave()
         return cursor
@@ -473,13 +430,11 @@ class PgConnection:
         if self._pipeline is not None:  # each row pipelined like `execute`, all answered by one wait
             cursors = [self.execute(sql, params) for params in seq]
             self.settle()
-            total = PgCursor(self, None, None)
+            total = PgCursor(self, None)
             total._rowcount = sum(max(cursor.rowcount, 0) for cursor in cursors)
             return total
-        statement = translate(sql)
+        statement = statement_of(sql, True)
         text = statement.text
-        if statement.returning is not None:  # no lastrowid from executemany
-            text = text[: text.rindex(" RETURNING ")]
         rows = [statement.params_for(params) for params in seq]
         PgConnection.total_statements += len(rows)
         try:
@@ -487,8 +442,8 @@ class PgConnection:
             cur.executemany(text, rows)
             self._waited()
         except psycopg.Error as exc:  # psycopg pipelines executemany itself
-            raise self._fault(exc, pipelined=True) from exc
-        answered = PgCursor(self, None, None)
+            self._raise(exc, pipelined=True)
+        answered = PgCursor(self, None)
         answered._rowcount = cur.rowcount
         return answered
 
@@ -508,8 +463,8 @@ class PgConnection:
 
     # --- internals ---------------------------------------------------------------------------------------
 
-    def _fault(self, exc: psycopg.Error, *, pipelined: bool) -> sqlite3.Error:
-        """`exc` as its sqlite3 error (`as_sqlite_error`), recording the remedy its fault calls for
+    def _fault(self, exc: psycopg.Error, *, pipelined: bool) -> Exception:
+        """`exc` as the store sees it (`typed`), recording the remedy its fault calls for
         (`FAULTS`): REPLACE closes the connection at once (so the rest of the transaction fails as lost too),
         and a lost connection is an `io` fault whatever `exc` says. An error in a pipeline also calls for
         RESET: the statements the server skipped may have included the PREPARE of one psycopg now believes
@@ -525,7 +480,15 @@ class PgConnection:
         if pipelined:
             self._forget_prepared()
             self._dirty = True
-        return as_sqlite_error(exc, fault)
+        return typed(exc, fault)
+
+    def _raise(self, exc: psycopg.Error, *, pipelined: bool, recover: bool = False) -> NoReturn:
+        """Raise `exc` as the store sees it (`_fault`); `recover`: after a pipelined statement's error,
+        start a fresh pipeline first (`_recover`)."""
+        error = self._fault(exc, pipelined=pipelined)
+        if recover:
+            self._recover()
+        _raise(exc, error)
 
     def _forget_prepared(self) -> None:
         """Make psycopg forget the statements it prepared on this session: later ones are prepared under new
@@ -543,23 +506,19 @@ class PgConnection:
         try:
             cur = self.raw.execute(statement.text, args, prepare=None if statement.prepare else False)
         except psycopg.Error as exc:
-            raise self._fault(exc, pipelined=False) from exc
+            self._raise(exc, pipelined=False)
         self._waited()
-        cursor = PgCursor(self, cur, statement.returning)
+        cursor = PgCursor(self, cur)
         cursor._answer()
         return cursor
 
-    def _send(
-        self, text: str, args: Sequence[Any] | None, returning: str | None, prepare: bool = True
-    ) -> PgCursor:
+    def _send(self, text: str, args: Sequence[Any] | None, prepare: bool = True) -> PgCursor:
         try:
             cur = self.raw.cursor()
             cur.execute(text, args, prepare=None if prepare else False)
         except psycopg.Error as exc:
-            error = self._fault(exc, pipelined=True)
-            self._recover()
-            raise error from exc
-        return PgCursor(self, cur, returning)
+            self._raise(exc, pipelined=True, recover=True)
+        return PgCursor(self, cur)
 
     def _fetch(self, cursor: PgCursor, cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
         """The rows of `cursor`'s psycopg `cur` (empty for a command), waiting for them if pipelined."""
@@ -579,16 +538,14 @@ class PgConnection:
                     raise
                 return []  # a command: its answer has arrived and carries no rows
         except psycopg.Error as exc:
-            error = self._fault(exc, pipelined=pipelined)
-            self._recover()
-            raise error from exc
+            self._raise(exc, pipelined=pipelined, recover=True)
 
     def _enter(self) -> None:
         pipeline = self.raw.pipeline()
         try:
             pipeline.__enter__()
         except psycopg.Error as exc:
-            raise self._fault(exc, pipelined=False) from exc
+            self._raise(exc, pipelined=False)
         self._pipeline = pipeline
 
     def _leave(self) -> None:
@@ -596,7 +553,7 @@ class PgConnection:
         could not take out of pipeline mode is closed (it is then replaced).
 
         Raises:
-            sqlite3.Error: the first statement that failed among those not read yet."""
+            DatabaseFault, psycopg.Error: the first statement that failed among those not read yet."""
         pipeline, self._pipeline = self._pipeline, None
         self._unsettled = []
         if pipeline is None:
@@ -607,7 +564,7 @@ class PgConnection:
         except psycopg.Error as exc:
             if not self.raw.closed and self.raw.pgconn.pipeline_status != PipelineStatus.OFF:
                 self.raw.close()
-            raise self._fault(exc, pipelined=True) from exc
+            self._raise(exc, pipelined=True)
 
     def _recover(self) -> None:
         """After a pipelined statement failed: drain what the server skipped and start a fresh pipeline, so
@@ -615,12 +572,12 @@ class PgConnection:
         no fresh pipeline can be started is closed (it is then replaced)."""
         if self._pipeline is None:
             return
-        with contextlib.suppress(sqlite3.Error):
+        with contextlib.suppress(*PgConnection.errors):
             self._leave()
         if not self.broken:
             try:
                 self._enter()
-            except sqlite3.Error:
+            except PgConnection.errors:
                 self.raw.close()
 
 
@@ -672,7 +629,7 @@ def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.
     55P03, which the store reports as `StorageError` kind busy: SQLite's busy timeout, on PostgreSQL.
 
     Raises:
-        sqlite3.Error: the server cannot be reached or refuses the session: typed by `FAULTS` (`io` when it
+        DatabaseFault: the server cannot be reached or refuses the session: typed by `FAULTS` (`io` when it
             is down, starting up or in recovery), the psycopg error chained.
     """
     try:
@@ -680,7 +637,7 @@ def connect(url: str, *, connect_timeout: float = 10.0, lock_timeout: float = 5.
             url, autocommit=True, connect_timeout=max(1, round(connect_timeout)), **KEEPALIVES
         )
     except psycopg.Error as exc:
-        raise as_sqlite_error(exc) from exc
+        _raise(exc, typed(exc))
     raw.adapters.register_dumper(bool, _BoolAsInt)
     raw.adapters.register_loader("numeric", _NumericLoader)
     conn = PgConnection(raw)

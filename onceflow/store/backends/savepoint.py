@@ -8,7 +8,6 @@ exception propagates untouched and nothing more is executed.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -25,8 +24,8 @@ def savepoint(conn: Connection, name: str) -> Iterator[None]:
 
     Raises:
         whatever the block raised; after an error that ended the transaction, without touching `conn`.
-        sqlite3.OperationalError: the block returned but the transaction is gone (an error inside it was
-            swallowed after SQLite rolled everything back), so its writes cannot be kept.
+        faults.DatabaseFault: (aborted) the block returned but the transaction is gone (an error inside it
+            was swallowed after SQLite rolled everything back), so its writes cannot be kept.
     """
     conn.execute(f"SAVEPOINT {name}")
     try:
@@ -37,7 +36,7 @@ def savepoint(conn: Connection, name: str) -> Iterator[None]:
             conn.execute(f"RELEASE {name}")
         raise
     if not conn.in_transaction:
-        raise sqlite3.OperationalError(f"the transaction ended inside savepoint {name}")
+        raise faults.DatabaseFault("aborted", f"the transaction ended inside savepoint {name}")
     conn.execute(f"RELEASE {name}")
 
 
@@ -71,7 +70,7 @@ class request_savepoint:  # lower case: used like the function `savepoint`
 
     Raises:
         whatever the block raised; after an error that ended the transaction, without touching `conn`.
-        sqlite3.OperationalError: the block returned but the transaction is gone.
+        faults.DatabaseFault: (aborted) the block returned but the transaction is gone.
     """
 
     __slots__ = ("conn",)
@@ -90,4 +89,4 @@ class request_savepoint:  # lower case: used like the function `savepoint`
                 self.conn.execute(f"ROLLBACK TO {REQUEST_SAVEPOINT}")
             return  # the exception propagates
         if not self.conn.in_transaction:
-            raise sqlite3.OperationalError("the transaction ended inside the request's first block")
+            raise faults.DatabaseFault("aborted", "the transaction ended inside the request's first block")

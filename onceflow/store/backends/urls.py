@@ -16,9 +16,9 @@ def is_postgres_url(target: object) -> bool:
 
 
 def on_postgres(conn: object) -> bool:
-    """Whether an open store connection is PostgreSQL's (`PgConnection.dialect`), not SQLite's: a wrapped
-    sqlite3 connection stays SQLite."""
-    return getattr(conn, "dialect", "sqlite") == "postgresql"
+    """Whether an open store connection is PostgreSQL's (`PgConnection.dialect`, store/backends/dialect.py),
+    not SQLite's: a wrapped sqlite3 connection stays SQLite."""
+    return getattr(getattr(conn, "dialect", None), "name", "sqlite") == "postgresql"
 
 
 def redacted(url: str) -> str:

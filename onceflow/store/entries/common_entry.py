@@ -33,6 +33,7 @@ from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import Sql
 from onceflow.store.backends.savepoint import request_savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
@@ -142,24 +143,25 @@ def admit_common(
         return None
 
 
-_RUNS = (
-    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
-    " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " WITH a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6"
-    " FROM json_each(?6)),"
-    " s (n, agent, reason, payload, k, position, id, key_position, digest) AS"
-    " (SELECT a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" ?5 || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
-    " a.position, a.digest"
-    f" FROM a CROSS JOIN {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
-    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-    " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
-    " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload,"
-    " CAST(s.key_position AS INTEGER), s.digest, 1, ?3, 'on_enter', ?7,"
-    " (SELECT admissions FROM tasks WHERE id = ?1)"
-    " FROM s ORDER BY s.n, s.position, s.id"
-    f" RETURNING id, agent_profile_id, {keys.STORED_KEY_SQL}"
+_RUNS = Sql.of(
+    lambda d: (
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        " WITH a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,"
+        f" value ->> 6 FROM {d.json_rows('?6')}),"
+        " s (n, agent, reason, payload, k, position, id, key_position, digest) AS"
+        " (SELECT a.n, p.agent_profile_id, a.reason, a.payload,"
+        f" ?5 || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
+        " a.position, a.digest"
+        f" FROM a {d.join} {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
+        " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
+        " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
+        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER), s.digest,"
+        " 1, ?3, 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
+        " FROM s ORDER BY s.n, s.position, s.id"
+        f" RETURNING id, agent_profile_id, {keys.STORED_KEY_SQL}"
+    )
 )
 """Every fan-out's runs in one statement, built by the database from the participant rows (read in this
 statement alone: a concurrent add/remove never splits a fan-out, AC-F2) and the plan's `fan_outs` (?6):
@@ -171,6 +173,17 @@ coalescing or taken as text (by a run of another trigger) writes a NULL agent an
 parts (AC-H6) violates `runs_by_entry_key`: either fails the statement (an IntegrityError, logged as
 `common_entry_declined` at info), and the per-action path decides the entry. No `ON CONFLICT DO NOTHING`:
 a row skipped silently could not be told from a seat that is not there."""
+
+
+_MARKERS = Sql.of(
+    lambda d: (
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+        " detail, updated_at)"
+        " SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
+        f" FROM {d.json_rows('?5')}"
+    )
+)
+"""The plan's done markers (?5) of one entry (task ?1, step ?2, seq ?3) at ?4."""
 
 
 def _admit(
@@ -212,17 +225,12 @@ def _admit(
         deleted = conn.execute(
             "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task.id, step.id)
         ).rowcount
-    conn.execute(
-        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-        " updated_at) SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
-        " FROM json_each(?5)",
-        (task.id, step.id, seq, now, plan.markers),
-    )
+    conn.execute(_MARKERS.on(conn), (task.id, step.id, seq, now, plan.markers))
     prefix = keys.entry_prefix(task.id, step.id, seq)
     queued: dict[int, list[tuple[str, int, str]]] = {}
     if plan.fan_outs:
         params = (task.id, step.id, now, workflow_id, prefix, plan.fan_outs, seq)
-        returned = conn.execute(_RUNS, params).fetchall()
+        returned = conn.execute(_RUNS.on(conn), params).fetchall()
         returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
         for run_id, agent, run in returned:
             queued.setdefault(keys.position_in(run, prefix), []).append((agent, run_id, run))
@@ -283,37 +291,45 @@ def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admit
         return None
 
 
-_MOVE_GROUP = (
-    "UPDATE tasks SET workflow_version = CASE WHEN tasks.workflow_id = ?1 THEN tasks.workflow_version ELSE"
-    f" {tasks.NEWEST_VERSION.format(workflow='?1')} END,"
-    " workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
-    " queued_at = NULL, updated_at = CAST(m.value ->> 5 AS DOUBLE PRECISION), admissions = admissions + 1"
-    " FROM json_each(?3) AS m WHERE tasks.id = m.value ->> 0 AND tasks.workflow_step_id = m.value ->> 1"
-    " AND (m.value ->> 2 IS NULL OR (tasks.workflow_id = m.value ->> 2"
-    " AND tasks.wip_admitted = CAST(m.value ->> 3 AS INTEGER) AND tasks.admissions = CAST(m.value ->> 4 AS"
-    " INTEGER)))"
+_MOVE_GROUP = Sql.of(
+    lambda d: (
+        "UPDATE tasks SET workflow_version = CASE WHEN tasks.workflow_id = ?1"
+        f" THEN tasks.workflow_version ELSE {tasks.NEWEST_VERSION.format(workflow='?1')} END,"
+        " workflow_id = ?1, workflow_step_id = ?2, wip_admitted = 1, queued_for_step_id = NULL,"
+        " queued_at = NULL, updated_at = CAST(m.value ->> 5 AS DOUBLE PRECISION), admissions = admissions + 1"
+        f" FROM {d.json_rows('?3', 'm')} WHERE tasks.id = m.value ->> 0"
+        " AND tasks.workflow_step_id = m.value ->> 1"
+        " AND (m.value ->> 2 IS NULL OR (tasks.workflow_id = m.value ->> 2"
+        " AND tasks.wip_admitted = CAST(m.value ->> 3 AS INTEGER)"
+        " AND tasks.admissions = CAST(m.value ->> 4 AS INTEGER)))"
+    )
 )
 """`tasks.move_task_step` (admitted, a cached row's version verified when given) for every task of ?3:
 [[task id, expected step id, version workflow id or null, admitted flag, admission count, now], ...]."""
 
-_ENTRIES_GROUP = (
-    "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-    " terminal, created_at) SELECT m.value ->> 0, ?1, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
-    " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1,"
-    " CAST(m.value ->> 5 AS DOUBLE PRECISION) FROM json_each(?5) AS m ORDER BY m.key"
+_ENTRIES_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
+        " terminal, created_at) SELECT m.value ->> 0, ?1, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
+        " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1,"
+        f" CAST(m.value ->> 5 AS DOUBLE PRECISION) FROM {d.json_rows('?5', 'm')} ORDER BY m.key"
+    )
 )
 """One terminal entry per task of ?5 (`_MOVE_GROUP`'s rows), each the next seq of its (task, step ?1)."""
 
-_ENTRIES_GROUP_PG = _ENTRIES_GROUP + " RETURNING task_id, entry_seq"
+_ENTRIES_GROUP_PG = _ENTRIES_GROUP.postgres + " RETURNING task_id, entry_seq"
 """`_ENTRIES_GROUP` on PostgreSQL, which answers each new entry's seq itself: a read of the largest run id
 (`_SEQS_GROUP`) would not bound this transaction's runs there, where other runtimes insert runs meanwhile."""
 
-_CLEAR_GROUP = (
-    "DELETE FROM decisions WHERE step_id = ?1 AND task_id IN (SELECT value ->> 0 FROM json_each(?2))"
+_CLEAR_GROUP = Sql.of(
+    lambda d: (
+        "DELETE FROM decisions WHERE step_id = ?1"
+        f" AND task_id IN (SELECT value ->> 0 FROM {d.json_rows('?2')})"
+    )
 )
 """The clear of every task of ?2 (`_MOVE_GROUP`'s rows) at step ?1."""
 
-_CLEAR_GROUP_PG = _CLEAR_GROUP + " RETURNING task_id"
+_CLEAR_GROUP_PG = _CLEAR_GROUP.postgres + " RETURNING task_id"
 """`_CLEAR_GROUP` answering each deleted decision's task: PostgreSQL's count of what each clear deleted."""
 
 _SEQS_GROUP = (
@@ -325,37 +341,41 @@ _SEQS_GROUP = (
 """One row: per task of ?3 its new entry's seq and how many decisions the clear will delete, and the
 largest run id so far (every run the group queues has a larger one: AUTOINCREMENT, one writer)."""
 
-_RUNS_GROUP = (
-    "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
-    " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-    " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM json_each(?1)),"
-    " a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6"
-    " FROM json_each(?4)),"
-    " s (i, task, now, seq, n, agent, reason, payload, k, position, id, key_position, digest) AS"
-    " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
-    f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
-    " a.position, a.digest"
-    f" FROM e CROSS JOIN a CROSS JOIN {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
-    " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-    " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
-    " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload,"
-    " CAST(s.key_position AS INTEGER), s.digest, 1,"
-    " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
-    " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
+_RUNS_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
+        f" (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM {d.json_rows('?1')}),"
+        " a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,"
+        f" value ->> 6 FROM {d.json_rows('?4')}),"
+        " s (i, task, now, seq, n, agent, reason, payload, k, position, id, key_position, digest) AS"
+        " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
+        f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
+        " a.position, a.digest"
+        f" FROM e CROSS JOIN a {d.join} {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
+        " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
+        " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
+        " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
+        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+        " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
+    )
 )
 """`_RUNS` for every entry of ?1 ([[task id, seq, now, key prefix], ...]) in entry order: the run ids are
 those the entries get one after another. On SQLite its rows are read back by id (`_QUEUED_GROUP`), not
 RETURNING: one row to fetch instead of one per run; PostgreSQL answers them (`_RUNS_GROUP_PG`)."""
 
-_RUNS_GROUP_PG = _RUNS_GROUP + f" RETURNING id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}"
+_RUNS_GROUP_PG = _RUNS_GROUP.postgres + f" RETURNING id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}"
 
-_MARKERS_GROUP = (
-    "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-    " updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER), CAST(k.value ->> 0 AS INTEGER),"
-    " k.value ->> 1, 'done', NULL, '', CAST(e.value ->> 2 AS DOUBLE PRECISION)"
-    " FROM json_each(?2) AS e, json_each(?3) AS k ORDER BY e.key, k.key"
+_MARKERS_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+        " detail, updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER),"
+        " CAST(k.value ->> 0 AS INTEGER), k.value ->> 1, 'done', NULL, '',"
+        " CAST(e.value ->> 2 AS DOUBLE PRECISION)"
+        f" FROM {d.json_rows('?2', 'e')}, {d.json_rows('?3', 'k')} ORDER BY e.key, k.key"
+    )
 )
 """The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...])."""
 
@@ -380,64 +400,117 @@ def _admit_group(
         raise Anomaly("a WIP limit: admitted one at a time")
     if len({admission.task.id for admission in admissions}) != len(admissions):
         raise Anomaly("a task twice")
+    members = json.dumps([_member(admission) for admission in admissions])
+    if on_postgres(conn):
+        return _admit_group_pg(conn, plan, workflow_id, path, admissions, members)
     if plan.fan_outs and flow.rates_set(conn):
         raise Anomaly("an hourly rate to check per run")
-    members = json.dumps([_member(admission) for admission in admissions])
-    if conn.execute(_MOVE_GROUP, (workflow_id, step.id, members)).rowcount != len(admissions):
+    if conn.execute(_MOVE_GROUP.sqlite, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
-    entry_params = (step.id, workflow_id, plan.declaration, path, members)
-    pg = on_postgres(conn)
-    if pg:  # the clear is sent before the seqs are read: both answers come in one round trip
-        seqs = conn.execute(_ENTRIES_GROUP_PG, entry_params)
-        cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
-        seq_of = dict(seqs.fetchall())
-        deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
-        numbered = [
-            (index, seq_of[admission.task.id], deleted[admission.task.id])
-            for index, admission in enumerate(admissions)
-        ]
-        last_run = 0
-    else:
-        conn.execute(_ENTRIES_GROUP, entry_params)
-        seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
-        numbered = sorted(json.loads(seqs_json))
-    entries = []
-    transitions = []
+    conn.execute(_ENTRIES_GROUP.sqlite, (step.id, workflow_id, plan.declaration, path, members))
+    seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
+    entries = _numbered(plan, workflow_id, path, admissions, sorted(json.loads(seqs_json)))
+    history.record_transitions(conn, [transition for *_, transition in entries])
+    rows = json.dumps([entry[:4] for entry in entries])
+    if plan.clears:
+        conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
+    conn.execute(_MARKERS_GROUP.sqlite, (step.id, rows, plan.markers))
+    returned = []
+    if plan.fan_outs:
+        conn.execute(_RUNS_GROUP.sqlite, (rows, step.id, workflow_id, plan.fan_outs))
+        returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
+    return _admitted(step.id, plan, entries, returned, leaving)
+
+
+def _admit_group_pg(
+    conn: Connection,
+    plan: Plan,
+    workflow_id: str,
+    path: EntryPath,
+    admissions: Sequence[Admission],
+    members: str,
+) -> list[Admitted]:
+    """`_admit_group` on PostgreSQL in two round trips before the commit: the rate check, the move, the
+    leave, the entries (answering their seqs) and the clear are sent before any answer is read, then the
+    last one's answer is read, which brings every earlier one's (a task that had moved, or an hourly rate
+    set, fails the group then, and its savepoint undoes all of it); the history's transitions, the markers
+    and the runs (answering what they queued) follow, and the runs' answer is the second wait."""
+    step = plan.step
+    rates = conn.execute(flow.RATES_SET) if plan.fan_outs else None
+    moved = conn.execute(_MOVE_GROUP.postgres, (workflow_id, step.id, members))
+    leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
+    seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members))
+    cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
+    # the last statement sent is read first: its answer brings every earlier one's (one wait)
+    deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
+    seq_of = dict(seqs.fetchall())
+    if rates is not None and rates.fetchone() is not None:
+        raise Anomaly("an hourly rate to check per run")
+    if moved.rowcount != len(admissions):
+        raise Anomaly("a task moved")
+    numbered = [
+        (index, seq_of[admission.task.id], deleted[admission.task.id])
+        for index, admission in enumerate(admissions)
+    ]
+    entries = _numbered(plan, workflow_id, path, admissions, numbered)
+    history.record_transitions(conn, [transition for *_, transition in entries])
+    rows = json.dumps([entry[:4] for entry in entries])
+    conn.execute(_MARKERS_GROUP.postgres, (step.id, rows, plan.markers))
+    returned = []
+    if plan.fan_outs:
+        returned = conn.execute(_RUNS_GROUP_PG, (rows, step.id, workflow_id, plan.fan_outs)).fetchall()
+    return _admitted(step.id, plan, entries, returned, leaving)
+
+
+_Numbered = tuple[str, int, float, str, int, tuple[str, float, str]]
+"""An entry of a group: task id, seq, now, key prefix, decisions its clear deleted, its transition."""
+
+
+def _numbered(
+    plan: Plan,
+    workflow_id: str,
+    path: EntryPath,
+    admissions: Sequence[Admission],
+    numbered: Sequence[tuple[int, int, int]],
+) -> list[_Numbered]:
+    """The group's entries from (admission index, seq, decisions deleted), in that order."""
+    step_id = plan.step.id
+    entries: list[_Numbered] = []
     for index, seq, count in numbered:
         admission = admissions[index]
         task_id = admission.task.id
-        entries.append((task_id, seq, admission.now, keys.entry_prefix(task_id, step.id, seq), count))
         cause = (admission.trigger, admission.operation_id)
         detail = _transition(admission.task, workflow_id, plan, path, seq, cause)
-        transitions.append((task_id, admission.now, detail))
-    history.record_transitions(conn, transitions)
-    rows = json.dumps([entry[:4] for entry in entries])
-    if plan.clears and not pg:
-        conn.execute(_CLEAR_GROUP, (step.id, members))
-    conn.execute(_MARKERS_GROUP, (step.id, rows, plan.markers))
+        prefix = keys.entry_prefix(task_id, step_id, seq)
+        entries.append((task_id, seq, admission.now, prefix, count, (task_id, admission.now, detail)))
+    return entries
+
+
+def _admitted(
+    step_id: str,
+    plan: Plan,
+    entries: list[_Numbered],
+    returned: Sequence[Any],
+    leaving: runs.Leaving,
+) -> list[Admitted]:
+    """Each entry's `Admitted`: what its actions did, from the runs queued (`returned`: (run id, task id,
+    agent, key) rows) and the runs its task's leaving changed."""
     queued: dict[str, dict[int, list[tuple[str, int, str]]]] = {}
-    if plan.fan_outs:
-        params = (rows, step.id, workflow_id, plan.fan_outs)
-        if pg:
-            returned = conn.execute(_RUNS_GROUP_PG, params).fetchall()
-        else:
-            conn.execute(_RUNS_GROUP, params)
-            returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
-        prefixes = {entry[0]: entry[3] for entry in entries}
-        for run_id, task_id, agent, run in sorted(returned):
-            position = keys.position_in(run, prefixes[task_id])
-            queued.setdefault(task_id, {}).setdefault(position, []).append((agent, run_id, run))
+    prefixes = {entry[0]: entry[3] for entry in entries}
+    for run_id, task_id, agent, run in sorted(returned):
+        position = keys.position_in(run, prefixes[task_id])
+        queued.setdefault(task_id, {}).setdefault(position, []).append((agent, run_id, run))
     left: dict[str | None, list[Change]] = {}
     for change in leaving.changes():  # read last: its answer came with the later statements'
         left.setdefault(change.task_id, []).append(change)
     return [
         Admitted(
-            EntryKey(task_id, step.id, seq),
+            EntryKey(task_id, step_id, seq),
             _done(plan, deleted, queued.get(task_id, {})),
             tuple(left.get(task_id, ())),
         )
-        for task_id, seq, _, _, deleted in entries
+        for task_id, seq, _, _, deleted, _ in entries
     ]
 
 

@@ -12,7 +12,6 @@ queue".
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal, TypedDict
@@ -274,7 +273,7 @@ def queue_run_for_each_participant(conn: Connection, ctx: ActionContext, action:
         try:  # an enqueue is atomic, so one participant's failure leaves only its own write out
             with undone_alone(conn, "participant"):
                 result, event = _enqueue(conn, request, ctx.now)
-        except sqlite3.Error as exc:
+        except faults.database_errors(conn) as exc:
             if faults.fails_request(conn, exc):  # the database's fault, not the participant's
                 raise
             failures.append(repr(exc))

@@ -102,10 +102,10 @@ def seat_participant(
         return int(found[0]), True
     cur = conn.execute(
         "INSERT INTO participants (workflow_id, step_id, task_id, role, agent_profile_id, decision_required,"
-        " position) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        " position) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (workflow_id, step_id, task_id, role, agent_profile_id, int(decision_required), position),
     )
-    return int(cur.lastrowid or 0), False
+    return int(cur.fetchone()[0]), False
 
 
 def remove_participant(conn: Connection, participant_id: int) -> bool:
@@ -161,10 +161,10 @@ def record_decision(
     """Insert a decision row; returns its id."""
     cur = conn.execute(
         "INSERT INTO decisions (task_id, step_id, participant_id, role, decider_type, decider_id, decision,"
-        " comment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " comment, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (task_id, step_id, participant_id, role, decider_type, decider_id, decision, comment, now),
     )
-    return int(cur.lastrowid or 0)
+    return int(cur.fetchone()[0])
 
 
 def decision_receipt(
@@ -280,7 +280,7 @@ def dedupe_seats(rows: Iterable[Participant]) -> list[Participant]:
 def seats_sql(*, workflow: str, step: str, task: str, role: str) -> str:
     """A FROM-clause fragment `participants AS p ... WHERE ...` selecting `dedupe_seats` of the rows of
     `role` at `step` of `workflow`, template or `task`'s own, as the join partner of the preceding table
-    (`... CROSS JOIN <this>`); each argument is an SQL expression. A seat without an agent stays (its run
+    (`... {Dialect.join} <this>`); each argument is an SQL expression. A seat without an agent stays (its run
     must fail the statement)."""
     mine = f"(p.task_id IS NULL OR p.task_id = {task})"
     theirs = f"(q.task_id IS NULL OR q.task_id = {task})"

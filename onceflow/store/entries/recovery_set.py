@@ -19,6 +19,7 @@ on-enter-action-dispatch.md AC-B9.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from onceflow.observability.logs import get_logger
 from onceflow.protocol.workflow import ActionDecl, Step, Workflow
 from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import Dialect, Sql
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.entries.common_entry import Anomaly, Done
 from onceflow.store.entries.executors import Executor, fan_out_digest, fan_out_notes, fan_out_reason
@@ -41,19 +43,22 @@ from onceflow.store.tasks import tasks
 
 log = get_logger("onceflow.recovery")
 
-_WITH = (
-    " WITH e (n, task_id, entry_seq) AS MATERIALIZED"
-    " (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2)),"
-    " r (n, suffix, agent, reason, payload, position, digest) AS MATERIALIZED"
-    " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4, CAST(value ->> 0 AS INTEGER),"
-    " value ->> 5 FROM json_each(?3)),"
-    " pos (position, kind) AS MATERIALIZED"
-    " (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM json_each(?3)) "
-)
-"""The statements' operands, ?1 the step id: `e` the entries (`_entries`, ?2); ?3 either the runs of one
-entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`). Materialized: each JSON
-value is read once, not once per row it joins (SQLite 3.40 parses a JSON argument again at every `->>`,
-and a `json_each` on the inner side of a join again for every outer row)."""
+
+def _with(d: Dialect) -> str:
+    """The statements' operands, ?1 the step id: `e` the entries (`_entries`, ?2); ?3 either the runs of one
+    entry, `r` (`Group.runs`), or the positions of one entry, `pos` (`Group.kinds`). Materialized: each JSON
+    value is read once, not once per row it joins (SQLite 3.40 parses a JSON argument again at every `->>`,
+    and a `json_each` on the inner side of a join again for every outer row)."""
+    return (
+        " WITH e (n, task_id, entry_seq) AS MATERIALIZED"
+        f" (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM {d.json_rows('?2')}),"
+        " r (n, suffix, agent, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4, CAST(value ->> 0 AS INTEGER),"
+        f" value ->> 5 FROM {d.json_rows('?3')}),"
+        " pos (position, kind) AS MATERIALIZED"
+        f" (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM {d.json_rows('?3')}) "
+    )
+
 
 _KEY = keys.entry_prefix_sql("e.task_id", "?1", "e.entry_seq") + " || r.suffix"
 """An on_enter idempotency key in SQL, for entry `e` of step ?1 and run `r` (`keys.entry_key`'s bytes: an
@@ -113,6 +118,29 @@ class SetRun:
     detailed: tuple[tuple[TaskRecord, Done], ...] = ()
 
 
+def _plan(d: Dialect, merged: bool) -> str:
+    return (
+        _with(d).lstrip() + f"SELECT e.n FROM e {d.join} tasks AS t ON t.id = e.task_id"
+        " WHERE t.workflow_id = ?4 AND t.workflow_step_id = ?1 AND t.workflow_version = ?5"
+        " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = t.id AND m.step_id = ?1"
+        " AND m.entry_seq = e.entry_seq)"
+        " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)"
+        # a key of these entries merged into an earlier run, or held as text by a run of another trigger:
+        # only probed when some on_enter key is
+        + (
+            f" AND NOT EXISTS (SELECT 1 FROM r {d.join} coalesced_keys AS k ON k.idempotency_key = {_KEY})"
+            f" AND NOT EXISTS (SELECT 1 FROM r {d.join} runs AS o ON o.idempotency_key = {_KEY})"
+            if merged
+            else ""
+        )
+    )
+
+
+_PLAN = {merged: Sql.of(functools.partial(_plan, merged=merged)) for merged in (False, True)}
+"""`plan_common`'s query of one group (?1 step, ?2 entries, ?3 runs, ?4 workflow, ?5 version): the
+qualifying entries' indexes; by whether any on_enter key was merged by coalescing."""
+
+
 def plan_common(
     conn: Connection, plans: StepPlans, batch: Sequence[tuple[StepEntry, int]]
 ) -> dict[int, Group]:
@@ -138,22 +166,8 @@ def plan_common(
         candidates = [i for i in indexes if batch[i][0].declaration_digest == digest]
         if not candidates:
             continue
-        merged = (  # a key of these entries merged into an earlier run or held as text by a run of another
-            # trigger: only probed when some on_enter key is
-            " AND NOT EXISTS (SELECT 1 FROM r CROSS JOIN coalesced_keys AS k ON k.idempotency_key = "
-            + _KEY
-            + ") AND NOT EXISTS (SELECT 1 FROM r CROSS JOIN runs AS o ON o.idempotency_key = "
-            + _KEY
-            + ")"
-            if any_merged
-            else ""
-        )
         rows = conn.execute(
-            _WITH.lstrip() + "SELECT e.n FROM e CROSS JOIN tasks AS t ON t.id = e.task_id"
-            " WHERE t.workflow_id = ?4 AND t.workflow_step_id = ?1 AND t.workflow_version = ?5"
-            " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = t.id AND m.step_id = ?1"
-            " AND m.entry_seq = e.entry_seq)"
-            " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)" + merged,
+            _PLAN[any_merged].on(conn),
             (step_id, _entries(batch[i][0] for i in candidates), group.runs, workflow_id, version),
         ).fetchall()
         members.update((candidates[at], group) for (at,) in rows)
@@ -235,13 +249,33 @@ def finish_common(
     return SetRun(group, tuple(entries), tuple(zip((found[e.task_id] for e in entries), done, strict=True)))
 
 
+_COLUMNS = ", ".join(f"t.{c.strip()}" for c in tasks.TASK_COLUMNS.split(","))
+_TASKS = Sql.of(
+    lambda d: f"SELECT {_COLUMNS} FROM {d.json_rows('?1', 'e')} {d.join} tasks AS t ON t.id = e.value ->> 0"
+)
+
+
 def _tasks(conn: Connection, entries: Sequence[StepEntry]) -> dict[str, TaskRecord]:
-    columns = ", ".join(f"t.{c.strip()}" for c in tasks.TASK_COLUMNS.split(","))
-    rows = conn.execute(
-        f"SELECT {columns} FROM json_each(?) AS e CROSS JOIN tasks AS t ON t.id = e.value ->> 0",
-        (_entries(entries),),
-    ).fetchall()
+    rows = conn.execute(_TASKS.on(conn), (_entries(entries),)).fetchall()
     return {task.id: task for task in map(tasks.task_from_row, rows)}
+
+
+_MARKERS = Sql.of(
+    lambda d: (
+        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+        " detail, updated_at)"
+        + _with(d)
+        + "SELECT e.task_id, ?1, e.entry_seq, pos.position, pos.kind, 'done', NULL, '', ?4"
+        " FROM e CROSS JOIN pos"
+    )
+)
+_TERMINAL = Sql.of(
+    lambda d: (
+        "UPDATE step_entries SET terminal = 1 WHERE step_id = ?1 AND terminal = 0"
+        " AND (task_id, entry_seq) IN"
+        f" (SELECT value ->> 0, CAST(value ->> 1 AS INTEGER) FROM {d.json_rows('?2')})"
+    )
+)
 
 
 def _finish(
@@ -261,19 +295,8 @@ def _finish(
     ids: dict[str, int] = {}
     if group.agents:
         ids = _insert_runs(conn, step_id, entries, group, len(members), now, detailed=detailed)
-    conn.execute(
-        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"
-        " updated_at)"
-        + _WITH
-        + "SELECT e.task_id, ?1, e.entry_seq, pos.position, pos.kind, 'done', NULL, '', ?4"
-        " FROM e CROSS JOIN pos",
-        (step_id, entries, group.kinds, now),
-    )
-    terminal = conn.execute(
-        "UPDATE step_entries SET terminal = 1 WHERE step_id = ?1 AND terminal = 0"
-        " AND (task_id, entry_seq) IN (SELECT value ->> 0, CAST(value ->> 1 AS INTEGER) FROM json_each(?2))",
-        (step_id, entries),
-    ).rowcount
+    conn.execute(_MARKERS.on(conn), (step_id, entries, group.kinds, now))
+    terminal = conn.execute(_TERMINAL.on(conn), (step_id, entries)).rowcount
     if terminal != len(members):
         raise Anomaly(f"{terminal} entries flagged terminal of {len(members)}")
     if not detailed:
@@ -297,25 +320,49 @@ def _finish(
     return done
 
 
+_COUNTS = Sql.of(
+    lambda d: (
+        "SELECT task_id, COUNT(*) FROM decisions WHERE step_id = ?1"
+        f" AND task_id IN (SELECT value ->> 0 FROM {d.json_rows('?2')}) GROUP BY task_id"
+    )
+)
+_CLEAR = Sql.of(
+    lambda d: (
+        "DELETE FROM decisions WHERE step_id = ?1"
+        f" AND task_id IN (SELECT value ->> 0 FROM {d.json_rows('?2')})"
+    )
+)
+
+
 def _clear(conn: Connection, step_id: str, entries: str, *, detailed: bool) -> dict[str, int]:
     """Delete the step's decisions of every entry's task in one statement; `detailed`: the count deleted
     per task (else empty)."""
     counts: dict[str, int] = {}
     if detailed:
-        counts = dict(
-            conn.execute(
-                "SELECT task_id, COUNT(*) FROM decisions WHERE step_id = ?"
-                " AND task_id IN (SELECT value ->> 0 FROM json_each(?)) GROUP BY task_id",
-                (step_id, entries),
-            ).fetchall()
-        )
-    deleted = conn.execute(
-        "DELETE FROM decisions WHERE step_id = ? AND task_id IN (SELECT value ->> 0 FROM json_each(?))",
-        (step_id, entries),
-    ).rowcount
+        counts = dict(conn.execute(_COUNTS.on(conn), (step_id, entries)).fetchall())
+    deleted = conn.execute(_CLEAR.on(conn), (step_id, entries)).rowcount
     if detailed and deleted != sum(counts.values()):
         raise Anomaly(f"deleted {deleted} decisions, counted {sum(counts.values())}")
     return counts
+
+
+def _insert_runs_sql(d: Dialect, detailed: bool) -> str:
+    return (
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        + _with(d)
+        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
+        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
+        f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
+        + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else "")
+    )
+
+
+_INSERT_RUNS = {
+    detailed: Sql.of(functools.partial(_insert_runs_sql, detailed=detailed)) for detailed in (False, True)
+}
+"""`_insert_runs`' statement, by whether it answers each run's key and id."""
 
 
 def _insert_runs(
@@ -335,17 +382,7 @@ def _insert_runs(
         Anomaly: a key was already taken (its row was not inserted).
     """
     expected = members * sum(len(agents) for agents in group.agents.values())
-    cursor = conn.execute(
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
-        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-        + _WITH
-        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
-        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
-        " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
-        f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
-        + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else ""),
-        (step_id, entries, group.runs, now),
-    )
+    cursor = conn.execute(_INSERT_RUNS[detailed].on(conn), (step_id, entries, group.runs, now))
     if detailed:
         ids = dict(cursor.fetchall())
         inserted = len(ids)

@@ -29,6 +29,7 @@ import attrs
 from onceflow.protocol.errors import WipLimitError
 from onceflow.protocol.workflow import Step, Workflow
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import Sql
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import step_entries
 from onceflow.store.entries.step_entries import EntryKey
@@ -41,13 +42,17 @@ _ORDER = (
 )
 
 
+_OCCUPANCY = Sql.of(
+    lambda d: (
+        "SELECT COUNT(*) FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
+        f" AND id {d.differs} ?"
+    )
+)
+
+
 def occupancy(conn: Connection, workflow_id: str, step_id: str, *, excluding: str | None = None) -> int:
     """Admitted tasks at the step, not counting `excluding` (a task being moved does not block itself)."""
-    (count,) = conn.execute(
-        "SELECT COUNT(*) FROM tasks WHERE workflow_id = ? AND workflow_step_id = ? AND wip_admitted = 1"
-        " AND id IS NOT ?",
-        (workflow_id, step_id, excluding),
-    ).fetchone()
+    (count,) = conn.execute(_OCCUPANCY.on(conn), (workflow_id, step_id, excluding)).fetchone()
     return int(count)
 
 
@@ -59,8 +64,8 @@ def serialize_admissions(conn: Connection, workflow_id: str, step_id: str) -> No
     nothing on SQLite. Two steps whose keys hash alike share a lock, which only serializes more.
 
     Raises:
-        sqlite3.OperationalError: the wait exceeded the lock timeout, or PostgreSQL broke a deadlock with
-            it (both SQLITE_BUSY: the store answers `storage_busy`, retryable).
+        faults.DatabaseFault: (busy) the wait exceeded the lock timeout, or PostgreSQL broke a deadlock
+            with it (the store answers `storage_busy`, retryable).
     """
     if on_postgres(conn):
         conn.execute(
@@ -139,7 +144,7 @@ def admit(
     its admission counter goes up by one (a promotion is a step entry)."""
     cur = conn.execute(
         "UPDATE tasks SET workflow_step_id = ?, wip_admitted = 1, queued_for_step_id = ?,"
-        " queued_at = CASE WHEN ? IS NULL THEN NULL ELSE queued_at END, updated_at = ?,"
+        " queued_at = CASE WHEN CAST(? AS TEXT) IS NULL THEN NULL ELSE queued_at END, updated_at = ?,"
         " admissions = admissions + 1"
         " WHERE id = ? AND workflow_step_id = ? AND wip_admitted = ?",
         (step_id, queued_for_step_id, queued_for_step_id, now, task_id, from_step_id, int(expected_admitted)),

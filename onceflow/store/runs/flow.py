@@ -298,13 +298,14 @@ def refusal(
     return None
 
 
+RATES_SET = "SELECT 1 FROM run_limits WHERE runs_per_hour IS NOT NULL LIMIT 1"
+"""A row when any `runs_per_hour` is set (`rates_set`)."""
+
+
 def rates_set(conn: Connection) -> bool:
     """Whether any `runs_per_hour` is set: then every new run is counted at its enqueue (the common entry's
     one-statement insert declines, store/entries/common_entry.py)."""
-    return (
-        conn.execute("SELECT 1 FROM run_limits WHERE runs_per_hour IS NOT NULL LIMIT 1").fetchone()
-        is not None
-    )
+    return conn.execute(RATES_SET).fetchone() is not None
 
 
 # --- statistics -----------------------------------------------------------------------------------------

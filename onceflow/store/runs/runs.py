@@ -23,8 +23,9 @@ import attrs
 
 from onceflow.protocol.results import RunInfo
 from onceflow.protocol.times import rfc3339, rfc3339_or_none
-from onceflow.store.backends.clock import Clocked
+from onceflow.store.backends.clock import SERVER_CLOCK, Clocked
 from onceflow.store.backends.connection import Connection, Cursor
+from onceflow.store.backends.dialect import POSTGRES, SQLITE
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.records import RunRecord
@@ -214,11 +215,13 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
     return result
 
 
-_COALESCE = Clocked.of(
-    "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ?1 AND reason = ?2 AND task_id IS ?3"
+_COALESCE_ON = (
+    "SELECT id, coalesced_count FROM runs WHERE agent_profile_id = ?1 AND reason = ?2 AND task_id {same} ?3"
     " AND status = 'queued' AND exclude_from_coalescing = 0 AND requested_at >= {now} - ?5"
-    " ORDER BY requested_at DESC, id DESC LIMIT 1",
-    "?4",
+    " ORDER BY requested_at DESC, id DESC LIMIT 1"
+)
+_COALESCE = Clocked(
+    _COALESCE_ON.format(same=SQLITE.same, now="?4"), _COALESCE_ON.format(same=POSTGRES.same, now=SERVER_CLOCK)
 )
 
 
@@ -277,13 +280,24 @@ _INSERT = Clocked.of(
     " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22, ?23)",
     "?8",
 )
+_INSERT = Clocked(_INSERT.sqlite + " RETURNING id", _INSERT.postgres + " RETURNING id")
 _INSERT_NEW = Clocked(
-    _INSERT.sqlite + " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
-    _INSERT.postgres + " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
+    _INSERT.sqlite.replace(
+        " RETURNING id",
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
+    ),
+    _INSERT.postgres.replace(
+        " RETURNING id",
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
+    ),
 )
 _INSERT_NEW_BY_PARTS = Clocked(
-    _INSERT.sqlite + f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING",
-    _INSERT.postgres + f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING",
+    _INSERT.sqlite.replace(
+        " RETURNING id", f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING RETURNING id"
+    ),
+    _INSERT.postgres.replace(
+        " RETURNING id", f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING RETURNING id"
+    ),
 )
 
 
@@ -328,9 +342,10 @@ def _insert(
             None if parts is None else parts[1],
         ),
     )
-    if cur.rowcount != 1:
+    row = cur.fetchone()
+    if row is None:
         return None
-    run_id = int(cur.lastrowid or 0)
+    run_id = int(row[0])
     if refused is not None:
         return EnqueueResult("rate_limited", run_id, refusal=refused, lineage=line)
     return EnqueueResult("queued", run_id, lineage=line)
@@ -415,7 +430,7 @@ _LEAVE = (
     " RETURNING id, status, agent_profile_id, attempt, task_id"
 )
 _LEAVE_ONE = Clocked.of(_LEAVE.format(tasks="task_id = ?1", now="{now}"), "?2")
-_LEAVE_MANY = _LEAVE.format(tasks="task_id IN (SELECT value FROM json_each(?1))", now="?2")
+_LEAVE_MANY = _LEAVE.format(tasks=f"task_id IN (SELECT value FROM {SQLITE.json_rows('?1')})", now="?2")
 _LEAVE_MANY_PG = Clocked.of(  # ANY: a planner estimate a json set would not give
     _LEAVE.format(tasks="task_id = ANY(?1)", now="{now}"), "?2"
 ).postgres

@@ -33,6 +33,7 @@ from onceflow.protocol.errors import NotFoundError, ProtocolError
 from onceflow.protocol.results import HistoryItem, HistoryPage, HostCallInfo
 from onceflow.protocol.times import rfc3339
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.dialect import Sql
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.outcomes import host_calls
 
@@ -115,16 +116,18 @@ def record_transition(conn: Connection, task_id: str, at: float, detail: str) ->
     conn.execute(_INSERT, (task_id, at, "transition", detail))
 
 
-_INSERT_GROUP = (
-    "INSERT INTO task_history (task_id, seq, at, kind, detail) SELECT m.value ->> 0,"
-    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM task_history WHERE task_id = m.value ->> 0),"
-    " CAST(m.value ->> 1 AS DOUBLE PRECISION), 'transition', m.value ->> 2 FROM json_each(?1) AS m"
+_INSERT_GROUP = Sql.of(
+    lambda d: (
+        "INSERT INTO task_history (task_id, seq, at, kind, detail) SELECT m.value ->> 0,"
+        " (SELECT COALESCE(MAX(seq), 0) + 1 FROM task_history WHERE task_id = m.value ->> 0),"
+        f" CAST(m.value ->> 1 AS DOUBLE PRECISION), 'transition', m.value ->> 2 FROM {d.json_rows('?1', 'm')}"
+    )
 )
 
 
 def record_transitions(conn: Connection, rows: list[tuple[str, float, str]]) -> None:
     """Append one transition per (task id, at, detail JSON) in one statement; the tasks are distinct."""
-    conn.execute(_INSERT_GROUP, (json.dumps(rows),))
+    conn.execute(_INSERT_GROUP.on(conn), (json.dumps(rows),))
 
 
 @attrs.frozen

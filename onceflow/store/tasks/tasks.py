@@ -59,17 +59,18 @@ def find_task(conn: Connection, task_id: str) -> TaskRecord | None:
     return task_from_row(row) if row else None
 
 
+_TASKS = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN (SELECT value FROM json_each(?))"
+_TASKS_PG = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(?)"
+
+
 def get_tasks(conn: Connection, task_ids: list[str]) -> list[TaskRecord] | None:
     """`get_task` of every id in one statement, in order: the writer's grouped reads (store/writer.py
     `Grouped`, one statement for a batch's reads instead of one each). None when one does not exist: each
     is then read alone, and the missing one raises there."""
     if on_postgres(conn):
-        found = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(?)", (task_ids,)).fetchall()
+        found = conn.execute(_TASKS_PG, (task_ids,)).fetchall()
     else:
-        found = conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(task_ids),),
-        ).fetchall()
+        found = conn.execute(_TASKS, (json.dumps(task_ids),)).fetchall()
     rows = {row[0]: row for row in found}
     if not rows.keys() >= set(task_ids):
         return None

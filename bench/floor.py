@@ -95,9 +95,10 @@ def _steps(conn: sqlite3.Connection, task: str, now: float) -> list[Callable[[],
     def fan_out() -> None:
         for agent in REVIEWERS:
             ex(
-                "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, idempotency_key,"
-                " exclude_from_coalescing, requested_at) VALUES (?, ?, 'review', 'on_enter', ?, 1, ?)",
-                (agent, task, f"on_enter:{task}:review:{seq_box[0]}:1:{agent}:digest", now),
+                "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, entry_seq,"
+                " key_position, key_digest, exclude_from_coalescing, requested_at)"
+                " VALUES (?, ?, 'review', 'on_enter', ?, 1, 'digest', 1, ?)",
+                (agent, task, seq_box[0], now),
             )
         ex(done, (now, task, seq_box[0], 1, KINDS[1]))
 

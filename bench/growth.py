@@ -154,6 +154,22 @@ async def bench(args: argparse.Namespace, db: str, clock: MockClock) -> list[dic
     return rounds
 
 
+def breakdown(db: str) -> None:
+    """Print each table's and index's pages and payload per live entry (dbstat), largest first."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (live,) = conn.execute("SELECT COUNT(*) FROM step_entries").fetchone()
+        rows = conn.execute(
+            "SELECT name, SUM(pgsize), SUM(payload) FROM dbstat GROUP BY name ORDER BY SUM(pgsize) DESC"
+        ).fetchall()
+    finally:
+        conn.close()
+    print(f"per live entry ({live} live), pages (payload):")
+    for name, pages, payload in rows:
+        if pages / max(1, live) >= 4:
+            print(f"  {name:<36} {pages / max(1, live):>7.0f} ({payload / max(1, live):.0f})")
+
+
 def report(rounds: list[dict[str, float]], windows: int) -> list[str]:
     size = max(1, len(rounds) // windows)
     heads = ("entries/s", "runs/s", "prune s", "db MiB", "B/entry", "live")
@@ -201,9 +217,15 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--db", help="a postgresql:// URL (default: a SQLite file in a temp dir)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--dir", help="the parent of the temporary directory (SQLite)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="SQLite: bytes per live entry of each table and index (dbstat)",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         db = args.db or str(Path(folder) / "growth.db")
         print(
             f"growth: {args.tasks} tasks x {args.rounds} rounds, {args.hours_per_round} h a round,"
@@ -211,6 +233,8 @@ def main() -> int:
         )
         clock = MockClock(rate=1.0)  # real time, and the hours each round jumps
         rounds = trio.run(bench, args, db, clock, clock=clock)
+        if args.breakdown and not args.db:
+            breakdown(db)
     missed = report(rounds, args.windows)
     return 1 if missed and args.strict else 0
 

@@ -39,6 +39,7 @@ from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.backends import postgres
+from onceflow.store.runs import keys as run_keys
 from onceflow.store.writer import Durability
 
 
@@ -118,7 +119,7 @@ def check_postgres(url: str, n: int) -> list[str]:
             return int(row[0])
 
         runs = one("SELECT count(*) FROM runs")
-        keys = one("SELECT count(DISTINCT idempotency_key) FROM runs")
+        keys = one(f"SELECT count(DISTINCT {run_keys.STORED_KEY_SQL}) FROM runs")
         entries = one("SELECT count(*) FROM step_entries")
         open_entries = one("SELECT count(*) FROM step_entries WHERE terminal = 0")
         clears = one(

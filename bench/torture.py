@@ -58,6 +58,7 @@ from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
 from onceflow.store.entries import participants
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
+from onceflow.store.runs import keys
 from onceflow.store.writer import open_store
 
 WORKFLOW = """\
@@ -332,7 +333,8 @@ def check(conn: sqlite3.Connection, common: bool = False) -> dict[str, Any]:
     runs: Counter[tuple[tuple[str, str, int], int]] = Counter()
     agents: dict[tuple[tuple[str, str, int], int], set[str]] = {}
     total_runs = 0
-    for key, count in conn.execute("SELECT idempotency_key, COUNT(*) FROM runs GROUP BY idempotency_key"):
+    by_key = f"SELECT {keys.STORED_KEY_SQL} AS k, COUNT(*) FROM runs GROUP BY k"
+    for key, count in conn.execute(by_key):
         total_runs += count
         if key is None:
             violations.append(f"{count} runs without an idempotency key")

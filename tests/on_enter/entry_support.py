@@ -28,6 +28,7 @@ from onceflow.protocol.workflow import IMPORT_ALLOWED_ACTIONS, ActionDecl, load_
 from onceflow.store.entries import participants, step_entries
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.runs import keys
 from onceflow.store.tasks import tasks, workflows
 from onceflow.store.tasks.workflows import StoredWorkflow
 from onceflow.store.writer import open_store
@@ -248,7 +249,7 @@ def is_terminal(conn: sqlite3.Connection, key: EntryKey) -> bool:
 
 def run_rows(conn: sqlite3.Connection, task_id: str | None = None) -> list[tuple[str, str, str, str]]:
     """(task_id, agent_profile_id, reason, idempotency_key) of every run, oldest first."""
-    sql = "SELECT task_id, agent_profile_id, reason, idempotency_key FROM runs"
+    sql = f"SELECT task_id, agent_profile_id, reason, {keys.STORED_KEY_SQL} FROM runs"
     args: tuple[Any, ...] = ()
     if task_id is not None:
         sql, args = sql + " WHERE task_id = ?", (task_id,)

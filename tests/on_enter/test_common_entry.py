@@ -506,7 +506,7 @@ def admitted_as_expected(
     ids = [run_id for p, _ in order if p in queued for _, run_id, _ in queued[p]]
     assert ids == sorted(ids)
     written = conn.execute(
-        "SELECT id, agent_profile_id, idempotency_key, reason, payload FROM runs"
+        f"SELECT id, agent_profile_id, {keys.STORED_KEY_SQL}, reason, payload FROM runs"
     ).fetchall()
     assert sorted(written) == sorted(
         (

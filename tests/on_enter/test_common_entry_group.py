@@ -30,7 +30,7 @@ from onceflow.actors.engine.common import common_order
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.store.entries.common_entry import Admission, admit_common, admit_group, common_plan
-from onceflow.store.runs import runs
+from onceflow.store.runs import keys, runs
 from onceflow.store.tasks import tasks
 from onceflow.store.writer import Grouped
 
@@ -306,7 +306,7 @@ def test_concurrent_moves_share_group_runs_and_every_entry_completes(tmp_path: P
         assert conn.execute("SELECT count(*), sum(terminal) FROM step_entries").fetchone() == (32, 32)
         done = conn.execute("SELECT count(*) FROM step_entry_markers WHERE state = 'done'").fetchone()
         assert done == (64,)
-        assert conn.execute("SELECT count(DISTINCT idempotency_key) FROM runs").fetchone() == (64,)
+        assert conn.execute(f"SELECT count(DISTINCT {keys.STORED_KEY_SQL}) FROM runs").fetchone() == (64,)
     finally:
         conn.close()
 

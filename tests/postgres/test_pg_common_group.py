@@ -27,6 +27,7 @@ import test_common_entry_group as group
 
 import onceflow.store.entries.admission as admission
 from onceflow.store.entries.common_entry import Admission, Admitted
+from onceflow.store.runs import keys
 from onceflow.store.tasks import tasks
 
 TASKS = group.TASKS
@@ -121,7 +122,7 @@ def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
         assert conn.execute("SELECT count(*), sum(terminal) FROM step_entries").fetchone() == (32, 32)
         done = conn.execute("SELECT count(*) FROM step_entry_markers WHERE state = 'done'").fetchone()
         assert done == (64,)
-        runs = conn.execute("SELECT count(DISTINCT idempotency_key), count(*) FROM runs").fetchone()
+        runs = conn.execute(f"SELECT count(DISTINCT {keys.STORED_KEY_SQL}), count(*) FROM runs").fetchone()
         assert runs == (64, 64)
         history = conn.execute("SELECT count(*) FROM task_history WHERE kind = 'transition'").fetchone()
         assert history == (32,)

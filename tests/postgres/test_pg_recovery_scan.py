@@ -36,6 +36,7 @@ from onceflow.actors.kernel.services import Services
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.backends.epochs import TASK_NAMESPACE
 from onceflow.store.backends.postgres import PgConnection
+from onceflow.store.runs import keys
 from onceflow.store.writer import open_store
 
 KINDS = recovery_set.KINDS
@@ -77,7 +78,7 @@ def facts(url: str) -> dict[str, Any]:
     with psycopg.connect(url) as conn:
         open_entries = conn.execute("SELECT count(*) FROM step_entries WHERE terminal = 0").fetchone()
         runs = conn.execute(
-            "SELECT task_id, count(*), count(DISTINCT idempotency_key) FROM runs GROUP BY task_id"
+            f"SELECT task_id, count(*), count(DISTINCT {keys.STORED_KEY_SQL}) FROM runs GROUP BY task_id"
         ).fetchall()
         markers = conn.execute(
             "SELECT task_id, position, count(*) FROM step_entry_markers WHERE state = 'done'"

@@ -104,7 +104,7 @@ async def test_runtimes_starting_together_migrate_once(pg_url: str) -> None:
 async def test_dialect_returning_null_safe_is_and_bytes_text_factory(pg_url: str) -> None:
     insert = (
         "INSERT INTO runs (agent_profile_id, reason, requested_at, idempotency_key) VALUES (?, 'r', 0, ?)"
-        " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id"
     )
 
     def fn(conn: sqlite3.Connection) -> tuple[Any, ...]:

@@ -41,6 +41,7 @@ from onceflow.protocol.workflow import ActionDecl
 from onceflow.store.backends.connection import Connection
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.entries.step_entries import EntryKey
+from onceflow.store.runs import keys
 from onceflow.store.tasks import tasks
 from onceflow.store.writer import open_store
 from onceflow.testing import RecordingHost
@@ -73,7 +74,9 @@ def clears(url: str) -> list[str]:
 
 def runs_of(url: str, task_id: str) -> list[str]:
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT idempotency_key FROM runs WHERE task_id = %s", (task_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT " + keys.STORED_KEY_SQL.replace("%", "%%") + " FROM runs WHERE task_id = %s", (task_id,)
+        ).fetchall()
     return [key for (key,) in rows]
 
 

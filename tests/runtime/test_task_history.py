@@ -206,6 +206,54 @@ steps:
     ]
 
 
+async def test_a_transition_is_stored_without_its_defaults_and_told_with_every_field(
+    db_path: Path | str, clock: FakeClock
+) -> None:
+    """A transition's stored detail leaves out a missing operation id and `queued` false (the history's most
+    frequent row, ~35 bytes fewer); `task_history` tells every field, in order, as before."""
+    template = """\
+id: w
+name: W
+steps:
+  - {id: todo, name: Todo, position: 0, is_start_step: true}
+  - {id: doing, name: Doing, position: 1}
+"""
+    async with open_runtime(db_path, clock=clock) as rt:
+        await ok(rt, {"type": "register_workflow", "yaml": template, "source": "w.yml"})
+        other = template.replace("id: w\n", "id: w2\n")
+        await ok(rt, {"type": "register_workflow", "yaml": other, "source": "w2.yml"})
+        await create_task(rt, "A", workflow_id="w", step_id="todo")
+        await move(rt, "A", "doing")
+        switch = {"type": "switch_workflow", "task_id": "A", "workflow_id": "w2", "operation_id": "op-1"}
+        await ok(rt, switch)
+        told = [i["detail"] for i in (await history(rt, "A"))["items"] if i["kind"] == "transition"]
+        stored = await rt.services.store.transact(
+            lambda conn: conn.execute(
+                "SELECT detail FROM task_history WHERE task_id = 'A' AND kind = 'transition' ORDER BY seq"
+            ).fetchall()
+        )
+    fields = [
+        "from_step",
+        "to_step",
+        "workflow_id",
+        "trigger",
+        "operation_id",
+        "entry_path",
+        "entry_seq",
+        "queued",
+    ]
+    assert [list(detail) for detail in told] == [fields, fields]
+    assert [(d["operation_id"], d["queued"]) for d in told] == [
+        (None, False),
+        ("op-1:switch_workflow:on_enter", False),
+    ]
+    plain, with_operation = (json.loads(detail) for (detail,) in stored)
+    assert "operation_id" not in plain and "queued" not in plain
+    assert (
+        with_operation["operation_id"] == "op-1:switch_workflow:on_enter" and "queued" not in with_operation
+    )
+
+
 async def test_retention_prunes_old_history_but_each_tasks_latest(
     db_path: Path | str, kandev_templates: Path, hand_clock: HandClock
 ) -> None:

@@ -187,6 +187,8 @@ CREATE TABLE coalesced_keys (
 CREATE INDEX coalesced_keys_by_run ON coalesced_keys(run_id);
 """
 
+_KEY_PARTS_21 = schema.key_parts_21("strpos", "{} ~ '^[0-9]+$'")
+
 BASELINE_VERSION = 12
 """The store/backends/schema.py version `BASELINE` equals."""
 
@@ -332,6 +334,16 @@ MIGRATIONS: tuple[str, ...] = (
         agent_profile_id TEXT PRIMARY KEY,
         turn             BIGINT NOT NULL
     );
+    """,
+    # 21: on_enter keys stored by their parts (store/backends/schema.py's migration 21).
+    f"""
+    ALTER TABLE runs ADD COLUMN key_position BIGINT;
+    ALTER TABLE runs ADD COLUMN key_digest TEXT;
+    UPDATE runs SET key_position = {_KEY_PARTS_21[0]}, key_digest = {_KEY_PARTS_21[1]}
+        WHERE idempotency_key LIKE 'on_enter:%';
+    {schema.KEYS_BY_PARTS_21}
+    ALTER TABLE runs DROP CONSTRAINT runs_idempotency_key_key;
+    DROP INDEX runs_by_task;
     """,
 )
 """PostgreSQL forms of store/backends/schema.py's migrations after `BASELINE_VERSION`, in order."""

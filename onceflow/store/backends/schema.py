@@ -101,6 +101,56 @@ class Rebuild:
     script: str
 
 
+def _encoded_21(expression: str) -> str:
+    """Migration 21's copy of store/runs/keys.py `encoded_sql` (a shipped migration never changes)."""
+    return (
+        f"CASE WHEN {expression} LIKE '%!%%' ESCAPE '!' OR {expression} LIKE '%:%'"
+        f" THEN replace(replace({expression}, '%', '%25'), ':', '%3A') ELSE {expression} END"
+    )
+
+
+_PREFIX_21 = (
+    f"('on_enter:' || {_encoded_21('task_id')} || ':' || {_encoded_21('workflow_step_id')}"
+    " || ':' || entry_seq || ':')"
+)
+_REST_21 = f"substr(idempotency_key, length({_PREFIX_21}) + 1)"
+
+
+def key_parts_21(instr: str, decimal: str) -> tuple[str, str]:
+    """Migration 21's (key_position, key_digest) read off an on_enter key, two SQL expressions (NULL for any
+    other key); `instr` the dialect's substring search, `decimal` its test that `{}` is all digits."""
+    found = (
+        f"idempotency_key LIKE 'on_enter:%'"
+        f" AND substr(idempotency_key, 1, length({_PREFIX_21})) = {_PREFIX_21}"
+    )
+    colon = f"{instr}({_REST_21}, ':')"
+    position = f"substr({_REST_21}, 1, abs({colon} - 1))"
+    when = f"{found} AND {colon} > 1 AND {decimal.format(position)}"
+    agent = _encoded_21("agent_profile_id")
+    return (
+        f"CASE WHEN {when} THEN CAST({position} AS BIGINT) END",
+        f"CASE WHEN {when} THEN substr({_REST_21}, {colon} + length({agent}) + 2) END",
+    )
+
+
+_KEY_PARTS_21_SQLITE = ", ".join(key_parts_21("instr", "NOT {} GLOB '*[^0-9]*'"))
+
+KEYS_BY_PARTS_21 = f"""
+    UPDATE runs SET key_position = NULL, key_digest = NULL WHERE key_position IS NOT NULL
+        AND idempotency_key <> {_PREFIX_21} || key_position || ':' || {_encoded_21("agent_profile_id")}
+        || ':' || key_digest;
+    UPDATE runs SET idempotency_key = NULL WHERE id IN (SELECT MIN(id) FROM runs
+        WHERE key_position IS NOT NULL
+        GROUP BY task_id, workflow_step_id, entry_seq, key_position, agent_profile_id);
+    UPDATE runs SET key_position = NULL, key_digest = NULL WHERE idempotency_key IS NOT NULL;
+    CREATE UNIQUE INDEX runs_by_key ON runs(idempotency_key) WHERE idempotency_key IS NOT NULL;
+    CREATE UNIQUE INDEX runs_by_entry_key
+        ON runs(task_id, workflow_step_id, entry_seq, key_position, agent_profile_id);
+"""
+"""Migration 21's statements after the rebuild (both backends): keep the parts only where they give back the
+key's bytes, move one run's key per (entry, position, agent) to them, then the two unique indexes."""
+
+
 MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the foundation schema.
     """
@@ -492,6 +542,67 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         turn             INTEGER NOT NULL
     );
     """,
+    # 21: an on_enter run's idempotency key is stored by its parts (store/runs/keys.py): the run's task, step,
+    # entry_seq and agent, and its position and config digest, unique over all but the digest, which also
+    # serves what runs_by_task did (its first column); any other key stays text, unique where not NULL (a
+    # NULL costs no index row). An old on_enter key moves to its parts only where they give back its exact
+    # bytes, and for one run of its (entry, position, agent); the rest keep their text. The AUTOINCREMENT
+    # high-water mark is carried over, so no run id is ever reused (an escalation key names one).
+    Rebuild(
+        f"""
+        CREATE TABLE runs_next (
+            id                      INTEGER PRIMARY KEY AUTOINCREMENT,
+            agent_profile_id        TEXT NOT NULL,
+            task_id                 TEXT REFERENCES tasks(id) ON DELETE CASCADE,
+            workflow_step_id        TEXT,
+            reason                  TEXT NOT NULL,
+            payload                 TEXT,
+            idempotency_key         TEXT,
+            exclude_from_coalescing INTEGER NOT NULL DEFAULT 0,
+            status                  TEXT NOT NULL DEFAULT 'queued' CHECK
+                (status IN ('queued', 'claimed', 'finished', 'failed', 'cancelled')),
+            coalesced_count         INTEGER NOT NULL DEFAULT 0,
+            requested_at            REAL NOT NULL,
+            claimed_at              REAL,
+            finished_at             REAL,
+            trigger                 TEXT,
+            entry_seq               INTEGER,
+            admission_seq           INTEGER,
+            attempt                 INTEGER NOT NULL DEFAULT 0,
+            retries                 INTEGER NOT NULL DEFAULT 0,
+            claim_token             TEXT,
+            lease_expires_at        REAL,
+            retry_at                REAL,
+            superseded              INTEGER NOT NULL DEFAULT 0,
+            outcome_reason          TEXT,
+            last_error              TEXT,
+            wait_seconds            REAL,
+            priority                INTEGER NOT NULL DEFAULT 2,
+            parent_run_id           INTEGER,
+            causation_depth         INTEGER NOT NULL DEFAULT 0,
+            chain_id                INTEGER,
+            human_rooted            INTEGER NOT NULL DEFAULT 0,
+            self_trigger            INTEGER NOT NULL DEFAULT 0,
+            retry_of                INTEGER,
+            result                  TEXT,
+            rate_limit              TEXT,
+            key_position            INTEGER,
+            key_digest              TEXT
+        );
+        INSERT INTO runs_next SELECT *, {_KEY_PARTS_21_SQLITE} FROM runs;
+        UPDATE sqlite_sequence SET seq = (SELECT seq FROM sqlite_sequence WHERE name = 'runs')
+            WHERE name = 'runs_next';
+        DROP TABLE runs;
+        ALTER TABLE runs_next RENAME TO runs;
+        {KEYS_BY_PARTS_21}
+        CREATE INDEX runs_open_by_agent ON runs(agent_profile_id, requested_at, id)
+            WHERE status IN ('queued', 'claimed');
+        CREATE INDEX runs_open_by_task ON runs(task_id) WHERE status IN ('queued', 'claimed');
+        CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE status = 'claimed';
+        CREATE INDEX runs_self_triggers ON runs(chain_id, agent_profile_id, reason) WHERE self_trigger = 1;
+        CREATE INDEX runs_by_agent_time ON runs(agent_profile_id, requested_at);
+        """
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

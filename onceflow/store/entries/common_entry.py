@@ -78,8 +78,8 @@ class Plan:
 
     `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `markers`: the
     marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, key head,
-    key tail (`keys.suffix_around` of its position and config digest), reason, payload JSON] per fan-out in
-    dispatch order ('' when there is none)."""
+    key tail (`keys.suffix_around` of its position and config digest), reason, payload JSON, position,
+    config digest] per fan-out in dispatch order ('' when there is none)."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
@@ -97,8 +97,9 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
             reason = fan_out_reason(action, "on_enter")
             payload: dict[str, Any] | None = getattr(action.config, "payload", None)
             role: str = getattr(action.config, "role", "")
-            head, tail = keys.suffix_around(position, fan_out_digest(action, reason))
-            fan_outs.append([role, head, tail, reason, payload_json(payload)])
+            digest = fan_out_digest(action, reason)
+            head, tail = keys.suffix_around(position, digest)
+            fan_outs.append([role, head, tail, reason, payload_json(payload), position, digest])
     return Plan(
         step,
         order,
@@ -144,20 +145,22 @@ def admit_common(
 
 _RUNS = Sql.of(
     lambda d: (
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
-        " WITH a (n, role, head, tail, reason, payload) AS MATERIALIZED"
-        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4"
-        f" FROM {d.json_rows('?6')}),"
-        " s (n, agent, reason, payload, k, position, id) AS"
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        " WITH a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,"
+        f" value ->> 6 FROM {d.json_rows('?6')}),"
+        " s (n, agent, reason, payload, k, position, id, key_position, digest) AS"
         " (SELECT a.n, p.agent_profile_id, a.reason, a.payload,"
-        f" ?5 || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
+        f" ?5 || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
+        " a.position, a.digest"
         f" FROM a {d.join} {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-        " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, s.k, 1, ?3,"
-        " 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
+        " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
+        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER), s.digest,"
+        " 1, ?3, 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
         " FROM s ORDER BY s.n, s.position, s.id"
-        " RETURNING id, agent_profile_id, idempotency_key"
+        f" RETURNING id, agent_profile_id, {keys.STORED_KEY_SQL}"
     )
 )
 """Every fan-out's runs in one statement, built by the database from the participant rows (read in this
@@ -165,8 +168,9 @@ statement alone: a concurrent add/remove never splits a fan-out, AC-F2) and the 
 per fan-out its seats (`participants.seats_sql`: the rows of its role at step ?2 of workflow ?4, template
 or task ?1's own, one per agent, AC-A5), in dispatch then (position, id) order, so the run ids are the
 per-action path's. The key is ?5 (the entry's `keys.entry_prefix`) + `keys.entry_suffix`, byte for byte the
-executor's. A seat without an agent (AC-E2) or a key merged by coalescing writes a NULL agent and a key
-already taken (AC-H6) violates its UNIQUE: either fails the statement (an IntegrityError, logged as
+executor's, stored by its parts (store/runs/keys.py). A seat without an agent (AC-E2) or a key merged by
+coalescing or taken as text (by a run of another trigger) writes a NULL agent and a key already taken by its
+parts (AC-H6) violates `runs_by_entry_key`: either fails the statement (an IntegrityError, logged as
 `common_entry_declined` at info), and the per-action path decides the entry. No `ON CONFLICT DO NOTHING`:
 a row skipped silently could not be told from a seat that is not there."""
 
@@ -339,20 +343,22 @@ largest run id so far (every run the group queues has a larger one: AUTOINCREMEN
 
 _RUNS_GROUP = Sql.of(
     lambda d: (
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
         " WITH e (i, task, prefix, now, seq) AS MATERIALIZED"
         f" (SELECT key, value ->> 0, value ->> 3, value ->> 2, value ->> 1 FROM {d.json_rows('?1')}),"
-        " a (n, role, head, tail, reason, payload) AS MATERIALIZED"
-        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4"
-        f" FROM {d.json_rows('?4')}),"
-        " s (i, task, now, seq, n, agent, reason, payload, k, position, id) AS"
+        " a (n, role, head, tail, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,"
+        f" value ->> 6 FROM {d.json_rows('?4')}),"
+        " s (i, task, now, seq, n, agent, reason, payload, k, position, id, key_position, digest) AS"
         " (SELECT e.i, e.task, e.now, e.seq, a.n, p.agent_profile_id, a.reason, a.payload,"
-        f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id"
+        f" e.prefix || {keys.suffix_around_sql('a.head', 'p.agent_profile_id', 'a.tail')}, p.position, p.id,"
+        " a.position, a.digest"
         f" FROM e CROSS JOIN a {d.join} {seats_sql(workflow='?3', step='?2', task='e.task', role='a.role')})"
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
-        " WHERE c.idempotency_key = s.k) THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, s.k, 1,"
-        " CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+        " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
+        " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
+        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
         " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
     )
 )
@@ -360,7 +366,7 @@ _RUNS_GROUP = Sql.of(
 those the entries get one after another. On SQLite its rows are read back by id (`_QUEUED_GROUP`), not
 RETURNING: one row to fetch instead of one per run; PostgreSQL answers them (`_RUNS_GROUP_PG`)."""
 
-_RUNS_GROUP_PG = _RUNS_GROUP.postgres + " RETURNING id, task_id, agent_profile_id, idempotency_key"
+_RUNS_GROUP_PG = _RUNS_GROUP.postgres + f" RETURNING id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}"
 
 _MARKERS_GROUP = Sql.of(
     lambda d: (
@@ -374,7 +380,7 @@ _MARKERS_GROUP = Sql.of(
 """The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...])."""
 
 _QUEUED_GROUP = (
-    "SELECT json_group_array(json_array(id, task_id, agent_profile_id, idempotency_key))"
+    f"SELECT json_group_array(json_array(id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}))"
     " FROM runs WHERE id > ?"
 )
 

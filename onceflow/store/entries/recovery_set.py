@@ -52,8 +52,9 @@ def _with(d: Dialect) -> str:
     return (
         " WITH e (n, task_id, entry_seq) AS MATERIALIZED"
         f" (SELECT key, value ->> 0, CAST(value ->> 1 AS INTEGER) FROM {d.json_rows('?2')}),"
-        " r (n, suffix, agent, reason, payload) AS MATERIALIZED"
-        f" (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM {d.json_rows('?3')}),"
+        " r (n, suffix, agent, reason, payload, position, digest) AS MATERIALIZED"
+        " (SELECT key, value ->> 1, value ->> 2, value ->> 3, value ->> 4, CAST(value ->> 0 AS INTEGER),"
+        f" value ->> 5 FROM {d.json_rows('?3')}),"
         " pos (position, kind) AS MATERIALIZED"
         f" (SELECT CAST(value ->> 0 AS INTEGER), value ->> 1 FROM {d.json_rows('?3')}) "
     )
@@ -89,9 +90,9 @@ StepPlans = Mapping[tuple[str, str, int], StepPlan]
 class Group:
     """The set plan of one (workflow, step): its recovery order, per fan-out position the agents it queues
     for (template participants, deduplicated, in order), and the same as JSON parameters: `runs`, one
-    [position, key suffix (`keys.entry_suffix`), agent, reason, payload JSON] per run of an entry in
-    dispatch order, and `kinds`, one [position, action type] per position. `notes`: the diagnostics an
-    entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs an entry
+    [position, key suffix (`keys.entry_suffix`), agent, reason, payload JSON, config digest] per run of an
+    entry in dispatch order, and `kinds`, one [position, action type] per position. `notes`: the diagnostics
+    an entry's fan-outs return, (level, code, fields but task_id) in order; `queued`: the runs an entry
     queues."""
 
     workflow_id: str
@@ -124,9 +125,11 @@ def _plan(d: Dialect, merged: bool) -> str:
         " AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE m.task_id = t.id AND m.step_id = ?1"
         " AND m.entry_seq = e.entry_seq)"
         " AND NOT EXISTS (SELECT 1 FROM participants AS p WHERE p.task_id = t.id)"
-        # a key of these entries merged into an earlier run: only probed when any on_enter key was
+        # a key of these entries merged into an earlier run, or held as text by a run of another trigger:
+        # only probed when some on_enter key is
         + (
             f" AND NOT EXISTS (SELECT 1 FROM r {d.join} coalesced_keys AS k ON k.idempotency_key = {_KEY})"
+            f" AND NOT EXISTS (SELECT 1 FROM r {d.join} runs AS o ON o.idempotency_key = {_KEY})"
             if merged
             else ""
         )
@@ -172,10 +175,12 @@ def plan_common(
 
 
 def _any_merged_on_enter_key(conn: Connection) -> bool:
-    """Whether coalescing merged any on_enter key into a run (one index probe; the keys start "on_enter:")."""
+    """Whether coalescing merged any on_enter key into a run, or a run holds one as its text (not by its
+    parts: a run of another trigger); two index probes, the keys start "on_enter:"."""
     return (
         conn.execute(
-            "SELECT 1 FROM coalesced_keys WHERE idempotency_key >= ? AND idempotency_key < ? LIMIT 1",
+            "SELECT 1 FROM coalesced_keys WHERE idempotency_key >= ?1 AND idempotency_key < ?2"
+            " UNION ALL SELECT 1 FROM runs WHERE idempotency_key >= ?1 AND idempotency_key < ?2 LIMIT 1",
             keys.ON_ENTER_RANGE,
         ).fetchone()
         is not None
@@ -193,7 +198,7 @@ def _group(conn: Connection, plan: StepPlan | None) -> Group | None:
     step, order, workflow_id = plan.step, plan.common, plan.workflow.id
     template = template_participants(conn, workflow_id=workflow_id, step_id=step.id)
     agents: dict[int, tuple[str, ...]] = {}
-    runs: list[tuple[int, str, str, str, str | None]] = []
+    runs: list[tuple[int, str, str, str, str | None, str]] = []
     notes: list[tuple[str, str, dict[str, object]]] = []
     for position, action in order:
         if action.type != "queue_run_for_each_participant":
@@ -206,7 +211,9 @@ def _group(conn: Connection, plan: StepPlan | None) -> Group | None:
         why = fan_out_reason(action, "on_enter")
         digest = fan_out_digest(action, why)
         payload = payload_json(getattr(action.config, "payload", None))
-        runs.extend((position, keys.entry_suffix(position, a, digest), a, why, payload) for a in seated)
+        runs.extend(
+            (position, keys.entry_suffix(position, a, digest), a, why, payload, digest) for a in seated
+        )
         for note in fan_out_notes("", step.id, step.name, role, len(seated), len(seated)):
             notes.append((note.level, note.code, {k: v for k, v in note.fields.items() if k != "task_id"}))
     kinds = json.dumps([[position, action.type] for position, action in order])
@@ -341,13 +348,14 @@ def _clear(conn: Connection, step_id: str, entries: str, *, detailed: bool) -> d
 
 def _insert_runs_sql(d: Dialect, detailed: bool) -> str:
     return (
-        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
-        " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
+        "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
+        " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
         + _with(d)
-        + f"SELECT r.agent, e.task_id, ?1, r.reason, r.payload, {_KEY}, 1, ?4, 'on_enter', e.entry_seq,"
-        " (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
+        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
         " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
-        " ON CONFLICT (idempotency_key) DO NOTHING" + (" RETURNING idempotency_key, id" if detailed else "")
+        f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
+        + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else "")
     )
 
 

@@ -13,6 +13,12 @@ either character is written as it is, so keys of ordinary ids are byte for byte 
 every key parses back into its parts. The operation id comes first in its shape and is written as it is
 (it holds colons of its own); the parser takes it as what precedes the last four fields. The SQL builders
 produce the same bytes inside a statement (both backends have `LIKE ... ESCAPE`, `replace` and `||`).
+
+How a key is stored (`runs`): an on_enter key is not stored as text but by its parts, which the run's own
+columns already hold but two: task_id, workflow_step_id, entry_seq, agent_profile_id, and `key_position`,
+`key_digest`; a unique index over (task_id, workflow_step_id, entry_seq, key_position, agent_profile_id)
+keeps one run per agent, position and entry (AC-B1, AC-B4). Every other key is `idempotency_key`'s text.
+`stored_columns` chooses, `STORED_KEY_SQL` reads either back as the key's bytes.
 """
 
 from __future__ import annotations
@@ -119,6 +125,54 @@ def suffix_around_sql(head_sql: str, agent_sql: str, tail_sql: str) -> str:
 def position_in(key: str, prefix: str) -> int:
     """The position field of an on_enter `key` that starts with `prefix` (an `entry_prefix`)."""
     return int(key[len(prefix) : key.index(":", len(prefix))])
+
+
+def stored_columns(
+    key: str, task_id: str | None, step_id: str | None, entry_seq: int | None, agent_profile_id: str
+) -> tuple[int, str] | None:
+    """(key_position, key_digest) when `key` is the on_enter key of a run with these columns, which then
+    stores it by its parts (`STORED_KEY_SQL` gives back its bytes); None: the key is stored as its text."""
+    parts = entry_parts(key)
+    if parts is None or (parts.task_id, parts.step_id, parts.entry_seq, parts.agent_profile_id) != (
+        task_id,
+        step_id,
+        entry_seq,
+        agent_profile_id,
+    ):
+        return None
+    rebuilt = entry_key(
+        parts.task_id, parts.step_id, parts.entry_seq, parts.position, agent_profile_id, parts.digest
+    )
+    if rebuilt != key:
+        return None  # not byte for byte what the parts give back (a leading zero, say): keep the text
+    return parts.position, parts.digest
+
+
+def entry_parts(key: str) -> EntryRunKey | None:
+    """The parts of `key` when it is an on_enter key (`parse`), else None."""
+    if not key.startswith("on_enter:"):
+        return None
+    try:
+        parts = parse(key)
+    except ValueError:
+        return None
+    return parts if isinstance(parts, EntryRunKey) else None
+
+
+def stored_key_sql(alias: str = "") -> str:
+    """SQL for the idempotency key of a `runs` row (`alias` its table's, with the dot): its text, or the
+    on_enter key its parts give (NULL when it has neither)."""
+    a = alias
+    prefix = entry_prefix_sql(f"{a}task_id", f"{a}workflow_step_id", f"{a}entry_seq")
+    suffix = entry_suffix_sql(f"{a}key_position", f"{a}agent_profile_id", f"{a}key_digest")
+    return f"COALESCE({a}idempotency_key, {prefix} || {suffix})"
+
+
+STORED_KEY_SQL = stored_key_sql()
+"""`stored_key_sql` of an unaliased `runs`."""
+
+ENTRY_KEY_COLUMNS = "task_id, workflow_step_id, entry_seq, key_position, agent_profile_id"
+"""The unique index `runs_by_entry_key` over an on_enter key's parts (a conflict target)."""
 
 
 # --- operation keys ---------------------------------------------------------------------------------------

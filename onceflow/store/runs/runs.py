@@ -3,7 +3,8 @@ entry its task left. Writer thread: every function runs inside the caller's tran
 leases and retries are store/runs/run_claims.py's.
 
 Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, AC-H6, AC-H9):
-- every idempotency key is kept with the run it produced (`runs.idempotency_key`) or, for an enqueue merged
+- every idempotency key is kept with the run it produced (`runs.idempotency_key`, an on_enter key by its
+  parts: store/runs/keys.py `stored_columns`) or, for an enqueue merged
   by coalescing, in `coalesced_keys` with the run it was merged into; while that run is unresolved, and for
   24 h after it resolves, the key makes an enqueue a success that changes nothing;
 - within 5 s, the newest queued run of the same task with the same (agent_profile_id, reason) absorbs the
@@ -28,13 +29,14 @@ from onceflow.store.backends.dialect import POSTGRES, SQLITE
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.records import RunRecord
+from onceflow.store.runs import keys
 from onceflow.store.runs.flow import Cause, Lineage, Refusal, lineage, refusal
 
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 COALESCE_WINDOW_SECONDS = 5.0
 
 COLUMNS = (
-    "id, agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
+    f"id, agent_profile_id, task_id, workflow_step_id, reason, payload, {keys.STORED_KEY_SQL},"
     " exclude_from_coalescing, status, coalesced_count, requested_at, trigger, entry_seq, admission_seq,"
     " attempt, retries, claim_token, lease_expires_at, retry_at, superseded, outcome_reason, last_error,"
     " finished_at, priority, parent_run_id, causation_depth, COALESCE(chain_id, id), human_rooted, retry_of,"
@@ -154,6 +156,11 @@ _MERGED = Clocked.of(
 _OWN = Clocked.of(
     "SELECT id, requested_at, status, finished_at, {now} FROM runs WHERE idempotency_key = ?1", "?2"
 )
+_OWN_BY_PARTS = Clocked.of(
+    "SELECT id, requested_at, status, finished_at, {now} FROM runs WHERE task_id = ?1 AND"
+    " workflow_step_id = ?2 AND entry_seq = ?3 AND key_position = ?4 AND agent_profile_id = ?5",
+    "?6",
+)
 _KEEP_KEY = Clocked.of(
     "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at) VALUES (?1, ?2, {now})", "?3"
 )
@@ -180,18 +187,27 @@ def enqueue_run(conn: Connection, request: RunRequest, now: float) -> EnqueueRes
         status=merged[2], seen_at=merged[1], finished_at=merged[3], now=merged[4]
     ):
         return EnqueueResult("suppressed", merged[0])
+    entry = keys.entry_parts(key)
+    own = None
     if merged is None and not should_coalesce(request):  # the common keyed case: insert, look on a conflict
-        inserted = _insert(conn, request, now, skip_taken_key=True)
-        if inserted is not None:
-            return inserted
-    own = conn.execute(_OWN.on(conn), (key, now)).fetchone()
+        if entry is not None:  # an on_enter key: held maybe in the form this insert does not conflict on
+            own = _own(conn, key, entry, now)
+        if own is None:
+            inserted = _insert(conn, request, now, skip_taken_key=True)
+            if inserted is not None:
+                return inserted
+    if own is None:
+        own = _own(conn, key, entry, now)
     if own is not None and key_honoured(status=own[2], seen_at=own[1], finished_at=own[3], now=own[4]):
         return EnqueueResult("suppressed", own[0])
     with savepoint(conn, "enqueue"):  # release the expired key, then merge or insert under it: all or none
         if merged is not None:
             conn.execute("DELETE FROM coalesced_keys WHERE idempotency_key = ?", (key,))
         if own is not None:
-            conn.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?", (own[0],))
+            conn.execute(
+                "UPDATE runs SET idempotency_key = NULL, key_position = NULL, key_digest = NULL WHERE id = ?",
+                (own[0],),
+            )
         result = _coalesce(conn, request, now)
         if result is None:
             return _queue(conn, request, now)
@@ -232,19 +248,56 @@ def _queue(conn: Connection, request: RunRequest, now: float) -> EnqueueResult:
     return queued
 
 
+def _own(conn: Connection, key: str, entry: keys.EntryRunKey | None, now: float) -> Any:
+    """(id, requested_at, status, finished_at, now) of the run holding `key`, as its text or (an on_enter
+    key, `entry`) by its parts; None: no run holds it."""
+    own = conn.execute(_OWN.on(conn), (key, now)).fetchone()
+    if own is None and entry is not None:
+        at = (entry.task_id, entry.step_id, entry.entry_seq, entry.position, entry.agent_profile_id, now)
+        own = conn.execute(_OWN_BY_PARTS.on(conn), at).fetchone()
+    return own
+
+
+def _parts(request: RunRequest) -> tuple[int, str] | None:
+    """The request's key stored by its parts (`keys.stored_columns`), or None: stored as its text."""
+    if request.idempotency_key is None:
+        return None
+    return keys.stored_columns(
+        request.idempotency_key,
+        request.task_id,
+        request.step_id,
+        request.entry_seq,
+        request.agent_profile_id,
+    )
+
+
 _INSERT = Clocked.of(
     "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, idempotency_key,"
     " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq, priority, parent_run_id,"
     " causation_depth, chain_id, human_rooted, self_trigger, retry_of, status, outcome_reason, finished_at,"
-    " rate_limit)"
+    " rate_limit, key_position, key_digest)"
     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,"
-    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21)",
+    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22, ?23)",
     "?8",
 )
 _INSERT = Clocked(_INSERT.sqlite + " RETURNING id", _INSERT.postgres + " RETURNING id")
 _INSERT_NEW = Clocked(
-    _INSERT.sqlite.replace(" RETURNING id", " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"),
-    _INSERT.postgres.replace(" RETURNING id", " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"),
+    _INSERT.sqlite.replace(
+        " RETURNING id",
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
+    ),
+    _INSERT.postgres.replace(
+        " RETURNING id",
+        " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id",
+    ),
+)
+_INSERT_NEW_BY_PARTS = Clocked(
+    _INSERT.sqlite.replace(
+        " RETURNING id", f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING RETURNING id"
+    ),
+    _INSERT.postgres.replace(
+        " RETURNING id", f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING RETURNING id"
+    ),
 )
 
 
@@ -259,15 +312,17 @@ def _insert(
     refused = refusal(conn, request.agent_profile_id, request.reason, line, request.cause, now)
     if refused is not None and skip_taken_key:
         return None
+    parts = _parts(request) if refused is None else None
+    statement = (_INSERT_NEW_BY_PARTS if parts else _INSERT_NEW) if skip_taken_key else _INSERT
     cur = conn.execute(
-        (_INSERT_NEW if skip_taken_key else _INSERT).on(conn),
+        statement.on(conn),
         (
             request.agent_profile_id,
             request.task_id,
             request.step_id,
             request.reason,
             payload_json(request.payload),
-            request.idempotency_key or None if refused is None else None,
+            request.idempotency_key or None if refused is None and parts is None else None,
             int(request.exclude_from_coalescing),
             now,
             request.trigger,
@@ -283,6 +338,8 @@ def _insert(
             "queued" if refused is None else "cancelled",
             None if refused is None else "rate_limited",
             None if refused is None else refused.limit,
+            None if parts is None else parts[0],
+            None if parts is None else parts[1],
         ),
     )
     row = cur.fetchone()

@@ -75,19 +75,43 @@ def transition_detail(
     queued: bool = False,
 ) -> str:
     """The `detail` JSON of a transition: `queued` when the task waits at a full step (not an entry),
-    `entry_seq` None when the step allocates no entry record (or the task is queued)."""
-    return _COMPACT.encode(
-        {
-            "from_step": from_step,
-            "to_step": to_step,
-            "workflow_id": workflow_id,
-            "trigger": trigger,
-            "operation_id": operation_id or None,
-            "entry_path": path,
-            "entry_seq": entry_seq,
-            "queued": queued,
-        },
-    )
+    `entry_seq` None when the step allocates no entry record (or the task is queued). Stored without the
+    fields at their defaults (`TRANSITION_DEFAULTS`: no operation id, not queued), which `transition_item`
+    puts back: ~35 bytes fewer per row, the history's most frequent."""
+    detail: dict[str, Any] = {
+        "from_step": from_step,
+        "to_step": to_step,
+        "workflow_id": workflow_id,
+        "trigger": trigger,
+        "entry_path": path,
+        "entry_seq": entry_seq,
+    }
+    if operation_id:
+        detail["operation_id"] = operation_id
+    if queued:
+        detail["queued"] = True
+    return _COMPACT.encode(detail)
+
+
+TRANSITION_DEFAULTS: dict[str, Any] = {"operation_id": None, "queued": False}
+"""What a transition's stored detail leaves out: its value when absent."""
+
+_TRANSITION_ORDER = (
+    "from_step",
+    "to_step",
+    "workflow_id",
+    "trigger",
+    "operation_id",
+    "entry_path",
+    "entry_seq",
+    "queued",
+)
+
+
+def transition_item(stored: dict[str, Any]) -> dict[str, Any]:
+    """A transition's detail as `task_history` shows it: every field, in order, defaults put back (rows
+    written before the defaults were left out spell them, and read the same)."""
+    return {name: stored.get(name, TRANSITION_DEFAULTS.get(name)) for name in _TRANSITION_ORDER}
 
 
 def record_transition(conn: Connection, task_id: str, at: float, detail: str) -> None:
@@ -215,7 +239,10 @@ def _call_item(call: HostCallInfo) -> HistoryItem:
 def _item(row: Any) -> HistoryItem:
     at, _, key, kind, status, detail = row[:6]
     if detail is not None:
-        return {"at": rfc3339(at), "kind": cast(Kind, kind), "seq": key, "detail": json.loads(detail)}
+        parsed = json.loads(detail)
+        if kind == "transition":
+            parsed = transition_item(parsed)
+        return {"at": rfc3339(at), "kind": cast(Kind, kind), "seq": key, "detail": parsed}
     run_id, agent, step_id, attempt, trigger, entry_seq, reason, outcome_reason = row[6:]
     run: dict[str, Any] = {"run_id": run_id, "status": status, "agent_profile_id": agent, "step_id": step_id}
     if status == "queued":
@@ -233,12 +260,12 @@ _RECORDLESS = {
     "sqlite": (
         "SELECT task_id, json_extract(detail, '$.to_step') AS step_id, seq, detail FROM task_history"
         " WHERE kind = 'transition' AND json_extract(detail, '$.entry_seq') IS NULL"
-        " AND NOT json_extract(detail, '$.queued')"
+        " AND NOT COALESCE(json_extract(detail, '$.queued'), 0)"
     ),
     "postgresql": (
         "SELECT task_id, CAST(detail AS json) ->> 'to_step' AS step_id, seq, detail FROM task_history"
         " WHERE kind = 'transition' AND CAST(detail AS json) ->> 'entry_seq' IS NULL"
-        " AND CAST(detail AS json) ->> 'queued' = 'false'"
+        " AND COALESCE(CAST(detail AS json) ->> 'queued', 'false') = 'false'"
     ),
 }
 
@@ -263,5 +290,5 @@ def recordless_entries_page(
         args.extend(after)
     scope = "".join(f" AND {clause}" for clause in where)
     rows = conn.execute(f"{sql}{scope} ORDER BY task_id, seq LIMIT ?", [*args, limit + 1]).fetchall()
-    found = [((str(row[0]), int(row[2])), json.loads(row[3])) for row in rows[:limit]]
+    found = [((str(row[0]), int(row[2])), transition_item(json.loads(row[3]))) for row in rows[:limit]]
     return found, len(rows) > limit

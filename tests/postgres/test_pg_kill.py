@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "facade"))
 from wire_client import WireClient
 
 from onceflow.actors.runtime.startup import open_runtime
+from onceflow.store.tasks.history import transition_item
 
 TESTS = Path(__file__).resolve().parents[1]
 OFFICE = TESTS / "fixtures" / "kandev" / "office-default.yml"
@@ -122,6 +123,7 @@ def history(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tu
     for _, kind, detail in rows:
         fields = json.loads(detail)
         if kind == "transition":
+            fields = transition_item(fields)  # as task_history tells it: the stored defaults put back
             items.append(
                 (kind, fields["from_step"], fields["to_step"], fields["entry_seq"], fields["queued"])
             )

@@ -55,7 +55,7 @@ def connection_caps(
     descriptors than the open-files limit leaves. Each wants its own figure (`socket` None:
     DEFAULT_MAX_CONNECTIONS; `http` None: the socket's); a listener not served wants nothing (its cap is 0).
     When the limit cannot hold the sum, each gets its share of what it leaves in proportion to its want, at
-    least one each. Raises OSError (EMFILE) as `connection_cap` does."""
+    least one each (room for one: one each, the second out of HEADROOM). Raises OSError (EMFILE) as `connection_cap` does."""
     socket_wants = (socket or DEFAULT_MAX_CONNECTIONS) if serving_socket else 0
     http_wants = (http or socket or DEFAULT_MAX_CONNECTIONS) if serving_http else 0
     explicit = (serving_socket and socket is not None) or (serving_http and (http or socket) is not None)
@@ -64,8 +64,8 @@ def connection_caps(
     if total >= wanted or not (socket_wants and http_wants):
         caps = min(socket_wants, total), min(http_wants, total)
     else:
-        socket_cap = min(max(1, total * socket_wants // wanted), total - 1)
-        caps = socket_cap, max(1, total - socket_cap)
+        socket_cap = max(1, min(total * socket_wants // wanted, total - 1))
+        caps = socket_cap, max(1, total - socket_cap)  # (1, 1) when room is left for one: HEADROOM has it
     if socket_wants and http_wants:
         log.info("connection_limits_shared", socket_max_connections=caps[0], http_max_connections=caps[1])
     return caps

@@ -159,3 +159,4 @@ def test_the_socket_and_http_share_one_descriptor_budget() -> None:
         (None, 40, *http_only), (500, None, *socket_only),
     ]) == [[50, 50], [75, 25], [50, 50], [60, 30], [0, 40], [100, 0]]  # fmt: skip
     assert _caps(2, [(1000, 1, *both)]) == [[1, 1]]
+    assert _caps(1, [(None, None, *both), (None, None, *socket_only)]) == [[1, 1], [1, 0]]

@@ -55,7 +55,8 @@ def connection_caps(
     descriptors than the open-files limit leaves. Each wants its own figure (`socket` None:
     DEFAULT_MAX_CONNECTIONS; `http` None: the socket's); a listener not served wants nothing (its cap is 0).
     When the limit cannot hold the sum, each gets its share of what it leaves in proportion to its want, at
-    least one each (room for one: one each, the second out of HEADROOM). Raises OSError (EMFILE) as `connection_cap` does."""
+    least one each (room for one: one each, the second out of HEADROOM). Raises OSError (EMFILE) as
+    `connection_cap` does."""
     socket_wants = (socket or DEFAULT_MAX_CONNECTIONS) if serving_socket else 0
     http_wants = (http or socket or DEFAULT_MAX_CONNECTIONS) if serving_http else 0
     explicit = (serving_socket and socket is not None) or (serving_http and (http or socket) is not None)

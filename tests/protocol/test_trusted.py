@@ -9,6 +9,7 @@ events, a bad diagnostic level refused, counted events counted, a log below the 
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 from collections.abc import Callable
@@ -133,6 +134,32 @@ def _hash(model: BaseModel) -> int | str:
 def test_a_trusted_event_equals_the_validated_one(case: tuple[Callable[..., BaseModel], Any]) -> None:
     builder, arguments = case
     assert_same(builder(**arguments), MODELS[builder](**arguments))
+
+
+@given(case=builders_and_arguments)
+def test_an_event_the_window_holds_compactly_comes_back_as_the_validated_one(
+    case: tuple[Callable[..., BaseModel], Any],
+) -> None:
+    builder, arguments = case
+    kept = trusted.held(builder(**arguments))
+    assert not isinstance(kept, BaseModel)  # every trusted event is held as plain values
+    assert_same(trusted.restored(kept), MODELS[builder](**arguments))
+
+
+def test_the_window_holds_trusted_events_as_values_the_gc_does_not_track() -> None:
+    """The event window keeps its last 10,000 events alive: held as models, the cyclic GC traversed them."""
+    kept = [
+        trusted.held(
+            trusted.transition(task_id="T", workflow_id="w", from_step="a", to_step="b", trigger="t")
+        ),
+        trusted.held(trusted.diagnostic(level="info", code="c", fields={"task_id": "T", "n": 3})),
+    ]
+    gc.collect()  # a tuple of untracked values stops being tracked at its first collection, the diagnostic's
+    gc.collect()  # outer tuple once its inner ones are (the next)
+    assert not any(gc.is_tracked(value) for value in kept)
+    validated = Transition(task_id="T", workflow_id="w", from_step="a", to_step="b", trigger="t")
+    assert trusted.held(validated) is validated  # not built here: held as it is
+    assert trusted.restored(validated) is validated
 
 
 def test_each_trusted_builder_takes_exactly_its_models_fields() -> None:

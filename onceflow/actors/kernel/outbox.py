@@ -18,6 +18,7 @@ from onceflow.observability import metrics
 from onceflow.observability.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
+from onceflow.protocol.trusted import held
 
 log = get_logger("onceflow")
 
@@ -69,7 +70,7 @@ class EventHub(EventWindow):
         # `EventWindow.append`, inlined: the call would cost more than the append itself (per event, on
         # the hot path)
         n = self.count = self.count + 1
-        self._ring[n % self.size] = event
+        self._ring[n % self.size] = held(event)
         if n >= self._check_at:
             self._appended(n)
         if not self._subscribers:

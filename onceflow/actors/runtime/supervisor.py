@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
 from onceflow.actors.kernel.event_window import EventStream
-from onceflow.actors.kernel.mailbox import Envelope, Mailbox, ReplySlot, reply_to
+from onceflow.actors.kernel.mailbox import Envelope, Mailbox, reply_to
 from onceflow.actors.kernel.operation_locks import TaskLocks
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
@@ -171,7 +171,7 @@ class Runtime:
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller starts nothing
         name = "unknown"
-        out = Outbox(self._hub)
+        out: Outbox | None = None  # the command's events, once it has run (none for a refusal before)
         span: tracing.CommandSpan | None = None  # with a recording tracer: the command's span (current)
         try:
             if c.is_command(command):
@@ -191,12 +191,13 @@ class Runtime:
             if isinstance(routed, tuple):
                 result, out = await self._ask(*routed)
             else:
+                out = Outbox(self._hub)
                 result = await handlers.handle(self, self._outcomes, routed, out)
             reply = out.reply(name, result=result)
         except OnceflowError as exc:
-            reply = out.reply(name, error=_error_info(exc))
+            reply = self._events(out).reply(name, error=_error_info(exc))
         except ValidationError as exc:
-            reply = out.reply(name, error=_error_info(validation_error(exc)))
+            reply = self._events(out).reply(name, error=_error_info(validation_error(exc)))
         except _Refused as refused:
             reply = refused.out.reply(name, error=_error_info(refused.error))
         except _ActorFailure as failure:
@@ -204,7 +205,7 @@ class Runtime:
         except Exception as exc:
             log.error("command_failed", command=name, cause=shown(exc), exc_info=True)
             info = ErrorInfo(code="internal", message=f"{name} failed: {shown(exc)}")
-            reply = out.reply(name, error=info)
+            reply = self._events(out).reply(name, error=info)
         except BaseException as exc:  # a cancellation: the span ends saying so, the context is restored
             if span is not None:
                 span.finish(None, exc)
@@ -215,6 +216,10 @@ class Runtime:
         # here: without a checkpoint a caller looping on `send` in a cancelled scope would never stop.
         await trio.lowlevel.checkpoint_if_cancelled()
         return reply
+
+    def _events(self, out: Outbox | None) -> Outbox:
+        """`out`, or an empty outbox for a command refused before it ran."""
+        return out if out is not None else Outbox(self._hub)
 
     async def _ask(self, task_id: str, message: TaskMessage) -> tuple[TaskResult, Outbox]:
         """Have the task's actor handle `message`: queued behind the actor's current command when it is
@@ -236,15 +241,15 @@ class Runtime:
         if self._closing:  # a mailbox opened now would never be closed: shutdown would wait on it forever
             raise ShuttingDownError("the runtime is shutting down")
         mailbox = self._mailboxes[task_id] = Mailbox()
-        slot = ReplySlot()
+        answer: outcome.Outcome[tuple[TaskResult, Outbox]] | None = None
         token = epochs.CURRENT_TASK.set(task_id)  # on PostgreSQL its transactions hold the task's lock
         try:
             with trio.CancelScope(shield=True) as scope:  # cancelled by `_guard_lent` alone
                 self._lent.add(scope)
                 try:
-                    await self._serve(TaskActor(task_id, self.engine, TaskLocks()), Envelope(message, slot))
-                except _Restart as restart:
-                    log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+                    answer, crash = await self._handled(TaskActor(task_id, self.engine, TaskLocks()), message)
+                    if crash is not None:
+                        log.error("task_actor_crashed", task_id=task_id, cause=crash)
                 finally:
                     self._hand_over(task_id, mailbox)
         finally:
@@ -252,9 +257,9 @@ class Runtime:
             self._lent.discard(scope)
             if self._closing and not self._lent:
                 self._lenders_done.set()
-        if slot.result is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
+        if answer is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
             raise ShuttingDownError("the runtime is shutting down")
-        return cast(tuple[TaskResult, Outbox], slot.result.unwrap())
+        return answer.unwrap()
 
     async def _guard_lent(self) -> None:
         """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
@@ -323,23 +328,32 @@ class Runtime:
         return None
 
     async def _serve(self, actor: TaskActor, envelope: Envelope[TaskMessage]) -> None:
-        """Handle one envelope and answer it: (result, outbox), or the refusal or failure with the events
-        emitted before it. Raises `_Restart` after an unexpected failure, for the supervisor to restart."""
+        """Handle one envelope and answer it (`_handled`). Raises `_Restart` after an unexpected failure, for
+        the supervisor to restart."""
+        answer, crash = await self._handled(actor, envelope.message, envelope.context)
+        reply_to(envelope, answer)
+        if crash is not None:
+            raise _Restart(crash)
+
+    async def _handled(
+        self, actor: TaskActor, message: TaskMessage, context: Context | None = None
+    ) -> tuple[outcome.Outcome[tuple[TaskResult, Outbox]], str | None]:
+        """Handle one message (under the asker's trace `context` when it was queued): its answer, (result,
+        outbox) or the refusal or failure with the events emitted before it, and for an unexpected failure
+        its cause (else None): the actor is then restarted."""
         out = Outbox(self._hub)
         try:
-            if envelope.context is None:  # lent (the asker's own task), or not traced
-                result = await actor.handle(envelope.message, out)
+            if context is None:  # lent (the asker's own task), or not traced
+                result = await actor.handle(message, out)
             else:
-                with tracing.attached(envelope.context):  # the asker's: it was queued
-                    result = await actor.handle(envelope.message, out)
+                with tracing.attached(context):  # the asker's: it was queued
+                    result = await actor.handle(message, out)
         except OnceflowError as exc:
-            reply_to(envelope, outcome.Error(_Refused(exc, out)))
+            return outcome.Error(_Refused(exc, out)), None
         except Exception as exc:
             info = ErrorInfo(code="internal", message=f"task actor failed: {exc!r}")
-            reply_to(envelope, outcome.Error(_ActorFailure(info, out)))
-            raise _Restart(repr(exc)) from exc
-        else:
-            reply_to(envelope, outcome.Value((result, out)))
+            return outcome.Error(_ActorFailure(info, out)), repr(exc)
+        return outcome.Value((result, out)), None
 
     async def register_workflow(
         self, text: str, source: str, *, import_path: bool = False

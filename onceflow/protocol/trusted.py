@@ -67,7 +67,7 @@ _DIAGNOSTIC_SET = {"level", "code", "fields"}
 
 # The events whose every value is atomic (str, int, None): when built here their `__dict__` is a dict the
 # cyclic GC does not track, so the event window keeps that dict (`held`) instead of the event.
-_COMPACT: dict[type[BaseModel], set[str]] = {
+COMPACT: dict[type[BaseModel], set[str]] = {
     TaskCreated: _TASK_CREATED_SET,
     Transition: _TRANSITION_SET,
     StepEntered: _STEP_ENTERED_SET,
@@ -75,8 +75,10 @@ _COMPACT: dict[type[BaseModel], set[str]] = {
     RunQueued: _RUN_QUEUED_SET,
     ActionOutcome: _ACTION_OUTCOME_SET,
 }
+"""The events whose every value is atomic (str, int, None), each with the fields set its builder here gives:
+built here, its `__dict__` is a dict the cyclic GC does not track, which the event window keeps (`held`)."""
 _BY_TYPE: dict[str, tuple[type[BaseModel], set[str]]] = {
-    cast(str, model.model_fields["type"].default): (model, fields) for model, fields in _COMPACT.items()
+    cast(str, model.model_fields["type"].default): (model, fields) for model, fields in COMPACT.items()
 }
 
 
@@ -91,7 +93,7 @@ def held(event: Event) -> Held:
     atomic; a dict inside a tuple would keep it tracked); else the event itself. The window keeps ~10 events
     an entry alive: held as models, the GC traversing them cost ~6 us an entry. `restored` gives it back."""
     fields_set = event.__pydantic_fields_set__
-    if fields_set is _COMPACT.get(type(event)):
+    if fields_set is COMPACT.get(type(event)):
         return event.__dict__
     if fields_set is _DIAGNOSTIC_SET:
         values = event.__dict__

@@ -237,6 +237,47 @@ def test_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_event() -> 
     assert subscriber.receive_nowait() is out.events[0]
 
 
+class _Watcher:
+    watches = frozenset({"run_queued", "diagnostic"})
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.hub: EventHub | None = None
+
+    def on_publish(self, event: Any) -> None:
+        assert self.hub is not None
+        self.seen.append((event.type, self.hub.count))
+
+
+@given(produced=events)
+def test_emit_all_publishes_as_emitting_each_in_turn(produced: list[Any]) -> None:
+    """An entry's events published in one call reach the reply, the window, the watchers (before each is
+    in the window) and a subscriber exactly as one `emit` each would."""
+    seen = []
+    for batch in (True, False):
+        watcher = _Watcher()
+        hub = watcher.hub = EventHub(watcher, size=4)
+        subscriber = hub.subscribe()
+        out = Outbox(hub)
+        out.note(produced[0]) if produced else None  # a reply's own detail stays first
+        if batch:
+            out.emit_all(list(produced))
+        else:
+            for event in produced:
+                out.emit(event)
+        streamed = []
+        while True:
+            try:
+                streamed.append(subscriber.receive_nowait())
+            except trio.WouldBlock:
+                break
+        window = hub.read(hub.oldest - 1, hub.count)
+        seen.append(
+            (out.events, streamed, [(item.seq, item.event) for item in window], watcher.seen, hub.count)
+        )
+    assert seen[0] == seen[1]
+
+
 def test_emit_counts_exactly_the_events_count_event_counts() -> None:
     """The emitter skips `count_event` for types outside COUNTED_EVENTS: each event type the hot path emits
     counts exactly when its type is in that set, and the set is the types `count_event` knows."""

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 import outcome
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.observability import metrics
 from onceflow.observability.logs import get_logger
@@ -148,6 +149,7 @@ class StoreActor:
         self._setup: outcome.Outcome[int] | None = None
         self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
 
+    @enable_ki_protection
     async def transact(
         self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
@@ -177,6 +179,7 @@ class StoreActor:
         self._submit(fn, args, kwargs, None)
         return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)  # type: ignore[no-any-return]
 
+    @enable_ki_protection
     async def transact_grouped(
         self,
         group: Grouped[T],
@@ -628,6 +631,7 @@ def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:
 
 
 @asynccontextmanager
+@enable_ki_protection
 async def open_store(
     path: str | os.PathLike[str],
     *,

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import outcome
 import trio
 from opentelemetry.context import Context
+from trio.lowlevel import enable_ki_protection
 
 M = TypeVar("M")
 
@@ -55,6 +56,7 @@ class Mailbox(Generic[M]):
         self._closed = False
         self._receiver: trio.lowlevel.Task | None = None  # the actor parked in `receive`
 
+    @enable_ki_protection
     async def ask(self, message: M, context: Context | None = None) -> Any:
         """Deliver `message` (with the asker's trace `context`) and return the actor's reply value,
         re-raising its exception.
@@ -92,6 +94,7 @@ class Mailbox(Generic[M]):
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
+    @enable_ki_protection
     async def receive(self) -> Envelope[M]:
         """The oldest envelope, waiting for one. A cancelled wait takes none (nothing is lost).
 

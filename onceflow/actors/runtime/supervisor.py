@@ -18,6 +18,7 @@ import outcome
 import trio
 from opentelemetry.context import Context
 from pydantic import BaseModel, ValidationError
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
@@ -87,17 +88,20 @@ class Runtime:
         """Where this runtime's events are published (its subscribers' streams)."""
         return self._hub
 
+    @enable_ki_protection
     def attach_coordinator(self, coordinator: Coordinator) -> None:
         """Start delivering outcomes through `coordinator`, for a runtime opened without one (`onceflow
         serve`'s host role: a connection registered the coordinator capability): the unfinished outcomes
         are resumed as at a start (`OutcomeSupervisor.attach`). Raises RuntimeError if it has one."""
         self._outcomes.attach(coordinator)
 
+    @enable_ki_protection
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on, without seqs (unbounded: a reader that stops
         reading holds every later event); it ends when the runtime closes. `events` resumes instead."""
         return self._hub.subscribe()
 
+    @enable_ki_protection
     def events(self, after: int | None = None) -> EventStream:
         """The events with their `event_seq`s, for `async for item in rt.events(after=seq)`: a
         `SequencedEvent` per event, in seq order, each once, from just after `after` (the last seq the
@@ -144,6 +148,7 @@ class Runtime:
             cancel_superseded=cancel_superseded,
         )
 
+    @enable_ki_protection
     async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
         """Apply one command and return its reply. Never raises (but for cancellation): the reply says what
         failed.
@@ -256,6 +261,7 @@ class Runtime:
             raise ShuttingDownError("the runtime is shutting down")
         return cast(tuple[TaskResult, Outbox], slot.result.unwrap())
 
+    @enable_ki_protection
     async def _guard_lent(self) -> None:
         """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
         and cancel them when the runtime itself is cancelled, as it would cancel spawned actors."""
@@ -278,6 +284,7 @@ class Runtime:
         else:
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
 
+    @enable_ki_protection
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[TaskMessage]) -> None:
         """Run the task's actor (spawned by `_hand_over`); restart it after a crash, on the same mailbox;
         evict it once idle.
@@ -341,12 +348,14 @@ class Runtime:
         else:
             reply_to(envelope, outcome.Value((result, out)))
 
+    @enable_ki_protection
     async def register_workflow(
         self, text: str, source: str, *, import_path: bool = False
     ) -> WorkflowRegistered:
         """Validate, persist and register (or replace) a workflow template (`handlers.register_workflow`)."""
         return await handlers.register_workflow(self, text, source, import_path=import_path)
 
+    @enable_ki_protection
     async def ask_task(self, task_id: str, message: TaskMessage) -> TaskResult:
         """Have the task's actor handle `message` (queued behind its current command) and return its result.
         Raises the command's OnceflowError, or ShuttingDownError once shutdown has begun."""
@@ -358,6 +367,7 @@ class Runtime:
             raise RuntimeError(failure.info.message) from None
         return result
 
+    @enable_ki_protection
     def reconfigure(
         self,
         *,
@@ -387,16 +397,19 @@ class Runtime:
         )
         self.engine = Engine(self.services)
 
+    @enable_ki_protection
     async def promote_all(self) -> int:
         """Start-up promotion of every step (`promotion.promote_all`); how many tasks were promoted."""
         return await promote_all(self.services)
 
+    @enable_ki_protection
     async def forward_promotions(self, promotions: trio.MemoryReceiveChannel[Announced]) -> None:
         """Route each committed promotion to its task's actor, which dispatches the entry's on_enter."""
         async for promotion, context in promotions:
             if not self._closing:  # after shutdown starts, the next start's recovery scan finishes it
                 self._nursery.start_soon(self._deliver_promotion, promotion, context)
 
+    @enable_ki_protection
     async def _deliver_promotion(self, promotion: Promotion, context: Context | None) -> None:
         """Dispatch a committed promotion's entry (traced under `context`, the promoting command's); a
         refusal (a storage fault now refuses instead of crashing the actor) is logged, and the entry stays
@@ -415,6 +428,7 @@ class Runtime:
         except (OnceflowError, _ActorFailure, trio.ClosedResourceError):
             pass  # shutting down, or the crash was logged by the actor's supervision
 
+    @enable_ki_protection
     def close(self) -> None:
         """Begin shutdown: refuse new commands, close every mailbox (its actor drains what is queued)."""
         self._closing = True

@@ -200,7 +200,9 @@ class StoreActor:
         Refusing the abort (`_refuse_abort`) is what shields that wait: a cancellation stays pending and is
         delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a shielded
         CancelScope + Event per request, which cost ~20 us each at group-commit rates; and a plain call, not
-        a coroutine: one frame fewer to suspend and resume per request.)"""
+        a coroutine: one frame fewer to suspend and resume per request.) Its callers are KI-protected: a
+        KeyboardInterrupt raised between queueing and parking would leave the writer to wake a task that
+        is gone (TrioInternalError) or waiting on something else."""
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
         task = epochs.CURRENT_TASK.get()

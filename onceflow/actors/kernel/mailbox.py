@@ -5,7 +5,9 @@
 
 Built on a deque and Trio's low-level park/reschedule rather than a memory channel and an Event per reply:
 a task actor gets a fresh mailbox for almost every message (it is evicted once idle), and a channel pair
-plus an Event cost ~25 us per message, a tenth of an entry's Trio-side CPU. Trio thread.
+plus an Event cost ~25 us per message, a tenth of an entry's Trio-side CPU. Like Trio's own primitives, the
+waits are KI-protected: a KeyboardInterrupt between registering the waiter and parking would leave a wake
+aimed at a task gone elsewhere. Trio thread.
 """
 
 from __future__ import annotations

@@ -168,7 +168,9 @@ class Runtime:
         runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does
         not know the outcome; every command is safe to send again (operation ids, idempotency keys,
         decision receipts and compare-and-set moves make a repeat a no-op or an idempotent replay), and
-        `get_task` tells where the task stands.
+        `get_task` tells where the task stands. A KeyboardInterrupt never lands inside `send` (nor anywhere in
+        the runtime, whose Trio-side code is KI-protected): Trio raises it in the host's main task at a
+        checkpoint (docs/embedding.md, "Stopping: cancellation and Ctrl-C").
 
         Traced (a recording tracer, onceflow/observability/tracing.py), a command that parsed is the span
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the

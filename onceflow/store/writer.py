@@ -144,6 +144,7 @@ class StoreActor:
         self._mailbox: queue.SimpleQueue[_Request[Any] | None] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
         self._accepting = False
+        self._stop_sent = False
         self._ready = trio.Event()
         self._stopped = trio.Event()
         self._setup: outcome.Outcome[int] | None = None
@@ -230,9 +231,20 @@ class StoreActor:
         self._accepting = False
         if self._thread.ident is None:  # never started
             return
-        self._mailbox.put(None)
-        await self._stopped.wait()
+        if not self._stop_sent:
+            self._stop_sent = True
+            self._mailbox.put(None)
+        # A KeyboardInterrupt (a second Ctrl-C) is delivered to a parked main task even under a shield: it is
+        # held until the writer has stopped, so the database lock is never released under a live writer.
+        interrupt: KeyboardInterrupt | None = None
+        while not self._stopped.is_set():
+            try:
+                await self._stopped.wait()
+            except KeyboardInterrupt as exc:
+                interrupt = exc
         self._thread.join()
+        if interrupt is not None:
+            raise interrupt
 
     def _wake(self, requests: list[_Request[Any]]) -> None:
         for request in requests:

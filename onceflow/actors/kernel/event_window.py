@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.observability.logs import get_logger
 from onceflow.protocol.event_stream import MAX_EVENT_SEQ, EventGap, SequencedEvent, check_after
@@ -236,6 +237,7 @@ class EventStream:
         self._read = end
         return taken
 
+    @enable_ki_protection
     async def wait(self) -> bool:
         """Wait until there is something to take; False once the runtime closed and all was taken. Returns
         at once (no checkpoint) when there is."""
@@ -261,15 +263,18 @@ class EventStream:
         items += taken
         return items
 
+    @enable_ki_protection
     async def next_batch(self, limit: int) -> list[SequencedEvent | EventGap]:
         """`batch`, waiting until it has something; empty once the runtime closed and all was read."""
         if self._pending is None and not await self.wait():
             return []
         return self.batch(limit)
 
+    @enable_ki_protection
     def __aiter__(self) -> EventStream:
         return self
 
+    @enable_ki_protection
     async def __anext__(self) -> SequencedEvent | EventGap:
         await trio.lowlevel.checkpoint()
         if self._pending is not None:

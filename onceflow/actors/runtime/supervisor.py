@@ -18,6 +18,7 @@ import outcome
 import trio
 from opentelemetry.context import Context
 from pydantic import BaseModel, ValidationError
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
@@ -87,17 +88,20 @@ class Runtime:
         """Where this runtime's events are published (its subscribers' streams)."""
         return self._hub
 
+    @enable_ki_protection
     def attach_coordinator(self, coordinator: Coordinator) -> None:
         """Start delivering outcomes through `coordinator`, for a runtime opened without one (`onceflow
         serve`'s host role: a connection registered the coordinator capability): the unfinished outcomes
         are resumed as at a start (`OutcomeSupervisor.attach`). Raises RuntimeError if it has one."""
         self._outcomes.attach(coordinator)
 
+    @enable_ki_protection
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on, without seqs (unbounded: a reader that stops
         reading holds every later event); it ends when the runtime closes. `events` resumes instead."""
         return self._hub.subscribe()
 
+    @enable_ki_protection
     def events(self, after: int | None = None) -> EventStream:
         """The events with their `event_seq`s, for `async for item in rt.events(after=seq)`: a
         `SequencedEvent` per event, in seq order, each once, from just after `after` (the last seq the
@@ -144,6 +148,7 @@ class Runtime:
             cancel_superseded=cancel_superseded,
         )
 
+    @enable_ki_protection
     async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
         """Apply one command and return its reply. Never raises (but for cancellation): the reply says what
         failed.
@@ -163,7 +168,9 @@ class Runtime:
         runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does
         not know the outcome; every command is safe to send again (operation ids, idempotency keys,
         decision receipts and compare-and-set moves make a repeat a no-op or an idempotent replay), and
-        `get_task` tells where the task stands.
+        `get_task` tells where the task stands. A KeyboardInterrupt never lands inside `send` (nor anywhere in
+        the runtime, whose Trio-side code is KI-protected): Trio raises it in the host's main task at a
+        checkpoint (docs/embedding.md, "Stopping: cancellation and Ctrl-C").
 
         Traced (a recording tracer, onceflow/observability/tracing.py), a command that parsed is the span
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
@@ -261,6 +268,7 @@ class Runtime:
             raise ShuttingDownError("the runtime is shutting down")
         return answer.unwrap()
 
+    @enable_ki_protection
     async def _guard_lent(self) -> None:
         """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
         and cancel them when the runtime itself is cancelled, as it would cancel spawned actors."""
@@ -283,6 +291,7 @@ class Runtime:
         else:
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
 
+    @enable_ki_protection
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[TaskMessage]) -> None:
         """Run the task's actor (spawned by `_hand_over`); restart it after a crash, on the same mailbox;
         evict it once idle.
@@ -355,12 +364,14 @@ class Runtime:
             return outcome.Error(_ActorFailure(info, out)), repr(exc)
         return outcome.Value((result, out)), None
 
+    @enable_ki_protection
     async def register_workflow(
         self, text: str, source: str, *, import_path: bool = False
     ) -> WorkflowRegistered:
         """Validate, persist and register (or replace) a workflow template (`handlers.register_workflow`)."""
         return await handlers.register_workflow(self, text, source, import_path=import_path)
 
+    @enable_ki_protection
     async def ask_task(self, task_id: str, message: TaskMessage) -> TaskResult:
         """Have the task's actor handle `message` (queued behind its current command) and return its result.
         Raises the command's OnceflowError, or ShuttingDownError once shutdown has begun."""
@@ -372,6 +383,7 @@ class Runtime:
             raise RuntimeError(failure.info.message) from None
         return result
 
+    @enable_ki_protection
     def reconfigure(
         self,
         *,
@@ -401,16 +413,19 @@ class Runtime:
         )
         self.engine = Engine(self.services)
 
+    @enable_ki_protection
     async def promote_all(self) -> int:
         """Start-up promotion of every step (`promotion.promote_all`); how many tasks were promoted."""
         return await promote_all(self.services)
 
+    @enable_ki_protection
     async def forward_promotions(self, promotions: trio.MemoryReceiveChannel[Announced]) -> None:
         """Route each committed promotion to its task's actor, which dispatches the entry's on_enter."""
         async for promotion, context in promotions:
             if not self._closing:  # after shutdown starts, the next start's recovery scan finishes it
                 self._nursery.start_soon(self._deliver_promotion, promotion, context)
 
+    @enable_ki_protection
     async def _deliver_promotion(self, promotion: Promotion, context: Context | None) -> None:
         """Dispatch a committed promotion's entry (traced under `context`, the promoting command's); a
         refusal (a storage fault now refuses instead of crashing the actor) is logged, and the entry stays
@@ -429,6 +444,7 @@ class Runtime:
         except (OnceflowError, _ActorFailure, trio.ClosedResourceError):
             pass  # shutting down, or the crash was logged by the actor's supervision
 
+    @enable_ki_protection
     def close(self) -> None:
         """Begin shutdown: refuse new commands, close every mailbox (its actor drains what is queued)."""
         self._closing = True

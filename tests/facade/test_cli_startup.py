@@ -55,6 +55,36 @@ def test_validate_imports_the_template_loader_and_no_runtime() -> None:
     assert "onceflow.protocol.workflow" in modules
     unwanted = (*NEVER, "trio", "structlog", "sqlite3", "onceflow.actors", "onceflow.protocol.commands")
     assert _loaded(modules, unwanted) == []
+    # a plain command line is read without argparse; signal and difflib are imported only where needed
+    assert _loaded(modules, ("argparse", "signal", "difflib")) == []
+
+
+_PLAIN = (
+    ["validate", "a.yml"],
+    ["validate", "a", "b"],
+    ["validate", "--strict", "a"],
+    ["validate", "a", "--strict"],
+)
+_OTHER = (
+    ["validate"],
+    ["validate", "--strict"],
+    ["validate", "a", "--strict", "b"],
+    ["validate", "--strict", "a", "--strict"],
+    ["validate", "-", "a"],
+    ["validate", "--str", "a"],
+    ["validate", "a", "--help"],
+    ["--verbose", "validate", "a"],
+    ["schema", "a"],
+)
+
+
+@pytest.mark.parametrize("argv", [*_PLAIN, *_OTHER])
+def test_a_plain_validate_is_read_as_argparse_reads_it_and_anything_else_by_argparse(argv: list[str]) -> None:
+    plain = cli._validate_args(argv)
+    assert (plain is not None) == (argv in _PLAIN)
+    if plain is not None:
+        args = cli._parser("validate").parse_args(argv)
+        assert plain == (args.files, args.strict)
 
 
 def test_the_scenario_runner_imports_trio_testing_only_when_a_scenario_runs() -> None:

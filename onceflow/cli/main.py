@@ -255,6 +255,23 @@ async def demo(db: Path | str, stop: trio.Event) -> int:
     return 0 if await run_demo(db, echo=say, stop=stop, opened=say_database) == "done" else REFUSED
 
 
+def _import_frozen(*modules: str) -> None:
+    """Import `modules` with the cyclic garbage collector off, then freeze what the process holds: importing
+    pydantic and building the template's models makes thousands of long-lived objects and almost no
+    garbage, yet the collections their allocations trigger rescan them all, and so would the ones after
+    (and the one at exit). Only for a process that is this command (`main()` reading `sys.argv`): frozen
+    objects are never collected. Saves `onceflow validate` ~55 M instructions, 7 % of it."""
+    import gc
+
+    gc.disable()
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def validate(paths: list[Path], *, strict: bool = False) -> int:
     """Check every file and print every problem of each (`invalid:` lines), then the lint's warnings of each
     file that loads (`warning:` lines, protocol/template/lint.py): 0 all valid, 1 some invalid (or, `strict`,
@@ -561,8 +578,11 @@ def _validate_args(argv: list[str]) -> tuple[list[Path], bool] | None:
 
 
 def _main(argv: list[str] | None) -> int:
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     plain = _validate_args(argv)
+    if plain is not None and own_process:
+        _import_frozen("onceflow.protocol.workflow", "onceflow.protocol.template.lint")
     if plain is not None:
         files, strict = plain
         return validate(files, strict=strict)

@@ -4,6 +4,7 @@ imports its own modules when it runs (bench/startup.py times them)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -57,6 +58,26 @@ def test_validate_imports_the_template_loader_and_no_runtime() -> None:
     assert _loaded(modules, unwanted) == []
     # a plain command line is read without argparse; signal and difflib are imported only where needed
     assert _loaded(modules, ("argparse", "signal", "difflib")) == []
+
+
+def test_validate_as_its_own_process_freezes_what_it_imported_and_collects_again_after() -> None:
+    probe = (
+        "import gc, sys\n"
+        "from onceflow.cli.main import main\n"
+        f"sys.argv = ['onceflow', 'validate', {str(KANDEV_TEMPLATE)!r}]\n"
+        "status = main()\n"
+        "print(status, gc.isenabled(), gc.get_freeze_count() > 10000, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    assert done.stderr.split() == ["0", "True", "True"]
+    frozen = (
+        gc.get_freeze_count()
+    )  # called with its arguments (as tests and hosts do): the collector as it was
+    assert cli.main(["validate", str(KANDEV_TEMPLATE)]) == 0
+    assert gc.get_freeze_count() == frozen and gc.isenabled()
 
 
 _PLAIN = (

@@ -63,6 +63,28 @@ def record(conn: Connection, task_id: str, at: float, kind: str, detail: dict[st
     conn.execute(_INSERT, (task_id, at, kind, _COMPACT.encode(detail)))
 
 
+def record_detail(conn: Connection, task_id: str, at: float, kind: str, detail: str) -> None:
+    """`record` of a detail already encoded as JSON."""
+    conn.execute(_INSERT, (task_id, at, kind, detail))
+
+
+def record_many(conn: Connection, items: list[tuple[str, float, str, str]]) -> None:
+    """`record_detail` of each (task id, at, kind, detail JSON), one statement run for each (the tasks are
+    distinct, or later items of a task are numbered after its earlier ones)."""
+    conn.executemany(_INSERT, items)
+
+
+def created_detail(workflow_id: str, workflow_version: int, step_id: str, queued: bool) -> str:
+    """The `detail` JSON of a task's `created` item."""
+    detail = {
+        "workflow_id": workflow_id,
+        "workflow_version": workflow_version,
+        "step_id": step_id,
+        "queued": queued,
+    }
+    return _COMPACT.encode(detail)
+
+
 def transition_detail(
     *,
     from_step: str | None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from json.encoder import encode_basestring_ascii
 from typing import Any, Literal, cast
 
 import attrs
@@ -41,6 +42,9 @@ Kind = Literal["created", "transition", "decision", "run", "host_call", "migrate
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 """`json.dumps(..., separators=(",", ":"))` without a new encoder per call (one per entry)."""
+
+_string = encode_basestring_ascii
+"""A str as a JSON string, as `_COMPACT` writes it (ASCII, its own escapes)."""
 
 _INSERT = (
     "INSERT INTO task_history (task_id, seq, at, kind, detail)"
@@ -99,20 +103,21 @@ def transition_detail(
     """The `detail` JSON of a transition: `queued` when the task waits at a full step (not an entry),
     `entry_seq` None when the step allocates no entry record (or the task is queued). Stored without the
     fields at their defaults (`TRANSITION_DEFAULTS`: no operation id, not queued), which `transition_item`
-    puts back: ~35 bytes fewer per row, the history's most frequent."""
-    detail: dict[str, Any] = {
-        "from_step": from_step,
-        "to_step": to_step,
-        "workflow_id": workflow_id,
-        "trigger": trigger,
-        "entry_path": path,
-        "entry_seq": entry_seq,
-    }
+    puts back: ~35 bytes fewer per row, the history's most frequent. The text is `_COMPACT`'s of the same
+    dict, written out field by field (a third of the encoder's instructions: one per entry)."""
+    text = (
+        f'{{"from_step":{_text(from_step)},"to_step":{_string(to_step)},"workflow_id":{_string(workflow_id)},'
+        f'"trigger":{_string(trigger)},"entry_path":{_text(path)},'
+        f'"entry_seq":{"null" if entry_seq is None else int(entry_seq)}'
+    )
     if operation_id:
-        detail["operation_id"] = operation_id
-    if queued:
-        detail["queued"] = True
-    return _COMPACT.encode(detail)
+        text += f',"operation_id":{_string(operation_id)}'
+    return f'{text},"queued":true}}' if queued else f"{text}}}"
+
+
+def _text(value: str | None) -> str:
+    """A JSON string or null, as `_COMPACT` writes it."""
+    return "null" if value is None else _string(value)
 
 
 TRANSITION_DEFAULTS: dict[str, Any] = {"operation_id": None, "queued": False}

@@ -603,6 +603,8 @@ class _TransactionEnded(Exception):
 def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
     """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause); a
     `StorageError` already (PostgreSQL's typed faults) is kept."""
+    if type(result) is outcome.Value:  # (not `isinstance`: an ABC's check runs Python, per request)
+        return result
     if (
         isinstance(result, outcome.Error)
         and not isinstance(result.error, StorageError)

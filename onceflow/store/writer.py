@@ -72,6 +72,11 @@ class Durability(StrEnum):
     NORMAL = "NORMAL"
 
 
+_NO_PIPELINE = contextlib.nullcontext()
+"""What `_commit` enters on SQLite in place of PostgreSQL's pipeline (one for every batch: it keeps no
+state)."""
+
+
 class StoreClosedError(RuntimeError):
     """`transact` was called on a store that is closing or closed."""
 
@@ -235,8 +240,10 @@ class StoreActor:
             trio.lowlevel.reschedule(request.waiter, request.result)
 
     def _call_trio(self, fn: Callable[..., object], *args: object) -> None:
-        with contextlib.suppress(trio.RunFinishedError):  # the Trio run is gone; nobody is left waiting
+        try:  # (not `contextlib.suppress`: a context manager built per batch)
             self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # the Trio run is gone; nobody is left waiting
+            return
 
     # --- writer thread ---------------------------------------------------------------------------------
 
@@ -474,7 +481,7 @@ class StoreActor:
         """
         started = time.perf_counter()
         try:
-            with _pg(conn).pipelined() if self.postgres else contextlib.nullcontext():
+            with _pg(conn).pipelined() if self.postgres else _NO_PIPELINE:
                 conn.execute(dialect_of(conn).begin)
                 if self.postgres:
                     self._lock_tasks(_pg(conn), batch)

@@ -98,7 +98,6 @@ _INSERT_TASK = (
     "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
     " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at,"
     " workflow_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-    f" RETURNING {TASK_COLUMNS}"
 )
 
 
@@ -120,9 +119,10 @@ def insert_task(
 ) -> TaskRecord:
     """Insert a task at `step_id` of version `workflow_version` of its workflow, admitted or (with
     `admitted` False) queued there; `queued_for_step_id` names the step it waits for; returns its row as
-    stored. One statement: the insert answers the row, or nothing when the id is taken. Raises
-    ConflictError (field task_id) if the id is taken."""
-    rows = conn.execute(
+    stored (built from what was inserted: every other column is at its default, no admission yet). One
+    statement, no read back: an id already taken inserts nothing. Raises ConflictError (field task_id) if
+    the id is taken."""
+    inserted = conn.execute(
         _INSERT_TASK,
         (
             task_id,
@@ -140,10 +140,25 @@ def insert_task(
             now,
             workflow_version,
         ),
-    ).fetchall()  # stepped to its end: the statement is done before the next one
-    if not rows:
+    ).rowcount
+    if inserted != 1:
         raise ConflictError(f"task {task_id!r} already exists", field="task_id")
-    return task_from_row(rows[0])
+    return TaskRecord(
+        task_id,
+        workflow_id,
+        step_id,
+        title,
+        session_id,
+        primary_agent_id,
+        ceo_agent_id,
+        priority,
+        admitted,
+        queued_for_step_id,
+        now,
+        now,
+        0,
+        workflow_version,
+    )
 
 
 def create_task(

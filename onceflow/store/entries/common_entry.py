@@ -199,7 +199,7 @@ def _admit(
     step = plan.step
     if plan.fan_outs and flow.rates_set(conn):
         raise Anomaly("an hourly rate to check per run")
-    if not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
+    if step.wip_limit > 0 and not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
         raise Anomaly("a queued placement")
     moved = tasks.move_task_step(
         conn,

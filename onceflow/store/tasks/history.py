@@ -23,6 +23,7 @@ sit beside.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from json.encoder import encode_basestring_ascii
@@ -80,8 +81,10 @@ def record_many(conn: Connection, items: list[tuple[str, float, str, str]]) -> N
     conn.executemany(_INSERT, items)
 
 
+@functools.lru_cache(maxsize=256)
 def created_detail(workflow_id: str, workflow_version: int, step_id: str, queued: bool) -> str:
-    """The `detail` JSON of a task's `created` item."""
+    """The `detail` JSON of a task's `created` item (the same for every task created into one step of one
+    version: encoded once)."""
     detail = {
         "workflow_id": workflow_id,
         "workflow_version": workflow_version,

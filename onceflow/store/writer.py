@@ -86,8 +86,9 @@ class Grouped(Generic[T]):
     whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
     request's result in order, or None when it cannot decide them all (its writes are then rolled back and
     each request's own fn runs alone, as without a group): one set of statements for a batch of common
-    entries (or task-row reads) instead of one per entry. On PostgreSQL the groups run once the batch holds
-    its requests' task locks (a request whose lock another runtime held has left the batch by then).
+    entries (or task-row reads, or creations) instead of one per entry. On PostgreSQL the groups run once
+    the batch holds its requests' task locks (a request whose lock another runtime held has left the batch
+    by then).
     `run` follows the rules of a request's fn (plain synchronous code, no BEGIN/COMMIT); an exception from
     it that does not end the transaction counts as None."""
 

@@ -7,7 +7,8 @@ Only what no other table keeps is written, in the transaction of the effect itse
 step change overwrites the task row and a step that declares no engine-owned action allocates no entry
 record, so neither keeps it), each decision recorded (`decision`: `clear_decisions` deletes decision
 rows) and each migration onto another version of its workflow (`migrated`, store/tasks/task_migration.py). One
-row per admission, one statement per writer group of common entries (store/entries/common_entry.py).
+row per admission, one statement (an `executemany` on SQLite) per writer group of common entries
+(store/entries/common_entry.py) or of creations (store/tasks/tasks.py `create_tasks`).
 
 Runs are not written twice: their queue row keeps when each was queued, claimed (the latest claim: a run
 retried shows its last attempt) and resolved, and `page` derives their items from it (`run` items, status

@@ -26,7 +26,8 @@ def url(pg_url: str) -> Iterator[str]:
         conn.close()
     with psycopg.connect(pg_url, autocommit=True) as raw:
         raw.execute(
-            "INSERT INTO workflows (id, name, source, definition, registered_at) VALUES ('wf', 'wf', '', '{}', 0)"
+            "INSERT INTO workflows (id, name, source, definition, registered_at)"
+            " VALUES ('wf', 'wf', '', '{}', 0)"
         )
         raw.execute(
             "INSERT INTO tasks (id, workflow_id, workflow_step_id, created_at, updated_at)"
@@ -64,7 +65,8 @@ def test_deleting_a_task_deletes_its_runs_and_what_refers_to_them(url: str) -> N
         conn.execute(RUN, ["a"])
         conn.execute(RUN, ["b"])
         conn.execute(
-            "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at) SELECT 'k', id, 0 FROM runs WHERE task_id = 'a'"
+            "INSERT INTO coalesced_keys (idempotency_key, run_id, seen_at)"
+            " SELECT 'k', id, 0 FROM runs WHERE task_id = 'a'"
         )
         conn.execute("DELETE FROM tasks WHERE id = 'a'")
         assert (_count(conn, "a"), _count(conn, "b")) == (0, 1)

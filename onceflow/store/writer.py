@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 import outcome
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.observability import metrics
 from onceflow.observability.logs import get_logger
@@ -149,11 +150,13 @@ class StoreActor:
         self._mailbox: queue.SimpleQueue[_Request[Any] | None] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
         self._accepting = False
+        self._stop_sent = False
         self._ready = trio.Event()
         self._stopped = trio.Event()
         self._setup: outcome.Outcome[int] | None = None
         self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
 
+    @enable_ki_protection
     async def transact(
         self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
@@ -183,6 +186,7 @@ class StoreActor:
         self._submit(fn, args, kwargs, None)
         return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)  # type: ignore[no-any-return]
 
+    @enable_ki_protection
     async def transact_grouped(
         self,
         group: Grouped[T],
@@ -203,7 +207,9 @@ class StoreActor:
         Refusing the abort (`_refuse_abort`) is what shields that wait: a cancellation stays pending and is
         delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a shielded
         CancelScope + Event per request, which cost ~20 us each at group-commit rates; and a plain call, not
-        a coroutine: one frame fewer to suspend and resume per request.)"""
+        a coroutine: one frame fewer to suspend and resume per request.) Its callers are KI-protected: a
+        KeyboardInterrupt raised between queueing and parking would leave the writer to wake a task that
+        is gone (TrioInternalError) or waiting on something else."""
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
         task = epochs.CURRENT_TASK.get()
@@ -231,9 +237,20 @@ class StoreActor:
         self._accepting = False
         if self._thread.ident is None:  # never started
             return
-        self._mailbox.put(None)
-        await self._stopped.wait()
+        if not self._stop_sent:
+            self._stop_sent = True
+            self._mailbox.put(None)
+        # A KeyboardInterrupt (a second Ctrl-C) is delivered to a parked main task even under a shield: it is
+        # held until the writer has stopped, so the database lock is never released under a live writer.
+        interrupt: KeyboardInterrupt | None = None
+        while not self._stopped.is_set():
+            try:
+                await self._stopped.wait()
+            except KeyboardInterrupt as exc:
+                interrupt = exc
         self._thread.join()
+        if interrupt is not None:
+            raise interrupt
 
     def _wake(self, requests: list[_Request[Any]]) -> None:
         for request in requests:
@@ -638,6 +655,7 @@ def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:
 
 
 @asynccontextmanager
+@enable_ki_protection
 async def open_store(
     path: str | os.PathLike[str],
     *,

@@ -73,6 +73,11 @@ class Durability(StrEnum):
     NORMAL = "NORMAL"
 
 
+_NO_PIPELINE = contextlib.nullcontext()
+"""What `_commit` enters on SQLite in place of PostgreSQL's pipeline (one for every batch: it keeps no
+state)."""
+
+
 class StoreClosedError(RuntimeError):
     """`transact` was called on a store that is closing or closed."""
 
@@ -82,8 +87,9 @@ class Grouped(Generic[T]):
     whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
     request's result in order, or None when it cannot decide them all (its writes are then rolled back and
     each request's own fn runs alone, as without a group): one set of statements for a batch of common
-    entries (or task-row reads) instead of one per entry. On PostgreSQL the groups run once the batch holds
-    its requests' task locks (a request whose lock another runtime held has left the batch by then).
+    entries (or task-row reads, or creations) instead of one per entry. On PostgreSQL the groups run once
+    the batch holds its requests' task locks (a request whose lock another runtime held has left the batch
+    by then).
     `run` follows the rules of a request's fn (plain synchronous code, no BEGIN/COMMIT); an exception from
     it that does not end the transaction counts as None."""
 
@@ -252,8 +258,10 @@ class StoreActor:
             trio.lowlevel.reschedule(request.waiter, request.result)
 
     def _call_trio(self, fn: Callable[..., object], *args: object) -> None:
-        with contextlib.suppress(trio.RunFinishedError):  # the Trio run is gone; nobody is left waiting
+        try:  # (not `contextlib.suppress`: a context manager built per batch)
             self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # the Trio run is gone; nobody is left waiting
+            return
 
     # --- writer thread ---------------------------------------------------------------------------------
 
@@ -491,7 +499,7 @@ class StoreActor:
         """
         started = time.perf_counter()
         try:
-            with _pg(conn).pipelined() if self.postgres else contextlib.nullcontext():
+            with _pg(conn).pipelined() if self.postgres else _NO_PIPELINE:
                 conn.execute(dialect_of(conn).begin)
                 if self.postgres:
                     self._lock_tasks(_pg(conn), batch)
@@ -620,6 +628,8 @@ class _TransactionEnded(Exception):
 def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
     """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause); a
     `StorageError` already (PostgreSQL's typed faults) is kept."""
+    if type(result) is outcome.Value:  # (not `isinstance`: an ABC's check runs Python, per request)
+        return result
     if (
         isinstance(result, outcome.Error)
         and not isinstance(result.error, StorageError)

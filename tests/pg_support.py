@@ -163,7 +163,8 @@ def freeze_server_clock(url: str, at: float | None) -> None:
     runtime's clock and the server's agree to the microsecond."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn:
+    # One transaction: a runtime reading the clock between the delete and the insert would see the real one.
+    with psycopg.connect(url) as conn, conn.transaction():
         conn.execute("DELETE FROM onceflow_test_clock")
         if at is not None:
             conn.execute("INSERT INTO onceflow_test_clock (at) VALUES (%s)", (at,))

@@ -11,6 +11,7 @@ constructed store" of the spec's Verification lines, and a later `open_runtime` 
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
@@ -348,9 +349,24 @@ def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     compared by."""
     conn = sqlite3.connect(db)
     try:
-        return {
-            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
-            for table in SNAPSHOT_TABLES
-        }
+        return unfolded(
+            {
+                table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
+                for table in SNAPSHOT_TABLES
+            }
+        )
     finally:
         conn.close()
+
+
+def unfolded(state: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """`state` with each entry's `done_markers` (its last column) written out as the marker rows they stand
+    for (done, no epoch, empty detail, the entry's `created_at`) and the column left None: the common entry
+    keeps on its entry row what the per-action path writes as rows, and the two mean the same markers."""
+    codes = {code: kind for kind, code in step_entries.DONE_CODES.items()}
+    entries, markers = [], list(state["step_entry_markers"])
+    for row in state["step_entries"]:
+        for code, position in re.findall(r"([a-z])(\d+)", row[-1] or ""):
+            markers.append((*row[:3], int(position), codes[code], "done", None, "", row[7]))
+        entries.append((*row[:-1], None))
+    return state | {"step_entries": entries, "step_entry_markers": sorted(markers, key=lambda m: m[:5])}

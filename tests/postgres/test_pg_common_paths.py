@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
 import test_common_entry as common
 import test_recovery_set as recovery_set
-from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
+from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries, unfolded
 
 import onceflow.store.entries.admission as admission
 import onceflow.store.entries.recovery as recovery
@@ -64,7 +64,7 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
                     kept.append(ranks.get(value, value) if run_id else value)
                 rows.append(tuple(kept))
             state[table] = sorted(rows, key=repr)
-    return state
+    return unfolded(state)
 
 
 def run_ranks(url: str) -> dict[int, int]:

@@ -639,8 +639,28 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         """
     ),
     # 22: fewer bytes per step entry. The done markers a common entry writes with its entry live on the entry
-    # row (`done_markers`, store/entries/step_entries.py): two rows fewer per entry.
-    done_markers_22("group_concat({}, '')"),
+    # row (`done_markers`, store/entries/step_entries.py): two rows fewer per entry. The hourly rates count
+    # an agent's runs over the id range of the last hour (store/runs/flow.py), which `run_minutes` bounds:
+    # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
+    # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes.
+    done_markers_22("group_concat({}, '')")
+    + """
+    DROP INDEX runs_by_agent_time;
+    CREATE TABLE run_minutes (
+        minute   INTEGER PRIMARY KEY,
+        first_id INTEGER NOT NULL
+    );
+    INSERT INTO run_minutes (minute, first_id)
+        SELECT CAST(requested_at / 60 AS INTEGER), MIN(id) FROM runs GROUP BY 1;
+    CREATE TRIGGER runs_minute_inserted AFTER INSERT ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    CREATE TRIGGER runs_minute_moved AFTER UPDATE OF requested_at ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -411,9 +411,7 @@ def entries_page(
     if not entries:
         return [], False
     first, last = entries[0], entries[-1]
-    found = {
-        EntryKey(row[0], row[1], row[2]): _done_of(row[7]) for row in rows[:limit] if row[7] is not None
-    }
+    found = {EntryKey(row[0], row[1], row[2]): _done_of(row[7]) for row in rows[:limit] if row[7] is not None}
     for row in conn.execute(
         "SELECT task_id, step_id, entry_seq, position, kind, state, epoch, detail FROM step_entry_markers"
         " WHERE (task_id, step_id, entry_seq) >= (?, ?, ?) AND (task_id, step_id, entry_seq) <= (?, ?, ?)",

@@ -346,7 +346,10 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX runs_by_task;
     """,
     # 22: fewer bytes per step entry (store/backends/schema.py's migration 22).
-    schema.done_markers_22("string_agg({}, '')"),
+    schema.done_markers_22("string_agg({}, '')")
+    + """
+    UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
+    """,
 )
 """PostgreSQL forms of store/backends/schema.py's migrations after `BASELINE_VERSION`, in order."""
 

@@ -642,9 +642,11 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # row (`done_markers`, store/entries/step_entries.py): two rows fewer per entry. The hourly rates count
     # an agent's runs over the id range of the last hour (store/runs/flow.py), which `run_minutes` bounds:
     # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
-    # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes.
+    # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes. A run's
+    # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`).
     done_markers_22("group_concat({}, '')")
     + """
+    UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
     DROP INDEX runs_by_agent_time;
     CREATE TABLE run_minutes (
         minute   INTEGER PRIMARY KEY,

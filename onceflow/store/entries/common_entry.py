@@ -158,7 +158,8 @@ _RUNS = Sql.of(
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
         " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER), s.digest,"
-        " 1, ?3, 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
+        " 1, ?3, CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, ?7,"
+        " (SELECT admissions FROM tasks WHERE id = ?1)"
         " FROM s ORDER BY s.n, s.position, s.id"
         f" RETURNING id, agent_profile_id, {keys.STORED_KEY_SQL}"
     )
@@ -348,7 +349,8 @@ _RUNS_GROUP = Sql.of(
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
         " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
-        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION),"
+        " CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, CAST(s.seq AS INTEGER),"
         " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
     )
 )

@@ -351,8 +351,9 @@ def _insert_runs_sql(d: Dialect, detailed: bool) -> str:
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
         " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
         + _with(d)
-        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
-        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4,"
+        " CASE r.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, e.entry_seq,"
+        " (SELECT admissions FROM tasks WHERE id = e.task_id)"
         " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
         f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
         + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else "")

@@ -359,6 +359,25 @@ def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
         conn.close()
 
 
+def markers_as_rows(conn: Any, task_id: str) -> None:
+    """Write the `done_markers` of `task_id`'s entries out as the marker rows the per-action path writes
+    (done, no epoch, empty detail, the entry's `created_at`), so a test can then set one marker as a crash
+    would leave it. On either backend (`conn` a store connection)."""
+    codes = {code: kind for kind, code in step_entries.DONE_CODES.items()}
+    for step_id, seq, done, at in conn.execute(
+        "SELECT step_id, entry_seq, done_markers, created_at FROM step_entries"
+        " WHERE task_id = ? AND done_markers IS NOT NULL",
+        (task_id,),
+    ).fetchall():
+        for code, position in re.findall(r"([a-z])(\d+)", done):
+            conn.execute(
+                "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+                " detail, updated_at) VALUES (?, ?, ?, ?, ?, 'done', NULL, '', ?)",
+                (task_id, step_id, seq, int(position), codes[code], at),
+            )
+    conn.execute("UPDATE step_entries SET done_markers = NULL WHERE task_id = ?", (task_id,))
+
+
 def unfolded(state: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
     """`state` with each entry's `done_markers` (its last column) written out as the marker rows they stand
     for (done, no epoch, empty detail, the entry's `created_at`) and the column left None: the common entry

@@ -202,6 +202,14 @@ def dead_epoch_entries(
         (dead, dead, created_before, dead, limit),
     ).fetchall()
     return [
-        (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False, int(version)), int(latest))
+        (
+            StepEntry(task_id, step_id, int(seq), workflow_id, _hex(digest), path, False, int(version)),
+            int(latest),
+        )
         for task_id, step_id, seq, workflow_id, digest, path, latest, version in rows
     ]
+
+
+def _hex(digest: bytes | str) -> str:
+    """A stored declaration digest as 64 hex (store/entries/step_entries.py `stored_digest`)."""
+    return digest.hex() if isinstance(digest, bytes) and len(digest) == 32 else str(digest)

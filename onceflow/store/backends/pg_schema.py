@@ -349,6 +349,9 @@ MIGRATIONS: tuple[str, ...] = (
     schema.done_markers_22("string_agg({}, '')")
     + """
     UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
+    ALTER TABLE step_entries ALTER COLUMN declaration_digest TYPE bytea USING CASE
+        WHEN declaration_digest ~ '^[0-9a-f]{64}$' THEN decode(declaration_digest, 'hex')
+        ELSE convert_to(declaration_digest, 'UTF8') END;
     """,
 )
 """PostgreSQL forms of store/backends/schema.py's migrations after `BASELINE_VERSION`, in order."""

@@ -186,6 +186,43 @@ def done_markers_22(aggregate: str) -> str:
     """
 
 
+def _fewer_bytes_22(conn: sqlite3.Connection) -> None:
+    """Migration 22 (see `MIGRATIONS`): its script, then each distinct declaration digest that is 64 hex as
+    its bytes (SQLite 3.40 has no `unhex`)."""
+    for statement in _statements(_FEWER_BYTES_22):
+        conn.execute(statement)
+    for (digest,) in conn.execute("SELECT DISTINCT declaration_digest FROM step_entries").fetchall():
+        if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+            conn.execute(
+                "UPDATE step_entries SET declaration_digest = ? WHERE declaration_digest = ?",
+                (bytes.fromhex(digest), digest),
+            )
+
+
+_FEWER_BYTES_22 = (
+    done_markers_22("group_concat({}, '')")
+    + """
+    UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
+    DROP INDEX runs_by_agent_time;
+    CREATE TABLE run_minutes (
+        minute   INTEGER PRIMARY KEY,
+        first_id INTEGER NOT NULL
+    );
+    INSERT INTO run_minutes (minute, first_id)
+        SELECT CAST(requested_at / 60 AS INTEGER), MIN(id) FROM runs GROUP BY 1;
+    CREATE TRIGGER runs_minute_inserted AFTER INSERT ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    CREATE TRIGGER runs_minute_moved AFTER UPDATE OF requested_at ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    """
+)
+"""Migration 22's statements but the digests' (`_fewer_bytes_22`)."""
+
+
 MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the foundation schema.
     """
@@ -644,25 +681,8 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
     # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes. A run's
     # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`).
-    done_markers_22("group_concat({}, '')")
-    + """
-    UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
-    DROP INDEX runs_by_agent_time;
-    CREATE TABLE run_minutes (
-        minute   INTEGER PRIMARY KEY,
-        first_id INTEGER NOT NULL
-    );
-    INSERT INTO run_minutes (minute, first_id)
-        SELECT CAST(requested_at / 60 AS INTEGER), MIN(id) FROM runs GROUP BY 1;
-    CREATE TRIGGER runs_minute_inserted AFTER INSERT ON runs BEGIN
-        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
-            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
-    END;
-    CREATE TRIGGER runs_minute_moved AFTER UPDATE OF requested_at ON runs BEGIN
-        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
-            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
-    END;
-    """,
+    # The declaration digest is stored as its 32 bytes (the text of one that is not 64 hex stays).
+    _fewer_bytes_22,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

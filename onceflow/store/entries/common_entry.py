@@ -39,7 +39,7 @@ from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
 from onceflow.store.entries.executors import fan_out_digest, fan_out_reason
 from onceflow.store.entries.participants import seats_sql
-from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers
+from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers, stored_digest
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import flow, keys, runs
 from onceflow.store.runs.runs import Change, payload_json
@@ -76,14 +76,15 @@ class Plan:
     (step, path) by the engine's entry-plan memo and reused by every entry (no per-entry JSON, digest or
     reason in the writer).
 
-    `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `done`: its done
-    markers as the entry row keeps them (`step_entries.done_markers`); `fan_outs`: the runs statement's
-    JSON, one [role, key head, key tail (`keys.suffix_around` of its position and config digest), reason,
-    payload JSON, position, config digest] per fan-out in dispatch order ('' when there is none)."""
+    `declaration`: the step's declaration digest as stored (`stored_digest`); `clears`: whether the order
+    has a clear; `done`: its done markers as the entry row keeps them (`step_entries.done_markers`);
+    `fan_outs`: the runs statement's JSON, one [role, key head, key tail (`keys.suffix_around` of its
+    position and config digest), reason, payload JSON, position, config digest] per fan-out in dispatch
+    order ('' when there is none)."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
-    declaration: str
+    declaration: bytes
     clears: bool
     done: str
     fan_outs: str
@@ -103,7 +104,7 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
     return Plan(
         step,
         order,
-        declaration_digest([a.type for a in step.events.on_enter]),
+        stored_digest(declaration_digest([a.type for a in step.events.on_enter])),
         any(a.type == "clear_decisions" for _, a in order),
         done_markers([(p, a.type) for p, a in order]),
         json.dumps(fan_outs) if fan_outs else "",

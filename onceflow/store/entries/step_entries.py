@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 
@@ -42,6 +42,23 @@ class EntryKey:
     task_id: str
     step_id: str
     entry_seq: int
+
+
+def stored_digest(digest: str) -> bytes:
+    """A declaration digest as `step_entries` stores it: its 32 bytes (replies show its 64 hex).
+
+    Raises:
+        ValueError: `digest` is not hex.
+    """
+    return bytes.fromhex(digest)
+
+
+def _digest_read(value: Any) -> str:
+    """A stored declaration digest as replies show it: 32 bytes as 64 hex; text (written before migration
+    22, or by hand) as it is, also as bytes under `text_factory = bytes` (UnicodeDecodeError if not UTF-8)."""
+    if isinstance(value, bytes):
+        return value.hex() if len(value) == 32 else value.decode()
+    return cast(str, value)
 
 
 def declaration_digest(kinds: Sequence[str]) -> str:
@@ -96,7 +113,7 @@ def _entry(row: tuple[Any, ...]) -> StepEntry:
         step_id=row[1],
         entry_seq=row[2],
         workflow_id=row[3],
-        declaration_digest=row[4],
+        declaration_digest=_digest_read(row[4]),
         entry_path=row[5],
         terminal=bool(row[6]),
     )
@@ -127,7 +144,7 @@ def allocate_entry(
     ).fetchone()
     conn.execute(
         f"INSERT INTO step_entries ({_ENTRY_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
-        (task_id, step_id, seq, workflow_id, digest, entry_path, now),
+        (task_id, step_id, seq, workflow_id, stored_digest(digest), entry_path, now),
     )
     return EntryKey(task_id, step_id, int(seq))
 
@@ -211,7 +228,7 @@ def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntr
                 step_id.decode(),
                 entry_seq,
                 workflow_id.decode(),
-                digest.decode(),
+                _digest_read(digest),
                 entry_path.decode(),
                 bool(terminal),
                 int(version),
@@ -238,6 +255,8 @@ def _undecodable(rowid: int, values: tuple[Any, ...], latest: object) -> Undecod
 def _check_stored(column: str, value: object) -> None:
     """Raise ValueError unless a stored value is as this code writes it: an integer for entry_seq and
     terminal, UTF-8 text otherwise."""
+    if column == "declaration_digest" and isinstance(value, bytes) and len(value) == 32:
+        return  # its 32 bytes
     if column in ("entry_seq", "terminal"):
         if type(value) is not int:
             raise ValueError(f"column {column} holds {value!r:.80}, not an integer")

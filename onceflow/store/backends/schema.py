@@ -203,6 +203,13 @@ _FEWER_BYTES_22 = (
     done_markers_22("group_concat({}, '')")
     + """
     UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
+    CREATE TABLE digests (
+        id     INTEGER PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE
+    );
+    INSERT INTO digests (digest) SELECT DISTINCT key_digest FROM runs WHERE key_digest IS NOT NULL;
+    UPDATE runs SET key_digest = (SELECT id FROM digests WHERE digest = runs.key_digest)
+        WHERE key_digest IS NOT NULL;
     DROP INDEX runs_by_agent_time;
     CREATE TABLE run_minutes (
         minute   INTEGER PRIMARY KEY,
@@ -680,7 +687,8 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # an agent's runs over the id range of the last hour (store/runs/flow.py), which `run_minutes` bounds:
     # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
     # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes. A run's
-    # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`).
+    # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`). An on_enter run's config digest is
+    # the id of its row in `digests` (store/runs/digests.py), one row per digest.
     # The declaration digest is stored as its 32 bytes (the text of one that is not 64 hex stays).
     _fewer_bytes_22,
 )

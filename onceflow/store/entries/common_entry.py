@@ -41,7 +41,7 @@ from onceflow.store.entries.executors import fan_out_digest, fan_out_reason
 from onceflow.store.entries.participants import seats_sql
 from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers, stored_digest
 from onceflow.store.records import TaskRecord
-from onceflow.store.runs import flow, keys, runs
+from onceflow.store.runs import digests, flow, keys, runs
 from onceflow.store.runs.runs import Change, payload_json
 from onceflow.store.tasks import history, tasks
 
@@ -80,7 +80,7 @@ class Plan:
     has a clear; `done`: its done markers as the entry row keeps them (`step_entries.done_markers`);
     `fan_outs`: the runs statement's JSON, one [role, key head, key tail (`keys.suffix_around` of its
     position and config digest), reason, payload JSON, position, config digest] per fan-out in dispatch
-    order ('' when there is none)."""
+    order ('' when there is none); `digests`: their config digests as `digests.keep_rows` takes them."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
@@ -88,6 +88,7 @@ class Plan:
     clears: bool
     done: str
     fan_outs: str
+    digests: str = ""
 
 
 def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
@@ -108,6 +109,7 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
         any(a.type == "clear_decisions" for _, a in order),
         done_markers([(p, a.type) for p, a in order]),
         json.dumps(fan_outs) if fan_outs else "",
+        digests.rows(str(fan_out[6]) for fan_out in fan_outs),
     )
 
 
@@ -158,7 +160,8 @@ _RUNS = Sql.of(
         f" FROM a {d.join} {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
-        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER), s.digest,"
+        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
+        f" {digests.id_sql('s.digest')},"
         " 1, ?3, CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, ?7,"
         " (SELECT admissions FROM tasks WHERE id = ?1)"
         " FROM s ORDER BY s.n, s.position, s.id"
@@ -219,6 +222,7 @@ def _admit(
     prefix = keys.entry_prefix(task.id, step.id, seq)
     queued: dict[int, list[tuple[str, int, str]]] = {}
     if plan.fan_outs:
+        digests.keep_rows(conn, plan.digests)
         params = (task.id, step.id, now, workflow_id, prefix, plan.fan_outs, seq)
         returned = conn.execute(_RUNS.on(conn), params).fetchall()
         returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
@@ -350,7 +354,7 @@ _RUNS_GROUP = Sql.of(
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
         " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
-        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION),"
+        f" {digests.id_sql('s.digest')}, 1, CAST(s.now AS DOUBLE PRECISION),"
         " CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, CAST(s.seq AS INTEGER),"
         " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
     )
@@ -399,6 +403,7 @@ def _admit_group(
         conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
     returned = []
     if plan.fan_outs:
+        digests.keep_rows(conn, plan.digests)
         conn.execute(_RUNS_GROUP.sqlite, (rows, step.id, workflow_id, plan.fan_outs))
         returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
     return _admitted(step.id, plan, entries, returned, leaving)
@@ -439,6 +444,7 @@ def _admit_group_pg(
     rows = json.dumps([entry[:4] for entry in entries])
     returned = []
     if plan.fan_outs:
+        digests.keep_rows(conn, plan.digests)
         returned = conn.execute(_RUNS_GROUP_PG, (rows, step.id, workflow_id, plan.fan_outs)).fetchall()
     return _admitted(step.id, plan, entries, returned, leaving)
 

@@ -29,7 +29,7 @@ from onceflow.store.backends.dialect import POSTGRES, SQLITE
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.records import RunRecord
-from onceflow.store.runs import keys
+from onceflow.store.runs import digests, keys
 from onceflow.store.runs.flow import Cause, Lineage, Refusal, lineage, refusal
 
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
@@ -282,7 +282,8 @@ _INSERT = Clocked.of(
     " rate_limit, key_position, key_digest)"
     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, CASE WHEN ?9 = ?4 THEN '' ELSE ?9 END, ?10, ?11, ?12,"
     " ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,"
-    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22, ?23)",
+    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22,"
+    " (SELECT dg.id FROM digests AS dg WHERE dg.digest = ?23))",
     "?8",
 )
 _INSERT = Clocked(_INSERT.sqlite + " RETURNING id", _INSERT.postgres + " RETURNING id")
@@ -319,6 +320,8 @@ def _insert(
         return None
     parts = _parts(request) if refused is None else None
     statement = (_INSERT_NEW_BY_PARTS if parts else _INSERT_NEW) if skip_taken_key else _INSERT
+    if parts:
+        digests.keep(conn, (parts[1],))
     cur = conn.execute(
         statement.on(conn),
         (

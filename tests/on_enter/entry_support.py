@@ -353,7 +353,8 @@ def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
             {
                 table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
                 for table in SNAPSHOT_TABLES
-            }
+            },
+            dict(conn.execute("SELECT id, digest FROM digests").fetchall()),
         )
     finally:
         conn.close()
@@ -378,14 +379,29 @@ def markers_as_rows(conn: Any, task_id: str) -> None:
     conn.execute("UPDATE step_entries SET done_markers = NULL WHERE task_id = ?", (task_id,))
 
 
-def unfolded(state: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+def unfolded(
+    state: dict[str, list[tuple[Any, ...]]], digests: Mapping[Any, str] | None = None
+) -> dict[str, list[tuple[Any, ...]]]:
     """`state` with each entry's `done_markers` (its last column) written out as the marker rows they stand
     for (done, no epoch, empty detail, the entry's `created_at`) and the column left None: the common entry
-    keeps on its entry row what the per-action path writes as rows, and the two mean the same markers."""
+    keeps on its entry row what the per-action path writes as rows, and the two mean the same markers. With
+    `digests` (the `digests` table, id → digest), an entry's declaration digest (its fifth column) and a
+    run's config digest (its last) are shown as their digest rather than its id, which depends on the order
+    the digests were first kept in."""
     codes = {code: kind for kind, code in step_entries.DONE_CODES.items()}
+    shown = {str(key): digest for key, digest in (digests or {}).items()}
     entries, markers = [], list(state["step_entry_markers"])
     for row in state["step_entries"]:
         for code, position in re.findall(r"([a-z])(\d+)", row[-1] or ""):
             markers.append((*row[:3], int(position), codes[code], "done", None, "", row[7]))
-        entries.append((*row[:-1], None))
-    return state | {"step_entries": entries, "step_entry_markers": sorted(markers, key=lambda m: m[:5])}
+        digest = shown.get(str(row[4]), row[4]) if digests is not None else row[4]
+        entries.append((*row[:4], digest, *row[5:-1], None))
+    runs = [
+        (*row[:-1], shown.get(str(row[-1]), row[-1]) if row[-1] is not None else None)
+        for row in state["runs"]
+    ]
+    return state | {
+        "step_entries": entries,
+        "step_entry_markers": sorted(markers, key=lambda m: m[:5]),
+        "runs": runs if digests is not None else state["runs"],
+    }

@@ -359,9 +359,14 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE key_digest IS NOT NULL;
     ALTER TABLE runs DROP COLUMN key_digest;
     ALTER TABLE runs RENAME COLUMN key_digest_id TO key_digest;
-    ALTER TABLE step_entries ALTER COLUMN declaration_digest TYPE bytea USING CASE
-        WHEN declaration_digest ~ '^[0-9a-f]{64}$' THEN decode(declaration_digest, 'hex')
-        ELSE convert_to(declaration_digest, 'UTF8') END;
+    INSERT INTO digests (digest) SELECT DISTINCT declaration_digest FROM step_entries
+        ON CONFLICT (digest) DO NOTHING;
+    ALTER TABLE step_entries ADD COLUMN declaration_id BIGINT;
+    UPDATE step_entries SET declaration_id = (SELECT id FROM digests
+        WHERE digest = step_entries.declaration_digest);
+    ALTER TABLE step_entries DROP COLUMN declaration_digest;
+    ALTER TABLE step_entries RENAME COLUMN declaration_id TO declaration_digest;
+    ALTER TABLE step_entries ALTER COLUMN declaration_digest SET NOT NULL;
     """,
 )
 """PostgreSQL forms of store/backends/schema.py's migrations after `BASELINE_VERSION`, in order."""

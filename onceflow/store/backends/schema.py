@@ -186,19 +186,6 @@ def done_markers_22(aggregate: str) -> str:
     """
 
 
-def _fewer_bytes_22(conn: sqlite3.Connection) -> None:
-    """Migration 22 (see `MIGRATIONS`): its script, then each distinct declaration digest that is 64 hex as
-    its bytes (SQLite 3.40 has no `unhex`)."""
-    for statement in _statements(_FEWER_BYTES_22):
-        conn.execute(statement)
-    for (digest,) in conn.execute("SELECT DISTINCT declaration_digest FROM step_entries").fetchall():
-        if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
-            conn.execute(
-                "UPDATE step_entries SET declaration_digest = ? WHERE declaration_digest = ?",
-                (bytes.fromhex(digest), digest),
-            )
-
-
 _FEWER_BYTES_22 = (
     done_markers_22("group_concat({}, '')")
     + """
@@ -210,6 +197,10 @@ _FEWER_BYTES_22 = (
     INSERT INTO digests (digest) SELECT DISTINCT key_digest FROM runs WHERE key_digest IS NOT NULL;
     UPDATE runs SET key_digest = (SELECT id FROM digests WHERE digest = runs.key_digest)
         WHERE key_digest IS NOT NULL;
+    INSERT INTO digests (digest) SELECT DISTINCT declaration_digest FROM step_entries WHERE true
+        ON CONFLICT (digest) DO NOTHING;
+    UPDATE step_entries SET declaration_digest = (SELECT id FROM digests
+        WHERE digest = step_entries.declaration_digest);
     DROP INDEX runs_by_agent_time;
     CREATE TABLE run_minutes (
         minute   INTEGER PRIMARY KEY,
@@ -227,7 +218,7 @@ _FEWER_BYTES_22 = (
     END;
     """
 )
-"""Migration 22's statements but the digests' (`_fewer_bytes_22`)."""
+"""Migration 22 (see `MIGRATIONS`)."""
 
 
 MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
@@ -688,9 +679,9 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
     # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes. A run's
     # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`). An on_enter run's config digest is
-    # the id of its row in `digests` (store/runs/digests.py), one row per digest.
-    # The declaration digest is stored as its 32 bytes (the text of one that is not 64 hex stays).
-    _fewer_bytes_22,
+    # the id of its row in `digests` (store/runs/digests.py), one row per digest, and so is an entry's
+    # declaration digest.
+    _FEWER_BYTES_22,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

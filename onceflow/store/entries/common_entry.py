@@ -39,7 +39,7 @@ from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
 from onceflow.store.entries.executors import fan_out_digest, fan_out_reason
 from onceflow.store.entries.participants import seats_sql
-from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers, stored_digest
+from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers
 from onceflow.store.records import TaskRecord
 from onceflow.store.runs import digests, flow, keys, runs
 from onceflow.store.runs.runs import Change, payload_json
@@ -76,15 +76,16 @@ class Plan:
     (step, path) by the engine's entry-plan memo and reused by every entry (no per-entry JSON, digest or
     reason in the writer).
 
-    `declaration`: the step's declaration digest as stored (`stored_digest`); `clears`: whether the order
+    `declaration`: the step's declaration digest; `clears`: whether the order
     has a clear; `done`: its done markers as the entry row keeps them (`step_entries.done_markers`);
     `fan_outs`: the runs statement's JSON, one [role, key head, key tail (`keys.suffix_around` of its
     position and config digest), reason, payload JSON, position, config digest] per fan-out in dispatch
-    order ('' when there is none); `digests`: their config digests as `digests.keep_rows` takes them."""
+    order ('' when there is none); `digests`: the declaration's and config digests as `digests.keep_rows`
+    takes them."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
-    declaration: bytes
+    declaration: str
     clears: bool
     done: str
     fan_outs: str
@@ -105,11 +106,11 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
     return Plan(
         step,
         order,
-        stored_digest(declaration_digest([a.type for a in step.events.on_enter])),
+        declaration := declaration_digest([a.type for a in step.events.on_enter]),
         any(a.type == "clear_decisions" for _, a in order),
         done_markers([(p, a.type) for p, a in order]),
         json.dumps(fan_outs) if fan_outs else "",
-        digests.rows(str(fan_out[6]) for fan_out in fan_outs),
+        digests.rows([declaration, *(str(fan_out[6]) for fan_out in fan_outs)]),
     )
 
 
@@ -207,9 +208,11 @@ def _admit(
     if not moved:
         raise Anomaly("the task moved")
     leaving = runs.leave_entries(conn, [task.id], now)
+    digests.keep_rows(conn, plan.digests)
     (seq,) = conn.execute(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at, done_markers) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3, ?4, ?5, 1,"
+        " terminal, created_at, done_markers) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3,"
+        f" {digests.id_sql('?4')}, ?5, 1,"
         " ?6, ?7 FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
         (task.id, step.id, workflow_id, plan.declaration, path, now, plan.done),
     ).fetchone()
@@ -222,7 +225,6 @@ def _admit(
     prefix = keys.entry_prefix(task.id, step.id, seq)
     queued: dict[int, list[tuple[str, int, str]]] = {}
     if plan.fan_outs:
-        digests.keep_rows(conn, plan.digests)
         params = (task.id, step.id, now, workflow_id, prefix, plan.fan_outs, seq)
         returned = conn.execute(_RUNS.on(conn), params).fetchall()
         returned.sort()  # by run id: the insertion order (RETURNING's own order is unspecified)
@@ -306,7 +308,7 @@ _ENTRIES_GROUP = Sql.of(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
         " terminal, created_at, done_markers) SELECT m.value ->> 0, ?1,"
         " (SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = m.value ->> 0"
-        " AND step_id = ?1), ?2, ?3, ?4, 1,"
+        f" AND step_id = ?1), ?2, {digests.id_sql('?3')}, ?4, 1,"
         f" CAST(m.value ->> 5 AS DOUBLE PRECISION), ?6 FROM {d.json_rows('?5', 'm')} ORDER BY m.key"
     )
 )
@@ -394,6 +396,7 @@ def _admit_group(
     if conn.execute(_MOVE_GROUP.sqlite, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
+    digests.keep_rows(conn, plan.digests)
     conn.execute(_ENTRIES_GROUP.sqlite, (step.id, workflow_id, plan.declaration, path, members, plan.done))
     seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = _numbered(plan, workflow_id, path, admissions, sorted(json.loads(seqs_json)))
@@ -403,7 +406,6 @@ def _admit_group(
         conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
     returned = []
     if plan.fan_outs:
-        digests.keep_rows(conn, plan.digests)
         conn.execute(_RUNS_GROUP.sqlite, (rows, step.id, workflow_id, plan.fan_outs))
         returned = json.loads(conn.execute(_QUEUED_GROUP, (last_run,)).fetchone()[0])
     return _admitted(step.id, plan, entries, returned, leaving)
@@ -426,6 +428,7 @@ def _admit_group_pg(
     rates = conn.execute(flow.RATES_SET) if plan.fan_outs else None
     moved = conn.execute(_MOVE_GROUP.postgres, (workflow_id, step.id, members))
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
+    digests.keep_rows(conn, plan.digests)
     seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members, plan.done))
     cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
     # the last statement sent is read first: its answer brings every earlier one's (one wait)
@@ -444,7 +447,6 @@ def _admit_group_pg(
     rows = json.dumps([entry[:4] for entry in entries])
     returned = []
     if plan.fan_outs:
-        digests.keep_rows(conn, plan.digests)
         returned = conn.execute(_RUNS_GROUP_PG, (rows, step.id, workflow_id, plan.fan_outs)).fetchall()
     return _admitted(step.id, plan, entries, returned, leaving)
 

@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import attrs
 
@@ -32,6 +32,7 @@ from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, Step
 from onceflow.store.backends import epochs
 from onceflow.store.backends.connection import Connection
 from onceflow.store.records import Marker, StepEntry
+from onceflow.store.runs import digests
 
 TERMINAL_STATES = frozenset({"done", "skipped", "failed"})
 ClaimOutcome = Literal["claimed", "terminal", "live_peer"]
@@ -42,23 +43,6 @@ class EntryKey:
     task_id: str
     step_id: str
     entry_seq: int
-
-
-def stored_digest(digest: str) -> bytes:
-    """A declaration digest as `step_entries` stores it: its 32 bytes (replies show its 64 hex).
-
-    Raises:
-        ValueError: `digest` is not hex.
-    """
-    return bytes.fromhex(digest)
-
-
-def _digest_read(value: Any) -> str:
-    """A stored declaration digest as replies show it: 32 bytes as 64 hex; text (written before migration
-    22, or by hand) as it is, also as bytes under `text_factory = bytes` (UnicodeDecodeError if not UTF-8)."""
-    if isinstance(value, bytes):
-        return value.hex() if len(value) == 32 else value.decode()
-    return cast(str, value)
 
 
 def declaration_digest(kinds: Sequence[str]) -> str:
@@ -113,14 +97,25 @@ def _entry(row: tuple[Any, ...]) -> StepEntry:
         step_id=row[1],
         entry_seq=row[2],
         workflow_id=row[3],
-        declaration_digest=_digest_read(row[4]),
+        declaration_digest=row[4],
         entry_path=row[5],
         terminal=bool(row[6]),
     )
 
 
-_ENTRY_COLUMNS = "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal"
-_ENTRY_NAMES = _ENTRY_COLUMNS.split(", ")
+_ENTRY_NAMES = [
+    "task_id",
+    "step_id",
+    "entry_seq",
+    "workflow_id",
+    "declaration_digest",
+    "entry_path",
+    "terminal",
+]
+DIGEST_SQL = "(SELECT dg.digest FROM digests AS dg WHERE dg.id = {entry}declaration_digest)"
+"""SQL for an entry's declaration digest (`entry` its table's alias, with the dot): the column holds the id
+of its row in `digests` (store/runs/digests.py, migration 22), one row per digest."""
+_ENTRY_COLUMNS = ", ".join(_ENTRY_NAMES).replace("declaration_digest", DIGEST_SQL.format(entry=""))
 
 
 def allocate_entry(
@@ -142,9 +137,11 @@ def allocate_entry(
         "SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = ? AND step_id = ?",
         (task_id, step_id),
     ).fetchone()
+    digests.keep(conn, (digest,))
     conn.execute(
-        f"INSERT INTO step_entries ({_ENTRY_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
-        (task_id, step_id, seq, workflow_id, stored_digest(digest), entry_path, now),
+        f"INSERT INTO step_entries ({', '.join(_ENTRY_NAMES)}, created_at)"
+        f" VALUES (?, ?, ?, ?, {digests.id_sql('?')}, ?, 0, ?)",
+        (task_id, step_id, seq, workflow_id, digest, entry_path, now),
     )
     return EntryKey(task_id, step_id, int(seq))
 
@@ -228,7 +225,7 @@ def _open_entry(row: tuple[Any, ...]) -> tuple[StepEntry, int] | UndecodableEntr
                 step_id.decode(),
                 entry_seq,
                 workflow_id.decode(),
-                _digest_read(digest),
+                digest.decode(),
                 entry_path.decode(),
                 bool(terminal),
                 int(version),
@@ -255,8 +252,6 @@ def _undecodable(rowid: int, values: tuple[Any, ...], latest: object) -> Undecod
 def _check_stored(column: str, value: object) -> None:
     """Raise ValueError unless a stored value is as this code writes it: an integer for entry_seq and
     terminal, UTF-8 text otherwise."""
-    if column == "declaration_digest" and isinstance(value, bytes) and len(value) == 32:
-        return  # its 32 bytes
     if column in ("entry_seq", "terminal"):
         if type(value) is not int:
             raise ValueError(f"column {column} holds {value!r:.80}, not an integer")

@@ -1,9 +1,10 @@
-"""Digests kept once (`digests`, migration 22): an on_enter run's config digest (store/runs/keys.py) is stored
-as the id of its row, since every run of one action config carries the same 16 hex. Writer thread: every
-function runs inside the caller's transaction.
+"""Digests kept once (`digests`, migration 22): a step entry's declaration digest
+(store/entries/step_entries.py) and an on_enter run's config digest (store/runs/keys.py) are stored as the id
+of their row, since every entry of one declaration, and every run of one action config, carries the same
+hex. Writer thread: every function runs inside the caller's transaction.
 
-A row is never deleted (one per action config ever seen: a handful per template), so an id read back always
-names its digest.
+A row is never deleted (one per declaration or action config ever seen: a handful per template), so an id
+read back always names its digest.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ _KEEP = Sql.of(
 
 def keep(conn: Connection, digests: Iterable[str]) -> None:
     """Give each of `digests` its row unless it has one (ids for `id_sql` to find)."""
-    conn.execute(_KEEP.on(conn), (rows(digests),))
+    keep_rows(conn, rows(digests))
 
 
 def rows(digests: Iterable[str]) -> str:
-    """`keep`'s parameter for `digests`, for a caller that builds it once (a plan)."""
-    return json.dumps([[digest] for digest in sorted(set(digests))])
+    """`keep`'s parameter for `digests`, for a caller that builds it once (a plan); in their order, so new
+    rows get their ids as the per-action path would give them one by one."""
+    return json.dumps([[digest] for digest in dict.fromkeys(digests)])
 
 
 def keep_rows(conn: Connection, prepared: str) -> None:

@@ -81,8 +81,8 @@ def done_markers(pairs: Sequence[tuple[int, str]]) -> str:
     return "".join(f"{DONE_CODES[kind]}{position}" for position, kind in pairs)
 
 
-def _done_of(stored: str | None) -> dict[int, Marker]:
-    """The done markers a `done_markers` value holds, by position."""
+def done_of(stored: str | None) -> dict[int, Marker]:
+    """The done markers a `done_markers` value (None: none) holds, by position."""
     if not stored:
         return {}
     return {
@@ -274,7 +274,7 @@ def markers(conn: Connection, key: EntryKey) -> dict[int, Marker]:
     found: dict[int, Marker] = {}
     for row in rows:
         if row[0] is None:  # the entry's own done markers: a row for the same position wins
-            found = _done_of(row[1]) | found
+            found = done_of(row[1]) | found
         else:
             found[row[0]] = Marker(row[0], row[1], row[2], row[3], row[4])
     return found
@@ -320,7 +320,7 @@ def claim_marker(
     row = next((r for r in found if r[0] is not None), None)
     marker = None if row is None else Marker(position, kind, row[0], row[1], "")
     if marker is None and found:  # a done marker kept on the entry row
-        born = _done_of(found[0][2]).get(position)
+        born = done_of(found[0][2]).get(position)
         marker = born if born is not None and born.kind == kind else None
     outcome = decide_claim(conn, marker, epoch)
     if outcome != "claimed":
@@ -425,7 +425,7 @@ def entries_page(
     if not entries:
         return [], False
     first, last = entries[0], entries[-1]
-    found = {EntryKey(row[0], row[1], row[2]): _done_of(row[7]) for row in rows[:limit] if row[7] is not None}
+    found = {EntryKey(row[0], row[1], row[2]): done_of(row[7]) for row in rows[:limit] if row[7] is not None}
     for row in conn.execute(
         "SELECT task_id, step_id, entry_seq, position, kind, state, epoch, detail FROM step_entry_markers"
         " WHERE (task_id, step_id, entry_seq) >= (?, ?, ?) AND (task_id, step_id, entry_seq) <= (?, ?, ?)",

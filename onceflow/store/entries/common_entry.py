@@ -110,7 +110,7 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
         any(a.type == "clear_decisions" for _, a in order),
         done_markers([(p, a.type) for p, a in order]),
         json.dumps(fan_outs) if fan_outs else "",
-        digests.rows([declaration, *(str(fan_out[6]) for fan_out in fan_outs)]),
+        digests.rows([declaration, *sorted(str(fan_out[6]) for fan_out in fan_outs)]),
     )
 
 

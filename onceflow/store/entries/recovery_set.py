@@ -384,7 +384,7 @@ def _insert_runs(
         Anomaly: a key was already taken (its row was not inserted).
     """
     expected = members * sum(len(agents) for agents in group.agents.values())
-    digests.keep(conn, (run[5] for run in json.loads(group.runs)))
+    digests.keep(conn, sorted(run[5] for run in json.loads(group.runs)))
     cursor = conn.execute(_INSERT_RUNS[detailed].on(conn), (step_id, entries, group.runs, now))
     if detailed:
         ids = dict(cursor.fetchall())

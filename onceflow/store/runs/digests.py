@@ -29,8 +29,9 @@ def keep(conn: Connection, digests: Iterable[str]) -> None:
 
 
 def rows(digests: Iterable[str]) -> str:
-    """`keep`'s parameter for `digests`, for a caller that builds it once (a plan); in their order, so new
-    rows get their ids as the per-action path would give them one by one."""
+    """`keep`'s parameter for `digests`, for a caller that builds it once (a plan); kept in this order (on
+    PostgreSQL two runtimes keeping the same new digests wait for each other: a caller keeping several
+    gives them in one order, a declaration's before its config digests, sorted)."""
     return json.dumps([[digest] for digest in dict.fromkeys(digests)])
 
 

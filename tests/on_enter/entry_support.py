@@ -396,12 +396,10 @@ def unfolded(
             markers.append((*row[:3], int(position), codes[code], "done", None, "", row[7]))
         digest = shown.get(str(row[4]), row[4]) if digests is not None else row[4]
         entries.append((*row[:4], digest, *row[5:-1], None))
-    runs = [
-        (*row[:-1], shown.get(str(row[-1]), row[-1]) if row[-1] is not None else None)
-        for row in state["runs"]
-    ]
-    return state | {
-        "step_entries": entries,
-        "step_entry_markers": sorted(markers, key=lambda m: m[:5]),
-        "runs": runs if digests is not None else state["runs"],
-    }
+    folded = {"step_entries": entries, "step_entry_markers": sorted(markers, key=lambda m: m[:5])}
+    if digests is not None:
+        folded["runs"] = [
+            (*row[:-1], None if row[-1] is None else shown.get(str(row[-1]), row[-1]))
+            for row in state["runs"]
+        ]
+    return state | folded

@@ -273,9 +273,19 @@ async def run_dispatch(
     }
 
 
+_LAST = [""]
+"""The text `count_statement` saw last."""
+
+
 def count_statement(statements: dict[str, int], sql: str) -> None:
     """Count one statement SQLite ran (its trace callback): data, SAVEPOINT/RELEASE/ROLLBACK TO, or
-    BEGIN/COMMIT/ROLLBACK. Unlike wall-clock figures these repeat exactly on a shared machine."""
+    BEGIN/COMMIT/ROLLBACK. A trigger's run is traced again with the text of the statement that fired it (once
+    per row: `runs`' minute triggers, store/backends/schema.py migration 22): part of that statement, so a
+    text the same as the one before is not counted again. Unlike wall-clock figures these repeat exactly on
+    a shared machine."""
+    if sql == _LAST[0]:
+        return
+    _LAST[0] = sql
     head = sql.lstrip()[:11].upper()
     if head.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK TO")):
         statements["savepoint"] += 1

@@ -280,10 +280,10 @@ _LAST = [""]
 def count_statement(statements: dict[str, int], sql: str) -> None:
     """Count one statement SQLite ran (its trace callback): data, SAVEPOINT/RELEASE/ROLLBACK TO, or
     BEGIN/COMMIT/ROLLBACK. A trigger's run is traced again with the text of the statement that fired it (once
-    per row: `runs`' minute triggers, store/backends/schema.py migration 22): part of that statement, so a
-    text the same as the one before is not counted again. Unlike wall-clock figures these repeat exactly on
-    a shared machine."""
-    if sql == _LAST[0]:
+    per row: `runs`' minute trigger, store/backends/schema.py migration 23): part of that statement, so a runs
+    insert the same as the one before is not counted again (each row of any other `executemany` is). Unlike
+    wall-clock figures these repeat exactly on a shared machine."""
+    if sql == _LAST[0] and sql.lstrip()[:16].upper() == "INSERT INTO RUNS":
         return
     _LAST[0] = sql
     head = sql.lstrip()[:11].upper()

@@ -7,7 +7,6 @@ One helper for every place a name is looked up and not found: a template's unkno
 
 from __future__ import annotations
 
-import difflib
 import typing
 from collections.abc import Collection, Sequence
 
@@ -17,6 +16,8 @@ from pydantic import BaseModel
 def did_you_mean(word: object, known: Collection[str]) -> str:
     """` (did you mean 'x'?)` naming the closest of `known` to `word` (difflib's ratio of at least 0.6),
     or the empty string when none is close."""
+    import difflib  # here, not at the top: only a miss needs it (~3 M instructions of a CLI start)
+
     close = difflib.get_close_matches(str(word), known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 import outcome
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.observability import metrics
 from onceflow.observability.logs import get_logger
@@ -72,6 +73,11 @@ class Durability(StrEnum):
     NORMAL = "NORMAL"
 
 
+_NO_PIPELINE = contextlib.nullcontext()
+"""What `_commit` enters on SQLite in place of PostgreSQL's pipeline (one for every batch: it keeps no
+state)."""
+
+
 class StoreClosedError(RuntimeError):
     """`transact` was called on a store that is closing or closed."""
 
@@ -81,8 +87,9 @@ class Grouped(Generic[T]):
     whose `key`s are equal run as one call `run(conn, [item, ...])`, in one savepoint, which returns each
     request's result in order, or None when it cannot decide them all (its writes are then rolled back and
     each request's own fn runs alone, as without a group): one set of statements for a batch of common
-    entries (or task-row reads) instead of one per entry. On PostgreSQL the groups run once the batch holds
-    its requests' task locks (a request whose lock another runtime held has left the batch by then).
+    entries (or task-row reads, or creations) instead of one per entry. On PostgreSQL the groups run once
+    the batch holds its requests' task locks (a request whose lock another runtime held has left the batch
+    by then).
     `run` follows the rules of a request's fn (plain synchronous code, no BEGIN/COMMIT); an exception from
     it that does not end the transaction counts as None."""
 
@@ -143,11 +150,13 @@ class StoreActor:
         self._mailbox: queue.SimpleQueue[_Request[Any] | None] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
         self._accepting = False
+        self._stop_sent = False
         self._ready = trio.Event()
         self._stopped = trio.Event()
         self._setup: outcome.Outcome[int] | None = None
         self._thread = threading.Thread(target=self._run, name=f"onceflow-store-writer {path}", daemon=True)
 
+    @enable_ki_protection
     async def transact(
         self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
@@ -177,6 +186,7 @@ class StoreActor:
         self._submit(fn, args, kwargs, None)
         return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)  # type: ignore[no-any-return]
 
+    @enable_ki_protection
     async def transact_grouped(
         self,
         group: Grouped[T],
@@ -197,7 +207,9 @@ class StoreActor:
         Refusing the abort (`_refuse_abort`) is what shields that wait: a cancellation stays pending and is
         delivered at the caller's next checkpoint, after it has its answer. (Cheaper than a shielded
         CancelScope + Event per request, which cost ~20 us each at group-commit rates; and a plain call, not
-        a coroutine: one frame fewer to suspend and resume per request.)"""
+        a coroutine: one frame fewer to suspend and resume per request.) Its callers are KI-protected: a
+        KeyboardInterrupt raised between queueing and parking would leave the writer to wake a task that
+        is gone (TrioInternalError) or waiting on something else."""
         if not self._accepting:
             raise StoreClosedError(f"store {self.path} is closed")
         task = epochs.CURRENT_TASK.get()
@@ -225,9 +237,20 @@ class StoreActor:
         self._accepting = False
         if self._thread.ident is None:  # never started
             return
-        self._mailbox.put(None)
-        await self._stopped.wait()
+        if not self._stop_sent:
+            self._stop_sent = True
+            self._mailbox.put(None)
+        # A KeyboardInterrupt (a second Ctrl-C) is delivered to a parked main task even under a shield: it is
+        # held until the writer has stopped, so the database lock is never released under a live writer.
+        interrupt: KeyboardInterrupt | None = None
+        while not self._stopped.is_set():
+            try:
+                await self._stopped.wait()
+            except KeyboardInterrupt as exc:
+                interrupt = exc
         self._thread.join()
+        if interrupt is not None:
+            raise interrupt
 
     def _wake(self, requests: list[_Request[Any]]) -> None:
         for request in requests:
@@ -235,8 +258,10 @@ class StoreActor:
             trio.lowlevel.reschedule(request.waiter, request.result)
 
     def _call_trio(self, fn: Callable[..., object], *args: object) -> None:
-        with contextlib.suppress(trio.RunFinishedError):  # the Trio run is gone; nobody is left waiting
+        try:  # (not `contextlib.suppress`: a context manager built per batch)
             self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # the Trio run is gone; nobody is left waiting
+            return
 
     # --- writer thread ---------------------------------------------------------------------------------
 
@@ -474,7 +499,7 @@ class StoreActor:
         """
         started = time.perf_counter()
         try:
-            with _pg(conn).pipelined() if self.postgres else contextlib.nullcontext():
+            with _pg(conn).pipelined() if self.postgres else _NO_PIPELINE:
                 conn.execute(dialect_of(conn).begin)
                 if self.postgres:
                     self._lock_tasks(_pg(conn), batch)
@@ -603,6 +628,8 @@ class _TransactionEnded(Exception):
 def _typed(result: outcome.Outcome[T]) -> outcome.Outcome[T]:
     """`result` with a sqlite3 storage fault replaced by its `StorageError` (the fault chained as cause); a
     `StorageError` already (PostgreSQL's typed faults) is kept."""
+    if type(result) is outcome.Value:  # (not `isinstance`: an ABC's check runs Python, per request)
+        return result
     if (
         isinstance(result, outcome.Error)
         and not isinstance(result.error, StorageError)
@@ -628,6 +655,7 @@ def _refuse_abort(_: Callable[[], object]) -> trio.lowlevel.Abort:
 
 
 @asynccontextmanager
+@enable_ki_protection
 async def open_store(
     path: str | os.PathLike[str],
     *,

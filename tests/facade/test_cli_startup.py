@@ -4,6 +4,7 @@ imports its own modules when it runs (bench/startup.py times them)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -55,6 +56,56 @@ def test_validate_imports_the_template_loader_and_no_runtime() -> None:
     assert "onceflow.protocol.workflow" in modules
     unwanted = (*NEVER, "trio", "structlog", "sqlite3", "onceflow.actors", "onceflow.protocol.commands")
     assert _loaded(modules, unwanted) == []
+    # a plain command line is read without argparse; signal and difflib are imported only where needed
+    assert _loaded(modules, ("argparse", "signal", "difflib")) == []
+
+
+def test_validate_as_its_own_process_freezes_what_it_imported_and_collects_again_after() -> None:
+    probe = (
+        "import gc, sys\n"
+        "from onceflow.cli.main import main\n"
+        f"sys.argv = ['onceflow', 'validate', {str(KANDEV_TEMPLATE)!r}]\n"
+        "status = main()\n"
+        "print(status, gc.isenabled(), gc.get_freeze_count() > 10000, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    assert done.stderr.split() == ["0", "True", "True"]
+    frozen = (
+        gc.get_freeze_count()
+    )  # called with its arguments (as tests and hosts do): the collector as it was
+    assert cli.main(["validate", str(KANDEV_TEMPLATE)]) == 0
+    assert gc.get_freeze_count() == frozen and gc.isenabled()
+
+
+_PLAIN = (
+    ["validate", "a.yml"],
+    ["validate", "a", "b"],
+    ["validate", "--strict", "a"],
+    ["validate", "a", "--strict"],
+)
+_OTHER = (
+    ["validate"],
+    ["validate", "--strict"],
+    ["validate", "a", "--strict", "b"],
+    ["validate", "--strict", "a", "--strict"],
+    ["validate", "-", "a"],
+    ["validate", "--str", "a"],
+    ["validate", "a", "--help"],
+    ["--verbose", "validate", "a"],
+    ["schema", "a"],
+)
+
+
+@pytest.mark.parametrize("argv", [*_PLAIN, *_OTHER])
+def test_a_plain_validate_is_read_as_argparse_reads_it_and_anything_else_by_argparse(argv: list[str]) -> None:
+    plain = cli._validate_args(argv)
+    assert (plain is not None) == (argv in _PLAIN)
+    if plain is not None:
+        args = cli._parser("validate").parse_args(argv)
+        assert plain == (args.files, args.strict)
 
 
 def test_the_scenario_runner_imports_trio_testing_only_when_a_scenario_runs() -> None:

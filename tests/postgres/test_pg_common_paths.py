@@ -72,7 +72,7 @@ COLUMNS = {
     "step_entries": "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal,"
     " created_at, created_epoch, done_markers"
 }
-"""SQLite's column order where PostgreSQL's differs (migration 22 moved the declaration digest's column)."""
+"""SQLite's column order where PostgreSQL's differs (migration 23 moved the declaration digest's column)."""
 
 
 def run_ranks(url: str) -> dict[int, int]:

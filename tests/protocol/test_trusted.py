@@ -9,6 +9,7 @@ events, a bad diagnostic level refused, counted events counted, a log below the 
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 from collections.abc import Callable
@@ -135,6 +136,32 @@ def test_a_trusted_event_equals_the_validated_one(case: tuple[Callable[..., Base
     assert_same(builder(**arguments), MODELS[builder](**arguments))
 
 
+@given(case=builders_and_arguments)
+def test_an_event_the_window_holds_compactly_comes_back_as_the_validated_one(
+    case: tuple[Callable[..., BaseModel], Any],
+) -> None:
+    builder, arguments = case
+    kept = trusted.held(builder(**arguments))
+    assert not isinstance(kept, BaseModel)  # every trusted event is held as plain values
+    assert_same(trusted.restored(kept), MODELS[builder](**arguments))
+
+
+def test_the_window_holds_trusted_events_as_values_the_gc_does_not_track() -> None:
+    """The event window keeps its last 10,000 events alive: held as models, the cyclic GC traversed them."""
+    kept = [
+        trusted.held(
+            trusted.transition(task_id="T", workflow_id="w", from_step="a", to_step="b", trigger="t")
+        ),
+        trusted.held(trusted.diagnostic(level="info", code="c", fields={"task_id": "T", "n": 3})),
+    ]
+    gc.collect()  # a tuple of untracked values stops being tracked at its first collection, the diagnostic's
+    gc.collect()  # outer tuple once its inner ones are (the next)
+    assert not any(gc.is_tracked(value) for value in kept)
+    validated = Transition(task_id="T", workflow_id="w", from_step="a", to_step="b", trigger="t")
+    assert trusted.held(validated) is validated  # not built here: held as it is
+    assert trusted.restored(validated) is validated
+
+
 def test_each_trusted_builder_takes_exactly_its_models_fields() -> None:
     """A field added to a model without its builder fails here, not silently in a reply."""
     for builder, model in MODELS.items():
@@ -208,6 +235,47 @@ def test_a_diagnostic_reaches_reply_and_subscribers_as_one_validated_event() -> 
     )
     assert_same(out.events[0], expected)
     assert subscriber.receive_nowait() is out.events[0]
+
+
+class _Watcher:
+    watches = frozenset({"run_queued", "diagnostic"})
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.hub: EventHub | None = None
+
+    def on_publish(self, event: Any) -> None:
+        assert self.hub is not None
+        self.seen.append((event.type, self.hub.count))
+
+
+@given(produced=events)
+def test_emit_all_publishes_as_emitting_each_in_turn(produced: list[Any]) -> None:
+    """An entry's events published in one call reach the reply, the window, the watchers (before each is
+    in the window) and a subscriber exactly as one `emit` each would."""
+    seen = []
+    for batch in (True, False):
+        watcher = _Watcher()
+        hub = watcher.hub = EventHub(watcher, size=4)
+        subscriber = hub.subscribe()
+        out = Outbox(hub)
+        out.note(produced[0]) if produced else None  # a reply's own detail stays first
+        if batch:
+            out.emit_all(list(produced))
+        else:
+            for event in produced:
+                out.emit(event)
+        streamed = []
+        while True:
+            try:
+                streamed.append(subscriber.receive_nowait())
+            except trio.WouldBlock:
+                break
+        window = hub.read(hub.oldest - 1, hub.count)
+        seen.append(
+            (out.events, streamed, [(item.seq, item.event) for item in window], watcher.seen, hub.count)
+        )
+    assert seen[0] == seen[1]
 
 
 def test_emit_counts_exactly_the_events_count_event_counts() -> None:

@@ -1,11 +1,19 @@
 """A program embedding the runtime as a host would: `open_runtime` in a Trio program, eight tasks sending
 commands in a loop (load). Run by tests/runtime/test_cancellation.py as `python embedding_child.py DB`; it
-prints `ready` once commands flow, and is stopped by SIGINT like any Trio program."""
+prints `ready` once commands flow, and is stopped by SIGINT like any Trio program.
+
+`python embedding_child.py DB FILE:TEXT` raises the SIGINT itself, from inside the runtime: at the first
+execution (after `ready`) of the line of `onceflow/FILE` that contains TEXT, so a test can land it exactly
+where a KeyboardInterrupt would break the runtime if it were raised there. It prints `interrupting` then."""
 
 from __future__ import annotations
 
+import linecache
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import trio
 
@@ -25,7 +33,23 @@ async def _load(rt: Runtime, worker: int, started: trio.Event) -> None:
         started.set()
 
 
-async def main(db: str) -> None:
+def _interrupt_at(where: str) -> None:
+    """Raise SIGINT in this (the Trio) thread when the line of onceflow/FILE containing TEXT next runs."""
+    path, text = where.split(":", 1)
+    suffix = str(Path(onceflow.__file__).parent / path)
+
+    def line(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and text in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+            sys.settrace(None)
+            print("interrupting", flush=True)
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, in this frame
+            return None
+        return line
+
+    sys.settrace(lambda frame, event, arg: line if frame.f_code.co_filename == suffix else None)
+
+
+async def main(db: str, interrupt_at: str | None) -> None:
     async with onceflow.open_runtime(db) as rt:
         reply = await rt.send({"type": "register_workflow", "yaml": TEMPLATE.read_text()})
         assert reply.ok, reply.error
@@ -35,7 +59,9 @@ async def main(db: str) -> None:
                 nursery.start_soon(_load, rt, worker, started)
             await started.wait()
             print("ready", flush=True)
+            if interrupt_at is not None:
+                _interrupt_at(interrupt_at)
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1])
+    trio.run(main, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

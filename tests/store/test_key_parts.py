@@ -124,7 +124,7 @@ def test_an_old_database_migrates_its_on_enter_keys_to_their_parts_and_keeps_eve
     assert read_back == [(run_id, key) for run_id, *_, key in OLD_RUNS]
     by_parts = conn.execute("SELECT id FROM runs WHERE idempotency_key IS NULL AND key_position IS NOT NULL")
     assert [run_id for (run_id,) in by_parts] == [1, 2]  # 5 repeats 1's (entry, position, agent): text
-    digest = "(SELECT digest FROM digests WHERE id = key_digest)"  # migration 22: kept once
+    digest = "(SELECT digest FROM digests WHERE id = key_digest)"  # migration 23: kept once
     assert conn.execute(f"SELECT key_position, {digest} FROM runs WHERE id = 2").fetchone() == (
         0,
         "fedcba9876543210",

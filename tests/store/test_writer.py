@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -380,3 +383,19 @@ async def test_close_drains_queued_requests_then_refuses(tmp_path: Path) -> None
         await store.transact(add_workflow("after-close"))
     async with open_store(path) as again:  # leaving the block ran the queued requests before closing
         assert await again.transact(workflow_ids) == {f"q{i}" for i in range(5)}
+
+
+def test_a_second_interrupt_while_closing_waits_for_the_writer_before_it_is_raised(tmp_path: Path) -> None:
+    # KeyboardInterrupt reaches a parked main task even under a shield: the store's exit holds it until the
+    # writer has stopped, so the file lock is never released (nor the process left) under a live writer.
+    child = Path(__file__).with_name("close_interrupt_child.py")
+    result = subprocess.run(
+        [sys.executable, str(child), str(tmp_path / "o.db")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"keyboard_interrupt": True, "writer_alive": False}
+    conn = sqlite3.connect(tmp_path / "o.db")
+    try:
+        assert workflow_ids(conn) == {"held"}  # the request ahead of the stop committed
+    finally:
+        conn.close()

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from onceflow.actors.engine.order import dispatch_order
-from onceflow.actors.engine.publish import publish_effect
 from onceflow.actors.kernel.outbox import Outbox
 from onceflow.protocol import trusted
-from onceflow.protocol.events import EntryPath
+from onceflow.protocol.events import EntryPath, Event
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store.entries.common_entry import COMMON_KINDS, Done, Plan, Queued
 from onceflow.store.entries.executors import (
@@ -63,21 +62,45 @@ def common_result(
 
 
 def publish_common(out: Outbox, task_id: str, plan: Plan, done: Done) -> None:
-    """Publish what a committed common entry did (`Admitted.done`), in dispatch order, through
-    `publish_effect` as `OnEnterDispatch.publish_segment` does for `common_result`'s segment, without
-    building the segment or planning the dispatch."""
+    """Publish what a committed common entry did (`Admitted.done`), in dispatch order, as `publish_effect`
+    publishes `common_result`'s effects (`OnEnterDispatch.publish_segment`): per position its clear's
+    `decisions_cleared` or its fan-out's `run_queued`s and notes, then its `action_outcome`. Built straight
+    from `done` (no effect or segment) and published in one `Outbox.emit_all`; every value is the runtime's
+    own and typed (ids it wrote, counts, keys): unvalidated."""
     step = plan.step
+    step_id = step.id
+    events: list[Event] = []
     for (position, action), (_, did) in zip(plan.order, done, strict=True):
-        effect = _effect(task_id, step, action, did)
-        publish_effect(
-            out,
-            effect,
-            task_id=task_id,
-            step_id=step.id,
-            trigger="on_enter",
-            position=position,
-            kind=action.type,
+        if isinstance(did, int):
+            events.append(trusted.decisions_cleared(task_id=task_id, step_id=step_id, deleted=did))
+        else:
+            why = fan_out_reason(action, "on_enter")
+            for agent, run_id, key in did:
+                events.append(
+                    trusted.run_queued(
+                        run_id=run_id,
+                        task_id=task_id,
+                        step_id=step_id,
+                        agent_profile_id=agent,
+                        reason=why,
+                        idempotency_key=key,
+                    )
+                )
+            role: str = getattr(action.config, "role", "")
+            for note in fan_out_notes(task_id, step_id, step.name, role, len(did), len(did)):
+                events.append(out.logged(note.level, note.code, note.fields))
+        events.append(
+            trusted.action_outcome(
+                task_id=task_id,
+                step_id=step_id,
+                trigger="on_enter",
+                position=position,
+                kind=action.type,
+                outcome="done",
+                detail="",
+            )
         )
+    out.emit_all(events)
 
 
 def _effect(task_id: str, step: Step, action: ActionDecl, did: int | Queued) -> Effect:

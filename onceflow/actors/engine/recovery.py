@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.common import common_order, common_result
 from onceflow.actors.engine.on_enter import OnEnterDispatch
@@ -98,6 +99,7 @@ async def _scan(
     store = services.store
     full = writer_side.LOCKED_REQUEST_SIZE if store.postgres else writer_side.REQUEST_SIZE
 
+    @enable_ki_protection
     async def run_batches() -> None:  # one request ahead: the writer works while the last one is published
         async with batches:
             start, size = 0, full

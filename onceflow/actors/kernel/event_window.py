@@ -1,8 +1,9 @@
 """The runtime's recent events, each with its event_seq, and readers that resume from a seq. Trio thread.
 
-Every published event is appended to a ring of the last `size` events (`EventWindow.append`: a counter and
-a slot store, nothing encoded). Its seq is not stored: it follows from the event's ordinal (1 for the
-runtime's first event, then 2, ...) and the seq blocks the runtime holds.
+Every published event is appended to a ring of the last `size` events (`EventWindow.append`: a counter and a
+slot store, nothing encoded; most events are kept as their field values, which the cyclic GC does not
+traverse, and rebuilt as equal events when read: `protocol.trusted.held`). Its seq is not stored: it follows
+from the event's ordinal (1 for the runtime's first event, then 2, ...) and the seq blocks the runtime holds.
 
 Seq layout: `seq = era * SEQ_BLOCK + k`, k in 1..SEQ_BLOCK, where an era is a durable counter
 (store/event_eras.py) the runtime bumps at every start and again whenever half of its current block is used
@@ -20,10 +21,12 @@ from __future__ import annotations
 import sys
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.observability.logs import get_logger
 from onceflow.protocol.event_stream import MAX_EVENT_SEQ, EventGap, SequencedEvent, check_after
 from onceflow.protocol.events import Event
+from onceflow.protocol.trusted import Held, held, restored
 
 log = get_logger("onceflow")
 
@@ -57,7 +60,8 @@ class EventWindow:
         self, size: int = DEFAULT_EVENT_WINDOW, *, era: int = 0, earlier: bool = False, block: int = SEQ_BLOCK
     ) -> None:
         self.size = event_window_size(size)
-        self._ring: list[Event | None] = [None] * self.size
+        # each event as `trusted.held` keeps it: most as their field values, which the cyclic GC skips
+        self._ring: list[Held | None] = [None] * self.size
         self.count = 0  # events appended: the newest one's ordinal
         self._block = block
         self._start = era * block  # below every seq of this stream
@@ -75,7 +79,7 @@ class EventWindow:
         """Keep `event` as the newest (the oldest beyond `size` is dropped) and wake waiting readers.
         `EventHub.publish` inlines this body: keep the two equal."""
         n = self.count = self.count + 1
-        self._ring[n % self.size] = event
+        self._ring[n % self.size] = held(event)
         if n >= self._check_at:
             self._appended(n)
 
@@ -136,9 +140,9 @@ class EventWindow:
         ring, size = self._ring, self.size
         taken = []
         for ordinal in range(after + 1, end + 1):
-            event = ring[ordinal % size]
-            assert event is not None
-            taken.append(SequencedEvent(self.seq_of(ordinal), event))
+            kept = ring[ordinal % size]
+            assert kept is not None
+            taken.append(SequencedEvent(self.seq_of(ordinal), restored(kept)))
         return taken
 
     # Seqs and ordinals ----------------------------------------------------------------------------------
@@ -233,6 +237,7 @@ class EventStream:
         self._read = end
         return taken
 
+    @enable_ki_protection
     async def wait(self) -> bool:
         """Wait until there is something to take; False once the runtime closed and all was taken. Returns
         at once (no checkpoint) when there is."""
@@ -258,15 +263,18 @@ class EventStream:
         items += taken
         return items
 
+    @enable_ki_protection
     async def next_batch(self, limit: int) -> list[SequencedEvent | EventGap]:
         """`batch`, waiting until it has something; empty once the runtime closed and all was read."""
         if self._pending is None and not await self.wait():
             return []
         return self.batch(limit)
 
+    @enable_ki_protection
     def __aiter__(self) -> EventStream:
         return self
 
+    @enable_ki_protection
     async def __anext__(self) -> SequencedEvent | EventGap:
         await trio.lowlevel.checkpoint()
         if self._pending is not None:

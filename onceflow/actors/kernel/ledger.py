@@ -12,6 +12,7 @@ from typing import Literal
 
 import attrs
 import outcome
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.mailbox import Mailbox, reply_to
 
@@ -29,6 +30,7 @@ class LedgerActor:
         self._applied: set[str] = set()
         self._mailbox: Mailbox[_LedgerRequest] = Mailbox()
 
+    @enable_ki_protection
     async def run(self) -> None:
         """Serve requests until the mailbox is closed and drained."""
         async for envelope in self._mailbox:

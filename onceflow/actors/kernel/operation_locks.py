@@ -45,10 +45,28 @@ class OperationLocks:
                 del self._entries[operation_id]
 
 
-@attrs.define
 class TaskLocks:
     """A task actor's per-operation locks: one table per deferring caller, so the two triggers' ids and
-    lock lifetimes never couple (evaluate-only-operation-marking.md AC-EO-13)."""
+    lock lifetimes never couple (evaluate-only-operation-marking.md AC-EO-13). Each table is made on first
+    use: a task's command runs with a fresh `TaskLocks` unless an actor task serves it, and most never
+    lock."""
 
-    agent_error: OperationLocks = attrs.field(factory=OperationLocks)
-    child_completion: OperationLocks = attrs.field(factory=OperationLocks)
+    __slots__ = ("_agent_error", "_child_completion")
+
+    def __init__(
+        self, agent_error: OperationLocks | None = None, child_completion: OperationLocks | None = None
+    ) -> None:
+        self._agent_error = agent_error
+        self._child_completion = child_completion
+
+    @property
+    def agent_error(self) -> OperationLocks:
+        if self._agent_error is None:
+            self._agent_error = OperationLocks()
+        return self._agent_error
+
+    @property
+    def child_completion(self) -> OperationLocks:
+        if self._child_completion is None:
+            self._child_completion = OperationLocks()
+        return self._child_completion

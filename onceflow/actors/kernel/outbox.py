@@ -18,6 +18,7 @@ from onceflow.observability import metrics
 from onceflow.observability.logs import get_logger
 from onceflow.protocol import trusted
 from onceflow.protocol.events import Diagnostic, ErrorInfo, Event, Reply
+from onceflow.protocol.trusted import COMPACT, held
 
 log = get_logger("onceflow")
 
@@ -69,7 +70,7 @@ class EventHub(EventWindow):
         # `EventWindow.append`, inlined: the call would cost more than the append itself (per event, on
         # the hot path)
         n = self.count = self.count + 1
-        self._ring[n % self.size] = event
+        self._ring[n % self.size] = held(event)
         if n >= self._check_at:
             self._appended(n)
         if not self._subscribers:
@@ -77,6 +78,31 @@ class EventHub(EventWindow):
         for send in list(self._subscribers):
             try:
                 send.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.remove(send)
+
+    def publish_all(self, events: list[Event]) -> None:
+        """`publish` each of `events` in order, in one call (an entry's events: the calls cost more than
+        the work)."""
+        hooks, ring, size = self._hooks, self._ring, self.size
+        n = self.count
+        for event in events:
+            found = hooks.get(event.type)
+            if found is not None:
+                for hook in found:
+                    hook(event)
+            n += 1
+            fields_set = event.__pydantic_fields_set__  # `trusted.held`, inlined
+            ring[n % size] = event.__dict__ if fields_set is COMPACT.get(type(event)) else held(event)
+            self.count = n  # each one as it goes: a hook may read it
+            if n >= self._check_at:
+                self._appended(n)
+        if not self._subscribers:
+            return
+        for send in list(self._subscribers):
+            try:
+                for event in events:
+                    send.send_nowait(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(send)
 
@@ -111,6 +137,15 @@ class Outbox:
         if event.type in metrics.COUNTED_EVENTS:
             metrics.count_event(event)
 
+    def emit_all(self, events: list[Event]) -> None:
+        """`emit` each of `events` in order (`EventHub.publish_all`); `events` is not kept."""
+        self.events += events
+        self._hub.publish_all(events)
+        counted = metrics.COUNTED_EVENTS
+        for event in events:
+            if event.type in counted:
+                metrics.count_event(event)
+
     def note(self, event: Event) -> None:
         """Put `event` in this command's reply alone: not published, not counted (a reply's own detail,
         such as why a claim handed out nothing)."""
@@ -127,6 +162,15 @@ class Outbox:
         getattr(log, level)(code, **fields)
         # `fields` is this call's own dict (no one else holds it), so the event may keep it uncopied
         self.emit(trusted.diagnostic(level=cast(_Level, level), code=code, fields=fields))
+
+    def logged(
+        self, level: Literal["info", "warning", "error"], code: str, fields: dict[str, Any]
+    ) -> Diagnostic:
+        """Log `code` at `level` with `fields` as discrete keys, and return the `diagnostic` event saying
+        the same for the caller to emit (`emit_all`): the runtime's own level and fields, unvalidated;
+        `fields` is kept, not copied (pass a dict nobody changes afterwards)."""
+        getattr(log, level)(code, **fields)
+        return trusted.diagnostic(level=level, code=code, fields=fields)
 
     def reply(self, command: str, *, result: Any = None, error: ErrorInfo | None = None) -> Reply:
         """The `Reply` to `command` carrying these events: `ok` with `result` when `error` is None, else not

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel.outbox import EventHub
@@ -80,6 +81,7 @@ async def sweep_once(
     return redispatched
 
 
+@enable_ki_protection
 async def sweep_forever(
     services: Services,
     hub: EventHub,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.event_window import MAX_ERA, EventWindow
 from onceflow.observability.logs import get_logger
@@ -30,6 +31,7 @@ async def first_era(store: StoreActor) -> int:
     return era
 
 
+@enable_ki_protection
 async def renew_eras_forever(
     store: StoreActor,
     window: EventWindow,

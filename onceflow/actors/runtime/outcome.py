@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.epoch_sweep import SWEEP_INTERVAL
@@ -136,6 +137,7 @@ class OutcomeActor:
         """An acknowledgement was committed to the inbox: look at it now rather than at the timer."""
         self._wake.set()
 
+    @enable_ki_protection
     async def run(self) -> None:
         """Deliver until acknowledged, resuming from the stored record; return once acknowledged (AC-CO-14).
 
@@ -361,6 +363,7 @@ class OutcomeSupervisor:
         self._cancel = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
 
+    @enable_ki_protection
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume every unfinished outcome no other runtime claims (AC-CO-14), report started, and run actors
         until `close`; on PostgreSQL, resume the unclaimed ones again every SWEEP_INTERVAL seconds (their
@@ -387,6 +390,7 @@ class OutcomeSupervisor:
             raise RuntimeError("attach: a coordinator is already attached, or the supervisor is not running")
         self._coordinator = coordinator
 
+        @enable_ki_protection
         async def resume_then_sweep() -> None:
             try:
                 await self._resume_unclaimed()
@@ -396,6 +400,7 @@ class OutcomeSupervisor:
 
         self._nursery.start_soon(resume_then_sweep)
 
+    @enable_ki_protection
     async def _sweep_forever(self) -> None:
         if not self._store.postgres:  # one runtime owns a SQLite file: nothing is left unclaimed meanwhile
             return
@@ -414,6 +419,7 @@ class OutcomeSupervisor:
         """Stop every actor (what they committed stays; the next start resumes the rest)."""
         self._cancel.cancel()
 
+    @enable_ki_protection
     async def handle(
         self, command: OutcomeReady | CoordinatorAck | GetOutcome, out: Outbox
     ) -> OutcomeReceived | AckQueued | OutcomeInfo:
@@ -483,6 +489,7 @@ class OutcomeSupervisor:
         )
         self._nursery.start_soon(self._supervise, actor)
 
+    @enable_ki_protection
     async def _supervise(self, actor: OutcomeActor) -> None:
         """Run the actor until acknowledged or claimed by another runtime; after a crash, log it and restart
         it one interval later. An actor whose claim was lost is dropped: the sweep resumes the outcome if

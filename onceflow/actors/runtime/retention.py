@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.services import Services
 from onceflow.observability import metrics
@@ -83,6 +84,7 @@ async def prune(
         await trio.sleep(0)  # let commands in between two batches
 
 
+@enable_ki_protection
 async def prune_forever(
     services: Services,
     retention_seconds: float,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.services import Services
 from onceflow.observability import metrics
@@ -35,6 +36,7 @@ async def read_open_runs(services: Services, owner: object) -> bool:
     return True
 
 
+@enable_ki_protection
 async def gauge_open_runs_forever(
     services: Services,
     owner: object,

@@ -15,6 +15,7 @@ import math
 import random
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.publish import publish_run_changes
 from onceflow.actors.kernel.outbox import EventHub, Outbox
@@ -261,6 +262,7 @@ async def sweep_leases_once(services: Services, hub: EventHub) -> run_claims.Exp
     return expired
 
 
+@enable_ki_protection
 async def sweep_leases_forever(
     services: Services,
     hub: EventHub,

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 import trio
 from opentelemetry.trace import TracerProvider
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.recovery import recover_open_entries
 from onceflow.actors.kernel import task_rows
@@ -53,6 +54,7 @@ thread instead of after it (bench/dispatch.py)."""
 
 
 @asynccontextmanager
+@enable_ki_protection
 async def open_runtime(
     db_path: str | os.PathLike[str],
     *,

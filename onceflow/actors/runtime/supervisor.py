@@ -18,11 +18,12 @@ import outcome
 import trio
 from opentelemetry.context import Context
 from pydantic import BaseModel, ValidationError
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.engine.engine import Engine
 from onceflow.actors.engine.promotion import promote_all
 from onceflow.actors.kernel.event_window import EventStream
-from onceflow.actors.kernel.mailbox import Envelope, Mailbox, ReplySlot, reply_to
+from onceflow.actors.kernel.mailbox import Envelope, Mailbox, reply_to
 from onceflow.actors.kernel.operation_locks import TaskLocks
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.kernel.services import Announced, Services, WorkflowRegistry
@@ -87,17 +88,20 @@ class Runtime:
         """Where this runtime's events are published (its subscribers' streams)."""
         return self._hub
 
+    @enable_ki_protection
     def attach_coordinator(self, coordinator: Coordinator) -> None:
         """Start delivering outcomes through `coordinator`, for a runtime opened without one (`onceflow
         serve`'s host role: a connection registered the coordinator capability): the unfinished outcomes
         are resumed as at a start (`OutcomeSupervisor.attach`). Raises RuntimeError if it has one."""
         self._outcomes.attach(coordinator)
 
+    @enable_ki_protection
     def subscribe(self) -> trio.MemoryReceiveChannel[Event]:
         """A stream of every event emitted from now on, without seqs (unbounded: a reader that stops
         reading holds every later event); it ends when the runtime closes. `events` resumes instead."""
         return self._hub.subscribe()
 
+    @enable_ki_protection
     def events(self, after: int | None = None) -> EventStream:
         """The events with their `event_seq`s, for `async for item in rt.events(after=seq)`: a
         `SequencedEvent` per event, in seq order, each once, from just after `after` (the last seq the
@@ -144,6 +148,7 @@ class Runtime:
             cancel_superseded=cancel_superseded,
         )
 
+    @enable_ki_protection
     async def send(self, command: c.Command | BaseModel | dict[str, Any] | str | bytes) -> Reply:
         """Apply one command and return its reply. Never raises (but for cancellation): the reply says what
         failed.
@@ -163,7 +168,9 @@ class Runtime:
         runs: every `send` is a cancel point, so a caller looping on it stops. A caller that gave up does
         not know the outcome; every command is safe to send again (operation ids, idempotency keys,
         decision receipts and compare-and-set moves make a repeat a no-op or an idempotent replay), and
-        `get_task` tells where the task stands.
+        `get_task` tells where the task stands. A KeyboardInterrupt never lands inside `send` (nor anywhere in
+        the runtime, whose Trio-side code is KI-protected): Trio raises it in the host's main task at a
+        checkpoint (docs/embedding.md, "Stopping: cancellation and Ctrl-C").
 
         Traced (a recording tracer, onceflow/observability/tracing.py), a command that parsed is the span
         `onceflow.command <type>`, child of the command's `traceparent` when it carries one, else of the
@@ -171,7 +178,7 @@ class Runtime:
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller starts nothing
         name = "unknown"
-        out = Outbox(self._hub)
+        out: Outbox | None = None  # the command's events, once it has run (none for a refusal before)
         span: tracing.CommandSpan | None = None  # with a recording tracer: the command's span (current)
         try:
             if c.is_command(command):
@@ -191,12 +198,13 @@ class Runtime:
             if isinstance(routed, tuple):
                 result, out = await self._ask(*routed)
             else:
+                out = Outbox(self._hub)
                 result = await handlers.handle(self, self._outcomes, routed, out)
             reply = out.reply(name, result=result)
         except OnceflowError as exc:
-            reply = out.reply(name, error=_error_info(exc))
+            reply = self._events(out).reply(name, error=_error_info(exc))
         except ValidationError as exc:
-            reply = out.reply(name, error=_error_info(validation_error(exc)))
+            reply = self._events(out).reply(name, error=_error_info(validation_error(exc)))
         except _Refused as refused:
             reply = refused.out.reply(name, error=_error_info(refused.error))
         except _ActorFailure as failure:
@@ -204,7 +212,7 @@ class Runtime:
         except Exception as exc:
             log.error("command_failed", command=name, cause=shown(exc), exc_info=True)
             info = ErrorInfo(code="internal", message=f"{name} failed: {shown(exc)}")
-            reply = out.reply(name, error=info)
+            reply = self._events(out).reply(name, error=info)
         except BaseException as exc:  # a cancellation: the span ends saying so, the context is restored
             if span is not None:
                 span.finish(None, exc)
@@ -215,6 +223,10 @@ class Runtime:
         # here: without a checkpoint a caller looping on `send` in a cancelled scope would never stop.
         await trio.lowlevel.checkpoint_if_cancelled()
         return reply
+
+    def _events(self, out: Outbox | None) -> Outbox:
+        """`out`, or an empty outbox for a command refused before it ran."""
+        return out if out is not None else Outbox(self._hub)
 
     async def _ask(self, task_id: str, message: TaskMessage) -> tuple[TaskResult, Outbox]:
         """Have the task's actor handle `message`: queued behind the actor's current command when it is
@@ -236,15 +248,15 @@ class Runtime:
         if self._closing:  # a mailbox opened now would never be closed: shutdown would wait on it forever
             raise ShuttingDownError("the runtime is shutting down")
         mailbox = self._mailboxes[task_id] = Mailbox()
-        slot = ReplySlot()
+        answer: outcome.Outcome[tuple[TaskResult, Outbox]] | None = None
         token = epochs.CURRENT_TASK.set(task_id)  # on PostgreSQL its transactions hold the task's lock
         try:
             with trio.CancelScope(shield=True) as scope:  # cancelled by `_guard_lent` alone
                 self._lent.add(scope)
                 try:
-                    await self._serve(TaskActor(task_id, self.engine, TaskLocks()), Envelope(message, slot))
-                except _Restart as restart:
-                    log.error("task_actor_crashed", task_id=task_id, cause=restart.cause)
+                    answer, crash = await self._handled(TaskActor(task_id, self.engine, TaskLocks()), message)
+                    if crash is not None:
+                        log.error("task_actor_crashed", task_id=task_id, cause=crash)
                 finally:
                     self._hand_over(task_id, mailbox)
         finally:
@@ -252,10 +264,11 @@ class Runtime:
             self._lent.discard(scope)
             if self._closing and not self._lent:
                 self._lenders_done.set()
-        if slot.result is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
+        if answer is None:  # the runtime itself was cancelled mid-command (`_guard_lent`)
             raise ShuttingDownError("the runtime is shutting down")
-        return cast(tuple[TaskResult, Outbox], slot.result.unwrap())
+        return answer.unwrap()
 
+    @enable_ki_protection
     async def _guard_lent(self) -> None:
         """Keep the task nursery open while commands are lent (shutdown serves what queues behind them),
         and cancel them when the runtime itself is cancelled, as it would cancel spawned actors."""
@@ -278,6 +291,7 @@ class Runtime:
         else:
             self._nursery.start_soon(self._supervise_task, task_id, mailbox)
 
+    @enable_ki_protection
     async def _supervise_task(self, task_id: str, mailbox: Mailbox[TaskMessage]) -> None:
         """Run the task's actor (spawned by `_hand_over`); restart it after a crash, on the same mailbox;
         evict it once idle.
@@ -323,30 +337,41 @@ class Runtime:
         return None
 
     async def _serve(self, actor: TaskActor, envelope: Envelope[TaskMessage]) -> None:
-        """Handle one envelope and answer it: (result, outbox), or the refusal or failure with the events
-        emitted before it. Raises `_Restart` after an unexpected failure, for the supervisor to restart."""
+        """Handle one envelope and answer it (`_handled`). Raises `_Restart` after an unexpected failure, for
+        the supervisor to restart."""
+        answer, crash = await self._handled(actor, envelope.message, envelope.context)
+        reply_to(envelope, answer)
+        if crash is not None:
+            raise _Restart(crash)
+
+    async def _handled(
+        self, actor: TaskActor, message: TaskMessage, context: Context | None = None
+    ) -> tuple[outcome.Outcome[tuple[TaskResult, Outbox]], str | None]:
+        """Handle one message (under the asker's trace `context` when it was queued): its answer, (result,
+        outbox) or the refusal or failure with the events emitted before it, and for an unexpected failure
+        its cause (else None): the actor is then restarted."""
         out = Outbox(self._hub)
         try:
-            if envelope.context is None:  # lent (the asker's own task), or not traced
-                result = await actor.handle(envelope.message, out)
+            if context is None:  # lent (the asker's own task), or not traced
+                result = await actor.handle(message, out)
             else:
-                with tracing.attached(envelope.context):  # the asker's: it was queued
-                    result = await actor.handle(envelope.message, out)
+                with tracing.attached(context):  # the asker's: it was queued
+                    result = await actor.handle(message, out)
         except OnceflowError as exc:
-            reply_to(envelope, outcome.Error(_Refused(exc, out)))
+            return outcome.Error(_Refused(exc, out)), None
         except Exception as exc:
             info = ErrorInfo(code="internal", message=f"task actor failed: {exc!r}")
-            reply_to(envelope, outcome.Error(_ActorFailure(info, out)))
-            raise _Restart(repr(exc)) from exc
-        else:
-            reply_to(envelope, outcome.Value((result, out)))
+            return outcome.Error(_ActorFailure(info, out)), repr(exc)
+        return outcome.Value((result, out)), None
 
+    @enable_ki_protection
     async def register_workflow(
         self, text: str, source: str, *, import_path: bool = False
     ) -> WorkflowRegistered:
         """Validate, persist and register (or replace) a workflow template (`handlers.register_workflow`)."""
         return await handlers.register_workflow(self, text, source, import_path=import_path)
 
+    @enable_ki_protection
     async def ask_task(self, task_id: str, message: TaskMessage) -> TaskResult:
         """Have the task's actor handle `message` (queued behind its current command) and return its result.
         Raises the command's OnceflowError, or ShuttingDownError once shutdown has begun."""
@@ -358,6 +383,7 @@ class Runtime:
             raise RuntimeError(failure.info.message) from None
         return result
 
+    @enable_ki_protection
     def reconfigure(
         self,
         *,
@@ -387,16 +413,19 @@ class Runtime:
         )
         self.engine = Engine(self.services)
 
+    @enable_ki_protection
     async def promote_all(self) -> int:
         """Start-up promotion of every step (`promotion.promote_all`); how many tasks were promoted."""
         return await promote_all(self.services)
 
+    @enable_ki_protection
     async def forward_promotions(self, promotions: trio.MemoryReceiveChannel[Announced]) -> None:
         """Route each committed promotion to its task's actor, which dispatches the entry's on_enter."""
         async for promotion, context in promotions:
             if not self._closing:  # after shutdown starts, the next start's recovery scan finishes it
                 self._nursery.start_soon(self._deliver_promotion, promotion, context)
 
+    @enable_ki_protection
     async def _deliver_promotion(self, promotion: Promotion, context: Context | None) -> None:
         """Dispatch a committed promotion's entry (traced under `context`, the promoting command's); a
         refusal (a storage fault now refuses instead of crashing the actor) is logged, and the entry stays
@@ -415,6 +444,7 @@ class Runtime:
         except (OnceflowError, _ActorFailure, trio.ClosedResourceError):
             pass  # shutting down, or the crash was logged by the actor's supervision
 
+    @enable_ki_protection
     def close(self) -> None:
         """Begin shutdown: refuse new commands, close every mailbox (its actor drains what is queued)."""
         self._closing = True

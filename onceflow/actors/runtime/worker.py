@@ -45,6 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
+from trio.lowlevel import enable_ki_protection
 
 from onceflow.actors.kernel.outbox import EventHub, Outbox
 from onceflow.actors.runtime.runs import lease_for
@@ -205,6 +206,7 @@ class Run:
         if self._scope is not None:
             self._scope.cancel()
 
+    @enable_ki_protection
     async def __aenter__(self) -> Run:
         self._enter()
         self._scope = trio.CancelScope()
@@ -212,6 +214,7 @@ class Run:
         self._worker._begin(self)
         return self
 
+    @enable_ki_protection
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
@@ -296,6 +299,7 @@ class RunWorker:
 
     # the worker's life -------------------------------------------------------------------------
 
+    @enable_ki_protection
     async def __aenter__(self) -> RunWorker:
         if self._nursery_manager is not None:
             raise RuntimeError("a RunWorker is entered once")
@@ -304,6 +308,7 @@ class RunWorker:
         await self._nursery.start(self._watch)
         return self
 
+    @enable_ki_protection
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
@@ -320,6 +325,7 @@ class RunWorker:
         await self._nursery_manager.__aexit__(None, None, None)
         return False
 
+    @enable_ki_protection
     def stop(self) -> None:
         """Claim no more: a waiting claim ends (claiming nothing) and the iteration stops; a run being
         worked on is not disturbed."""
@@ -332,6 +338,7 @@ class RunWorker:
     def __aiter__(self) -> RunWorker:
         return self
 
+    @enable_ki_protection
     async def __anext__(self) -> Run:
         run = await self._next(lambda info: Run(self, info))
         if run is None:
@@ -408,6 +415,7 @@ class RunWorker:
         run._renewed = trio.Event()
         self._nursery.start_soon(self._renew, run)
 
+    @enable_ki_protection
     async def _renew(self, run: Run) -> None:
         """Renew `run`'s lease every `RENEW_FRACTION` of it until `_end` cancels this (or the claim is
         lost)."""
@@ -446,6 +454,7 @@ class RunWorker:
         finally:
             run._renewed.set()
 
+    @enable_ki_protection
     async def _watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cancel a body at once when this runtime publishes that its run was cancelled or its lease ran
         out (a renewal would find out only later)."""

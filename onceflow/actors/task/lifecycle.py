@@ -18,6 +18,11 @@ from onceflow.protocol.results import DecisionPage, ParticipantAdded, StepEntryP
 from onceflow.protocol.workflow import find_step
 from onceflow.store.entries import participants, step_entries
 from onceflow.store.tasks import tasks
+from onceflow.store.writer import Grouped
+
+_CREATIONS = "creations"
+"""The head of `create`'s group key: a writer batch's creations into one step run together
+(`tasks.create_tasks`)."""
 
 
 async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskInfo:
@@ -34,9 +39,15 @@ async def create(ctx: TaskContext, command: c.CreateTask, out: Outbox) -> TaskIn
     target = find_step(workflow, command.step_id) if command.step_id else workflow.start_step
     feeder = workflow.step(target.pull_from_step_id) if target.pull_from_step_id else None
     version = services.workflows.newest.get(workflow.id, 1)
-    task = await ctx.store.transact(
-        tasks.create_task, command, workflow.id, target, feeder, services.now(), version
-    )
+    now = services.now()
+    if target.wip_limit > 0:  # a placement to read: created alone
+        task = await ctx.store.transact(tasks.create_task, command, workflow.id, target, feeder, now, version)
+    else:  # with the batch's other creations into the same step (`tasks.create_tasks`)
+        key = (_CREATIONS, workflow.id, target.id, version)
+        group = Grouped(key, (command, now, workflow.id, target, version), tasks.create_tasks)
+        task = await ctx.store.transact_grouped(
+            group, tasks.create_task, command, workflow.id, target, feeder, now, version
+        )
     services.task_rows.put(task)
     out.emit(trusted.task_created(task_id=task.id, workflow_id=workflow.id, step_id=task.step_id))
     if not task.wip_admitted:

@@ -6,7 +6,6 @@ checked by the step's events (`workflow_model.py`) against `ALLOWED_ACTIONS`, or
 the import path.
 """
 
-import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -121,6 +120,8 @@ def _json_payload(value: dict[str, Any] | None) -> dict[str, Any] | None:
     stored and hashed at every entry of its step, so its cost is paid at load time."""
     if value is None:
         return None
+    import json  # here, not at the top: few templates have payloads (~5 M instructions of a CLI start)
+
     try:
         encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:

@@ -345,8 +345,65 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs DROP CONSTRAINT runs_idempotency_key_key;
     DROP INDEX runs_by_task;
     """,
-    # 22: fewer bytes per step entry (store/backends/schema.py's migration 22).
-    schema.done_markers_22("string_agg({}, '')")
+    # 22: runs.task_id's foreign key kept by triggers that check a statement's rows at once (SQLite's 22 is
+    # empty). The constraint's own trigger runs one query per inserted row (~15 µs each: a batch's three runs
+    # an entry were a tenth of the server's time in bench/multi_runtime.py); these run two per INSERT
+    # statement, whatever its rows. The same rule: every run's task exists when its transaction commits. The
+    # insert locks the tasks it names FOR KEY SHARE, as the constraint's check does, so a concurrent delete
+    # of one waits for its commit and then deletes its runs too (the delete trigger's statement, in READ
+    # COMMITTED, sees them), or, had it deleted the task first, the check finds it gone; a run moved to
+    # another task is checked by row; deleting tasks deletes their runs (ON DELETE CASCADE); changing the id
+    # of a task with runs is refused (NO ACTION). A violation is the constraint's error: SQLSTATE 23503,
+    # constraint `runs_task_id_fkey`.
+    """
+    ALTER TABLE runs DROP CONSTRAINT runs_task_id_fkey;
+    CREATE FUNCTION onceflow_runs_tasks_exist() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        missing TEXT;
+    BEGIN
+        IF TG_OP = 'INSERT' THEN  -- a task's probe (LATERAL) each: no plan reads every task
+            SELECT r.task_id INTO missing
+                FROM (SELECT DISTINCT task_id FROM onceflow_new_runs WHERE task_id IS NOT NULL) AS r
+                LEFT JOIN LATERAL (SELECT t.id FROM tasks AS t WHERE t.id = r.task_id FOR KEY SHARE) AS l
+                ON true
+                WHERE l.id IS NULL LIMIT 1;
+        ELSE
+            PERFORM 1 FROM tasks WHERE id = NEW.task_id FOR KEY SHARE;
+            missing := CASE WHEN FOUND THEN NULL ELSE NEW.task_id END;
+        END IF;
+        IF missing IS NOT NULL THEN
+            RAISE EXCEPTION 'insert or update on table "runs" violates foreign key constraint'
+                ' "runs_task_id_fkey"'
+                USING ERRCODE = 'foreign_key_violation', TABLE = 'runs', CONSTRAINT = 'runs_task_id_fkey',
+                DETAIL = format('Key (task_id)=(%s) is not present in table "tasks".', missing);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER runs_tasks_exist AFTER INSERT ON runs REFERENCING NEW TABLE AS onceflow_new_runs
+        FOR EACH STATEMENT EXECUTE FUNCTION onceflow_runs_tasks_exist();
+    CREATE TRIGGER runs_task_exists AFTER UPDATE OF task_id ON runs FOR EACH ROW
+        WHEN (NEW.task_id IS NOT NULL AND NEW.task_id IS DISTINCT FROM OLD.task_id)
+        EXECUTE FUNCTION onceflow_runs_tasks_exist();
+    CREATE FUNCTION onceflow_tasks_runs_follow() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            DELETE FROM runs WHERE task_id IN (SELECT id FROM onceflow_old_tasks);
+            RETURN NULL;
+        END IF;
+        IF EXISTS (SELECT 1 FROM runs WHERE task_id = OLD.id) THEN
+            RAISE EXCEPTION 'update or delete on table "tasks" violates foreign key constraint'
+                ' "runs_task_id_fkey" on table "runs"'
+                USING ERRCODE = 'foreign_key_violation', TABLE = 'tasks', CONSTRAINT = 'runs_task_id_fkey',
+                DETAIL = format('Key (id)=(%s) is still referenced from table "runs".', OLD.id);
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER tasks_delete_runs AFTER DELETE ON tasks REFERENCING OLD TABLE AS onceflow_old_tasks
+        FOR EACH STATEMENT EXECUTE FUNCTION onceflow_tasks_runs_follow();
+    CREATE TRIGGER tasks_id_kept BEFORE UPDATE OF id ON tasks FOR EACH ROW
+        WHEN (NEW.id IS DISTINCT FROM OLD.id) EXECUTE FUNCTION onceflow_tasks_runs_follow();
+    # 23: fewer bytes per step entry (store/backends/schema.py's migration 23).
+    schema.done_markers_23("string_agg({}, '')")
     + """
     UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
     CREATE TABLE digests (

@@ -48,6 +48,7 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import IntDumper
 
 from onceflow.protocol.errors import StorageError, StorageKind
+from onceflow.store.backends import pg_stats
 from onceflow.store.backends.dialect import POSTGRES, Dialect
 from onceflow.store.backends.faults import DatabaseFault
 
@@ -301,6 +302,7 @@ class PgConnection:
         self._open = False  # pipelined: BEGIN sent, no COMMIT or ROLLBACK yet
         self._dirty = False  # a fault called for RESET since the last reset
         self._renew = False  # a fault called for RENEW (cleared only by replacing the connection)
+        self._statistics = pg_stats.Keeper(self._maintain)  # young tables' first ANALYZE
 
     @property
     def in_transaction(self) -> bool:
@@ -419,6 +421,7 @@ class PgConnection:
         cursor = self._send(statement.text, args)
         if verb == "COMMIT":  # its answer comes with the pipeline's closing sync: one round trip
             self._leave()
+            self._statistics.after_commit()
         return cursor
 
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -489,6 +492,14 @@ class PgConnection:
         if recover:
             self._recover()
         _raise(exc, error)
+
+    def _maintain(self, sql: str, params: Sequence[Any] | None) -> list[tuple[Any, ...]]:
+        """Run one maintenance statement (`pg_stats`) between transactions, outside the pipeline, unprepared;
+        its rows (none for a command). Counted as a statement and a round trip."""
+        PgConnection.total_statements += 1
+        self._waited()
+        cur = self.raw.execute(sql, params, prepare=False)
+        return list(cur.fetchall()) if cur.description is not None else []
 
     def _forget_prepared(self) -> None:
         """Make psycopg forget the statements it prepared on this session: later ones are prepared under new

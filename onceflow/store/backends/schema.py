@@ -151,33 +151,33 @@ KEYS_BY_PARTS_21 = f"""
 key's bytes, move one run's key per (entry, position, agent) to them, then the two unique indexes."""
 
 
-_CODES_22 = (
+_CODES_23 = (
     ("clear_decisions", "c"),
     ("queue_run_for_each_participant", "f"),
     ("queue_run", "q"),
     ("run_code_review", "r"),
     ("ensure_participant_seat", "s"),
 )
-_OF_ENTRY_22 = (
+_OF_ENTRY_23 = (
     "m.task_id = step_entries.task_id AND m.step_id = step_entries.step_id"
     " AND m.entry_seq = step_entries.entry_seq"
 )
 
 
-def done_markers_22(aggregate: str) -> str:
-    """Migration 22's move of the done markers written with their entry onto its row (both backends;
+def done_markers_23(aggregate: str) -> str:
+    """Migration 23's move of the done markers written with their entry onto its row (both backends;
     `aggregate` the dialect's string concatenation, `{}` the text): a terminal entry all of whose markers
     are done, with no epoch, an empty detail, an engine-owned kind and its `created_at` as their time gets
     them as `done_markers` (store/entries/step_entries.py `DONE_CODES`), and its rows go."""
-    code = " ".join(f"WHEN '{kind}' THEN '{letter}'" for kind, letter in _CODES_22)
-    kinds = ", ".join(f"'{kind}'" for kind, _ in _CODES_22)
+    code = " ".join(f"WHEN '{kind}' THEN '{letter}'" for kind, letter in _CODES_23)
+    kinds = ", ".join(f"'{kind}'" for kind, _ in _CODES_23)
     text = f"CASE m.kind {code} END || CAST(m.position AS TEXT)"
     return f"""
     ALTER TABLE step_entries ADD COLUMN done_markers TEXT;
     UPDATE step_entries SET done_markers = (SELECT {aggregate.format(text)} FROM step_entry_markers AS m
-        WHERE {_OF_ENTRY_22})
-        WHERE terminal = 1 AND EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_22})
-        AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_22} AND NOT (m.state = 'done'
+        WHERE {_OF_ENTRY_23})
+        WHERE terminal = 1 AND EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_23})
+        AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_23} AND NOT (m.state = 'done'
         AND m.epoch IS NULL AND m.detail = '' AND m.updated_at = step_entries.created_at
         AND m.kind IN ({kinds})));
     DELETE FROM step_entry_markers WHERE EXISTS (SELECT 1 FROM step_entries AS e
@@ -186,8 +186,8 @@ def done_markers_22(aggregate: str) -> str:
     """
 
 
-_FEWER_BYTES_22 = (
-    done_markers_22("group_concat({}, '')")
+_FEWER_BYTES_23 = (
+    done_markers_23("group_concat({}, '')")
     + """
     UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
     CREATE TABLE digests (
@@ -218,7 +218,7 @@ _FEWER_BYTES_22 = (
     END;
     """
 )
-"""Migration 22 (see `MIGRATIONS`)."""
+"""Migration 23 (see `MIGRATIONS`)."""
 
 
 MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
@@ -673,7 +673,10 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
         CREATE INDEX runs_by_agent_time ON runs(agent_profile_id, requested_at);
         """
     ),
-    # 22: fewer bytes per step entry. The done markers a common entry writes with its entry live on the entry
+    # 22: nothing on SQLite. PostgreSQL keeps runs.task_id's foreign key by triggers checking a statement's
+    # rows at once (store/backends/pg_schema.py's 22); SQLite's check of a row is an index probe in process.
+    "",
+    # 23: fewer bytes per step entry. The done markers a common entry writes with its entry live on the entry
     # row (`done_markers`, store/entries/step_entries.py): two rows fewer per entry. The hourly rates count
     # an agent's runs over the id range of the last hour (store/runs/flow.py), which `run_minutes` bounds:
     # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
@@ -681,7 +684,7 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`). An on_enter run's config digest is
     # the id of its row in `digests` (store/runs/digests.py), one row per digest, and so is an entry's
     # declaration digest.
-    _FEWER_BYTES_22,
+    _FEWER_BYTES_23,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -28,7 +28,7 @@ from onceflow.store.backends.connection import Connection
 from onceflow.store.backends.epochs import EpochSource
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.entries import step_entries, wip
-from onceflow.store.entries.common_entry import Admission, Admitted, Plan, admit_common, admit_group
+from onceflow.store.entries.common_entry import Admitted, Plan, admit_common, admit_group
 from onceflow.store.entries.executors import Executor
 from onceflow.store.entries.segment import Order, Segment, SegmentResult, run_segment
 from onceflow.store.entries.step_entries import EntryKey
@@ -74,6 +74,12 @@ class EntryRequest:
     trigger: str = ""
     operation_id: str = ""
     cause: Cause | None = None
+
+    @property
+    def plan(self) -> Plan:
+        """The common-entry plan (`common_entry.Admitting`): only a common entry's request is grouped."""
+        assert self.common is not None
+        return self.common
 
 
 @attrs.frozen
@@ -188,20 +194,5 @@ def group_key(request: EntryRequest) -> tuple[int, str, str] | None:
 def admit_together(conn: Connection, requests: list[EntryRequest]) -> list[Entered] | None:
     """The writer's run for a group of common entries (`group_key`): each request's result as `admit` would
     give it, or None for each to be decided alone (`common_entry.admit_group`)."""
-    admissions = []
-    for request in requests:
-        assert request.common is not None
-        admissions.append(
-            Admission(
-                request.task,
-                request.workflow_id,
-                request.common,
-                request.path,
-                request.now,
-                request.version,
-                request.trigger,
-                request.operation_id,
-            )
-        )
-    admitted = admit_group(conn, admissions)
+    admitted = admit_group(conn, requests)
     return None if admitted is None else [Entered("admitted", e.key, e, e.left) for e in admitted]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -194,7 +194,7 @@ def _admit(
     step = plan.step
     if plan.fan_outs and flow.rates_set(conn):
         raise Anomaly("an hourly rate to check per run")
-    if not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
+    if step.wip_limit > 0 and not wip.place(conn, workflow_id, step, task_id=task.id).admitted:
         raise Anomaly("a queued placement")
     moved = tasks.move_task_step(
         conn,
@@ -263,7 +263,29 @@ class Admission:
     operation_id: str = ""
 
 
-def admit_group(conn: Connection, admissions: Sequence[Admission]) -> list[Admitted] | None:
+class Admitting(Protocol):
+    """What `admit_group` reads of each entry: an `Admission`'s fields (the writer's own requests,
+    `admission.EntryRequest`, are given as they are: no object built per entry to carry them)."""
+
+    @property
+    def task(self) -> TaskRecord: ...
+    @property
+    def workflow_id(self) -> str: ...
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def path(self) -> EntryPath: ...
+    @property
+    def now(self) -> float: ...
+    @property
+    def version(self) -> tuple[str, bool, int] | None: ...
+    @property
+    def trigger(self) -> str: ...
+    @property
+    def operation_id(self) -> str: ...
+
+
+def admit_group(conn: Connection, admissions: Sequence[Admitting]) -> list[Admitted] | None:
     """Admit several tasks to one step (one plan, workflow and path: `group_key`) and run their whole
     on_enter with one set of statements for all of them (writer thread, inside the writer's group savepoint):
     the result for each, in order, is the one `admit_common` gives it when the entries are admitted one after
@@ -373,7 +395,7 @@ _QUEUED_GROUP = (
 )
 
 
-def _member(admission: Admission) -> list[Any]:
+def _member(admission: Admitting) -> list[Any]:
     """`_MOVE_GROUP`'s row for one admission (no version: its workflow id null, nothing more verified)."""
     task, version = admission.task, admission.version
     verified = (version[0], int(version[1]), version[2]) if version else (None, 0, 0)
@@ -381,7 +403,7 @@ def _member(admission: Admission) -> list[Any]:
 
 
 def _admit_group(
-    conn: Connection, plan: Plan, workflow_id: str, path: EntryPath, admissions: Sequence[Admission]
+    conn: Connection, plan: Plan, workflow_id: str, path: EntryPath, admissions: Sequence[Admitting]
 ) -> list[Admitted]:
     step = plan.step
     if step.wip_limit > 0:
@@ -416,7 +438,7 @@ def _admit_group_pg(
     plan: Plan,
     workflow_id: str,
     path: EntryPath,
-    admissions: Sequence[Admission],
+    admissions: Sequence[Admitting],
     members: str,
 ) -> list[Admitted]:
     """`_admit_group` on PostgreSQL in two round trips before the commit: the rate check, the move, the
@@ -459,7 +481,7 @@ def _numbered(
     plan: Plan,
     workflow_id: str,
     path: EntryPath,
-    admissions: Sequence[Admission],
+    admissions: Sequence[Admitting],
     numbered: Sequence[tuple[int, int, int]],
 ) -> list[_Numbered]:
     """The group's entries from (admission index, seq, decisions deleted), in that order."""

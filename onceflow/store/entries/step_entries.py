@@ -67,7 +67,7 @@ DONE_CODES = {
     "ensure_participant_seat": "s",
 }
 """The one-letter code of each engine-owned kind in `step_entries.done_markers`; a letter is never reused
-(migration 22 wrote these)."""
+(migration 23 wrote these)."""
 _KINDS = {code: kind for kind, code in DONE_CODES.items()}
 _DONE = re.compile(r"([a-z])(\d+)")
 
@@ -114,7 +114,7 @@ _ENTRY_NAMES = [
 ]
 DIGEST_SQL = "(SELECT dg.digest FROM digests AS dg WHERE dg.id = {entry}declaration_digest)"
 """SQL for an entry's declaration digest (`entry` its table's alias, with the dot): the column holds the id
-of its row in `digests` (store/runs/digests.py, migration 22), one row per digest."""
+of its row in `digests` (store/runs/digests.py, migration 23), one row per digest."""
 _ENTRY_COLUMNS = ", ".join(_ENTRY_NAMES).replace("declaration_digest", DIGEST_SQL.format(entry=""))
 
 

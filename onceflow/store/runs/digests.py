@@ -1,4 +1,4 @@
-"""Digests kept once (`digests`, migration 22): a step entry's declaration digest
+"""Digests kept once (`digests`, migration 23): a step entry's declaration digest
 (store/entries/step_entries.py) and an on_enter run's config digest (store/runs/keys.py) are stored as the id
 of their row, since every entry of one declaration, and every run of one action config, carries the same
 hex. Writer thread: every function runs inside the caller's transaction.

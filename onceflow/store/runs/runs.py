@@ -16,6 +16,7 @@ Rules (kandev-engine-notes.md, "Runs queue"; on-enter-action-dispatch.md AC-B4, 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -37,7 +38,7 @@ COALESCE_WINDOW_SECONDS = 5.0
 
 TRIGGER = "CASE trigger WHEN '' THEN reason ELSE trigger END"
 """A run's trigger as read: `trigger` holds '' where it is the run's reason (on_enter runs mostly: a trigger
-is never '' itself, it names one), so the common case stores no copy of the name (migration 22)."""
+is never '' itself, it names one), so the common case stores no copy of the name (migration 23)."""
 
 COLUMNS = (
     f"id, agent_profile_id, task_id, workflow_step_id, reason, payload, {keys.STORED_KEY_SQL},"
@@ -525,10 +526,19 @@ def run_info(run: RunRecord) -> RunInfo:
     }
 
 
+_last_requested: tuple[float, str] = (math.nan, "")
+"""The `requested_at` `info_from_row` formatted last, and its text: a fan-out's runs, listed together, were
+requested at the same instant. One tuple, swapped whole: safe from any thread."""
+
+
 def info_from_row(row: tuple[Any, ...]) -> RunInfo:
     """`run_info(run_from_row(row))` for a row selected as `COLUMNS`, without the `RunRecord` in between
     (a page of `list_runs` builds one per run)."""
-    status, rate_limit = row[8], row[30]
+    global _last_requested
+    status, rate_limit, requested = row[8], row[30], row[10]
+    last = _last_requested
+    if last[0] != requested:
+        last = _last_requested = (requested, rfc3339(requested))
     return {
         "id": row[0],
         "agent_profile_id": row[1],
@@ -540,7 +550,7 @@ def info_from_row(row: tuple[Any, ...]) -> RunInfo:
         "exclude_from_coalescing": bool(row[7]),
         "status": status,
         "coalesced_count": row[9],
-        "requested_at": rfc3339(row[10]),
+        "requested_at": last[1],
         "trigger": row[11],
         "entry_seq": row[12],
         "admission_seq": row[13],

@@ -98,7 +98,6 @@ _INSERT_TASK = (
     "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
     " ceo_agent_id, priority, wip_admitted, queued_for_step_id, queued_at, created_at, updated_at,"
     " workflow_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-    f" RETURNING {TASK_COLUMNS}"
 )
 
 
@@ -120,9 +119,10 @@ def insert_task(
 ) -> TaskRecord:
     """Insert a task at `step_id` of version `workflow_version` of its workflow, admitted or (with
     `admitted` False) queued there; `queued_for_step_id` names the step it waits for; returns its row as
-    stored. One statement: the insert answers the row, or nothing when the id is taken. Raises
-    ConflictError (field task_id) if the id is taken."""
-    rows = conn.execute(
+    stored (built from what was inserted: every other column is at its default, no admission yet). One
+    statement, no read back: an id already taken inserts nothing. Raises ConflictError (field task_id) if
+    the id is taken."""
+    inserted = conn.execute(
         _INSERT_TASK,
         (
             task_id,
@@ -140,10 +140,25 @@ def insert_task(
             now,
             workflow_version,
         ),
-    ).fetchall()  # stepped to its end: the statement is done before the next one
-    if not rows:
+    ).rowcount
+    if inserted != 1:
         raise ConflictError(f"task {task_id!r} already exists", field="task_id")
-    return task_from_row(rows[0])
+    return TaskRecord(
+        task_id,
+        workflow_id,
+        step_id,
+        title,
+        session_id,
+        primary_agent_id,
+        ceo_agent_id,
+        priority,
+        admitted,
+        queued_for_step_id,
+        now,
+        now,
+        0,
+        workflow_version,
+    )
 
 
 def create_task(
@@ -181,14 +196,68 @@ def create_task(
         queued_for_step_id=placement.queued_for,
         workflow_version=workflow_version,
     )
-    detail = {
-        "workflow_id": workflow_id,
-        "workflow_version": workflow_version,
-        "step_id": placement.step_id,
-        "queued": not placement.admitted,
-    }
-    history.record(conn, task.id, now, "created", detail)
+    detail = history.created_detail(workflow_id, workflow_version, placement.step_id, not placement.admitted)
+    history.record_detail(conn, task.id, now, "created", detail)
     return task
+
+
+_INSERT_CREATED = (
+    "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
+    " ceo_agent_id, priority, wip_admitted, created_at, updated_at, workflow_version)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+
+
+def create_tasks(
+    conn: Connection, items: list[tuple[CreateTask, float, str, Step, int]]
+) -> list[TaskRecord] | None:
+    """`create_task` of each (command, now, workflow id, target, workflow version) of `items`, all of one
+    workflow, version and `target` (a step without a WIP limit: every task is admitted there, no placement
+    to read), with two statements run for all of them (the writer's `Grouped`: one batch's creations into
+    one step together): the rows, then their `created` history items. Each task's row is the one
+    `create_task` would return. None when a task id is taken (or given twice): the writer then rolls the
+    group back and each creation runs alone, the taken one raising its ConflictError there."""
+    _, _, workflow_id, target, workflow_version = items[0]
+    step_id = target.id
+    rows = [
+        (
+            command.task_id,
+            workflow_id,
+            step_id,
+            command.title,
+            command.session_id,
+            command.primary_agent_id,
+            command.ceo_agent_id,
+            command.priority,
+            now,
+            now,
+            workflow_version,
+        )
+        for command, now, *_ in items
+    ]
+    if conn.executemany(_INSERT_CREATED, rows).rowcount != len(rows):
+        return None
+    detail = history.created_detail(workflow_id, workflow_version, step_id, queued=False)
+    history.record_many(conn, [(row[0], row[8], "created", detail) for row in rows])
+    return [
+        TaskRecord(
+            id=row[0],
+            workflow_id=workflow_id,
+            step_id=step_id,
+            title=row[3],
+            session_id=row[4],
+            primary_agent_id=row[5],
+            ceo_agent_id=row[6],
+            priority=row[7],
+            wip_admitted=True,
+            queued_for_step_id=None,
+            created_at=row[8],
+            updated_at=row[8],
+            admissions=0,
+            workflow_version=workflow_version,
+        )
+        for row in rows
+    ]
 
 
 def move_task_step(

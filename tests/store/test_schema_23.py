@@ -1,4 +1,4 @@
-"""Migration 22 (store/backends/schema.py): fewer bytes per step entry, and every old row still reads as it
+"""Migration 23 (store/backends/schema.py): fewer bytes per step entry, and every old row still reads as it
 did — the done markers written with their entry move onto its row, digests are kept once, a trigger equal to
 its run's reason is stored as '', and the hourly rate's minutes are filled from the runs there are."""
 
@@ -17,14 +17,14 @@ DIGEST = step_entries.declaration_digest(["clear_decisions", "queue_run_for_each
 KEY = keys.entry_key("T1", "review", 1, 1, "rev-a", "0123456789abcdef")
 
 
-def _at_21(path: Path, monkeypatch: pytest.MonkeyPatch) -> sqlite3.Connection:
-    """A database at schema 21: two entries (the first's markers both done with it, the second's failed
+def _at_22(path: Path, monkeypatch: pytest.MonkeyPatch) -> sqlite3.Connection:
+    """A database at schema 22: two entries (the first's markers both done with it, the second's failed
     with a detail), an on_enter run by its key's parts and a run of another trigger."""
     with monkeypatch.context() as patch:
-        patch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:21])
-        patch.setattr(schema, "SCHEMA_VERSION", 21)
+        patch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:22])
+        patch.setattr(schema, "SCHEMA_VERSION", 22)
         conn = sqlite3.connect(path, isolation_level=None)
-        assert schema.migrate(conn) == 21
+        assert schema.migrate(conn) == 22
     conn.execute(
         "INSERT INTO workflows (id, name, source, definition, registered_at) VALUES ('w', 'w', '', '', 0)"
     )
@@ -61,10 +61,10 @@ def _at_21(path: Path, monkeypatch: pytest.MonkeyPatch) -> sqlite3.Connection:
     return conn
 
 
-def test_migration_22_keeps_what_every_entry_and_run_reads_as(
+def test_migration_23_keeps_what_every_entry_and_run_reads_as(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conn = _at_21(tmp_path / "old.db", monkeypatch)
+    conn = _at_22(tmp_path / "old.db", monkeypatch)
     assert schema.migrate(conn) == schema.SCHEMA_VERSION
     entries = step_entries.entries_with_markers(conn, "T1")
     assert [(e["entry_seq"], e["declaration_digest"], e["terminal"]) for e in entries] == [

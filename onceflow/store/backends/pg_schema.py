@@ -402,6 +402,7 @@ MIGRATIONS: tuple[str, ...] = (
         FOR EACH STATEMENT EXECUTE FUNCTION onceflow_tasks_runs_follow();
     CREATE TRIGGER tasks_id_kept BEFORE UPDATE OF id ON tasks FOR EACH ROW
         WHEN (NEW.id IS DISTINCT FROM OLD.id) EXECUTE FUNCTION onceflow_tasks_runs_follow();
+    """,
     # 23: fewer bytes per step entry (store/backends/schema.py's migration 23).
     schema.done_markers_23("string_agg({}, '')")
     + """

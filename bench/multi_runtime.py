@@ -34,7 +34,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from dispatch import REVIEW, REVIEWERS, WF, WORKFLOW, _send, run_dispatch
+from dispatch import CLEARS_KEPT, REVIEW, REVIEWERS, WF, WORKFLOW, _send, run_dispatch
 from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
@@ -123,7 +123,9 @@ def check_postgres(url: str, n: int) -> list[str]:
         entries = one("SELECT count(*) FROM step_entries")
         open_entries = one("SELECT count(*) FROM step_entries WHERE terminal = 0")
         clears = one(
-            "SELECT count(*) FROM step_entry_markers WHERE kind = 'clear_decisions' AND state = 'done'"
+            "SELECT (SELECT count(*) FROM step_entry_markers"
+            " WHERE kind = 'clear_decisions' AND state = 'done')"
+            f" + (SELECT COALESCE(SUM({CLEARS_KEPT.format(e='')}), 0) FROM step_entries)"
         )
     violations = []
     if entries != n:

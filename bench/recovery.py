@@ -41,6 +41,7 @@ from pg_support import start_postgres
 
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.store.entries.step_entries import declaration_digest
+from onceflow.store.runs import digests
 from onceflow.store.writer import Durability, StoreActor, open_store
 
 DIGEST = declaration_digest(["clear_decisions", "queue_run_for_each_participant"])
@@ -73,9 +74,11 @@ async def prepare(db: Database, k: int) -> None:
             " VALUES (?, ?, ?, ?, ?)",
             ((t, WF, REVIEW, now, now) for t in ids),
         )
+        digests.keep(conn, [DIGEST])  # an entry holds its digest's id (store/runs/digests.py)
         conn.executemany(
             "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest,"
-            " entry_path, terminal, created_at) VALUES (?, ?, 1, ?, ?, 'manual_move', 0, ?)",
+            " entry_path, terminal, created_at)"
+            f" VALUES (?, ?, 1, ?, {digests.id_sql('?')}, 'manual_move', 0, ?)",
             ((t, REVIEW, WF, DIGEST, now) for t in ids),
         )
         conn.executemany(

@@ -56,7 +56,7 @@ import trio
 from onceflow.actors.runtime.startup import open_runtime
 from onceflow.actors.runtime.supervisor import Runtime
 from onceflow.protocol.workflow import ActionDecl
-from onceflow.store.entries import participants
+from onceflow.store.entries import participants, step_entries
 from onceflow.store.entries.executors import DEFAULT_EXECUTORS, ActionContext, Effect, Executor
 from onceflow.store.runs import keys
 from onceflow.store.writer import open_store
@@ -306,6 +306,11 @@ def check(conn: sqlite3.Connection, common: bool = False) -> dict[str, Any]:
             "SELECT task_id, step_id, entry_seq, position, kind, state FROM step_entry_markers"
         )
     }
+    for task, step, seq, done in conn.execute(  # done markers kept on their entry's row
+        "SELECT task_id, step_id, entry_seq, done_markers FROM step_entries WHERE done_markers IS NOT NULL"
+    ):
+        for position, marker in step_entries.done_of(done).items():
+            markers.setdefault(((task, step, seq), position), (marker.kind, marker.state))
     open_entries = [entry for entry, terminal in entries.items() if not terminal]
     if open_entries:
         violations.append(f"{len(open_entries)} entries still open, e.g. {open_entries[:3]}")

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from onceflow.store.backends.connection import Connection
+from onceflow.store.runs import digests
 
 
 @attrs.frozen
@@ -59,10 +60,11 @@ def fill_history(
         " updated_at, admissions) VALUES (?, ?, ?, ?, 'medium', 1, ?, ?, ?)",
         ((task, workflow_id, last, f"task {task}", now, now, entries_per_task) for task in ids),
     )
+    digests.keep(conn, [""])  # an entry holds its declaration digest's id (store/runs/digests.py)
     conn.executemany(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at) VALUES (?, ?, ?, ?, '', 'E1', 1, ?)",
-        ((task, *_place(step_ids, n), workflow_id, now) for task, n in _entries(ids, entries_per_task)),
+        f" terminal, created_at) VALUES (?, ?, ?, ?, {digests.id_sql('?')}, 'E1', 1, ?)",
+        ((task, *_place(step_ids, n), workflow_id, "", now) for task, n in _entries(ids, entries_per_task)),
     )
     conn.executemany(
         "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch, detail,"

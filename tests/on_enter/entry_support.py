@@ -11,6 +11,7 @@ constructed store" of the spec's Verification lines, and a later `open_runtime` 
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
@@ -348,9 +349,57 @@ def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     compared by."""
     conn = sqlite3.connect(db)
     try:
-        return {
-            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
-            for table in SNAPSHOT_TABLES
-        }
+        return unfolded(
+            {
+                table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall()
+                for table in SNAPSHOT_TABLES
+            },
+            dict(conn.execute("SELECT id, digest FROM digests").fetchall()),
+        )
     finally:
         conn.close()
+
+
+def markers_as_rows(conn: Any, task_id: str) -> None:
+    """Write the `done_markers` of `task_id`'s entries out as the marker rows the per-action path writes
+    (done, no epoch, empty detail, the entry's `created_at`), so a test can then set one marker as a crash
+    would leave it. On either backend (`conn` a store connection)."""
+    codes = {code: kind for kind, code in step_entries.DONE_CODES.items()}
+    for step_id, seq, done, at in conn.execute(
+        "SELECT step_id, entry_seq, done_markers, created_at FROM step_entries"
+        " WHERE task_id = ? AND done_markers IS NOT NULL",
+        (task_id,),
+    ).fetchall():
+        for code, position in re.findall(r"([a-z])(\d+)", done):
+            conn.execute(
+                "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
+                " detail, updated_at) VALUES (?, ?, ?, ?, ?, 'done', NULL, '', ?)",
+                (task_id, step_id, seq, int(position), codes[code], at),
+            )
+    conn.execute("UPDATE step_entries SET done_markers = NULL WHERE task_id = ?", (task_id,))
+
+
+def unfolded(
+    state: dict[str, list[tuple[Any, ...]]], digests: Mapping[Any, str] | None = None
+) -> dict[str, list[tuple[Any, ...]]]:
+    """`state` with each entry's `done_markers` (its last column) written out as the marker rows they stand
+    for (done, no epoch, empty detail, the entry's `created_at`) and the column left None: the common entry
+    keeps on its entry row what the per-action path writes as rows, and the two mean the same markers. With
+    `digests` (the `digests` table, id → digest), an entry's declaration digest (its fifth column) and a
+    run's config digest (its last) are shown as their digest rather than its id, which depends on the order
+    the digests were first kept in."""
+    codes = {code: kind for kind, code in step_entries.DONE_CODES.items()}
+    shown = {str(key): digest for key, digest in (digests or {}).items()}
+    entries, markers = [], list(state["step_entry_markers"])
+    for row in state["step_entries"]:
+        for code, position in re.findall(r"([a-z])(\d+)", row[-1] or ""):
+            markers.append((*row[:3], int(position), codes[code], "done", None, "", row[7]))
+        digest = shown.get(str(row[4]), row[4]) if digests is not None else row[4]
+        entries.append((*row[:4], digest, *row[5:-1], None))
+    folded = {"step_entries": entries, "step_entry_markers": sorted(markers, key=lambda m: m[:5])}
+    if digests is not None:
+        folded["runs"] = [
+            (*row[:-1], None if row[-1] is None else shown.get(str(row[-1]), row[-1]))
+            for row in state["runs"]
+        ]
+    return state | folded

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from entry_support import add_decision, snapshot
+from entry_support import add_decision, snapshot, unfolded
 from hand_clock import run_still
 from helpers import FakeClock, ok, send
 from hypothesis import HealthCheck, event, given, settings
@@ -302,10 +302,11 @@ def test_concurrent_moves_share_group_runs_and_every_entry_completes(tmp_path: P
         types = [event.type for event in reply.events]
         assert types.count("run_queued") == 2 and "decisions_cleared" in types
     conn = sqlite3.connect(tmp_path / "moves.db")
+    TABLES = ("step_entries", "step_entry_markers")
     try:
         assert conn.execute("SELECT count(*), sum(terminal) FROM step_entries").fetchone() == (32, 32)
-        done = conn.execute("SELECT count(*) FROM step_entry_markers WHERE state = 'done'").fetchone()
-        assert done == (64,)
+        state = unfolded({table: conn.execute(f"SELECT * FROM {table}").fetchall() for table in TABLES})
+        assert [marker[5] for marker in state["step_entry_markers"]] == ["done"] * 64
         assert conn.execute(f"SELECT count(DISTINCT {keys.STORED_KEY_SQL}) FROM runs").fetchone() == (64,)
     finally:
         conn.close()

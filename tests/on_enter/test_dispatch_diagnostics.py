@@ -32,6 +32,7 @@ from dispatch_support import (
     spy_on,
     without,
 )
+from entry_support import markers_as_rows
 from helpers import FakeClock, ok, send
 from structlog.testing import capture_logs
 
@@ -258,6 +259,7 @@ async def test_ac_g1_suppressed_runs_count_as_enqueued_and_are_counted_separatel
         await enter(rt, "E2")
 
         def marker_lost(conn: Any) -> None:  # the runs committed, the completion did not (AC-B6 permits it)
+            markers_as_rows(conn, "T1")
             conn.execute(
                 "UPDATE step_entry_markers SET state = 'in_progress', epoch = 'dead' WHERE task_id = 'T1'"
             )

@@ -29,6 +29,7 @@ from entry_support import (
     kinds_of,
     logged,
     loud,
+    markers_as_rows,
     new_task,
     other_yaml,
     setup_entries,
@@ -365,6 +366,7 @@ async def test_ac_b4_a_replayed_fan_out_hits_its_own_keys_counts_them_as_success
 
     def fan_out_marker_lost(conn: sqlite3.Connection) -> None:
         # The fan-out's runs committed but its completion did not (AC-B6 lets the fan-out mark separately).
+        markers_as_rows(conn, "T1")
         conn.execute(
             "UPDATE step_entry_markers SET state = 'in_progress', epoch = 'old-epoch' WHERE task_id = 'T1'"
             " AND position = 1"

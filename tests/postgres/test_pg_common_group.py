@@ -19,7 +19,7 @@ import psycopg
 from hand_clock import run_still
 from hypothesis import HealthCheck, event, given, settings
 from pg_support import PostgresServer
-from test_pg_common_paths import fresh, run_ranks, snapshot
+from test_pg_common_paths import COLUMNS, fresh, run_ranks, snapshot, unfolded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
@@ -120,8 +120,15 @@ def test_pg_concurrent_moves_share_group_runs_and_grouped_reads_AC_B5_AC_C1(
         assert types.count("run_queued") == 2 and "decisions_cleared" in types
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*), sum(terminal) FROM step_entries").fetchone() == (32, 32)
-        done = conn.execute("SELECT count(*) FROM step_entry_markers WHERE state = 'done'").fetchone()
-        assert done == (64,)
+        state = unfolded(
+            {
+                "step_entries": conn.execute(
+                    f"SELECT {COLUMNS['step_entries']} FROM step_entries"
+                ).fetchall(),
+                "step_entry_markers": conn.execute("SELECT * FROM step_entry_markers").fetchall(),
+            }
+        )
+        assert [marker[5] for marker in state["step_entry_markers"]] == ["done"] * 64
         runs = conn.execute(f"SELECT count(DISTINCT {keys.STORED_KEY_SQL}), count(*) FROM runs").fetchone()
         assert runs == (64, 64)
         history = conn.execute("SELECT count(*) FROM task_history WHERE kind = 'transition'").fetchone()

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "on_enter"))
 
 import test_common_entry as common
 import test_recovery_set as recovery_set
-from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries
+from entry_support import REVIEWERS, SNAPSHOT_TABLES, new_task, setup_entries, unfolded
 
 import onceflow.store.entries.admission as admission
 import onceflow.store.entries.recovery as recovery
@@ -50,7 +50,7 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
     state: dict[str, list[tuple[Any, ...]]] = {}
     with psycopg.connect(url) as conn:
         for table in SNAPSHOT_TABLES:
-            cur = conn.execute(f"SELECT * FROM {table}")
+            cur = conn.execute(f"SELECT {COLUMNS.get(table, '*')} FROM {table}")
             names = [column.name for column in cur.description or ()]
             rows = []
             for row in cur.fetchall():
@@ -64,7 +64,15 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
                     kept.append(ranks.get(value, value) if run_id else value)
                 rows.append(tuple(kept))
             state[table] = sorted(rows, key=repr)
-    return state
+        digests = dict(conn.execute("SELECT id, digest FROM digests").fetchall())
+    return unfolded(state, digests)
+
+
+COLUMNS = {
+    "step_entries": "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal,"
+    " created_at, created_epoch, done_markers"
+}
+"""SQLite's column order where PostgreSQL's differs (migration 23 moved the declaration digest's column)."""
 
 
 def run_ranks(url: str) -> dict[int, int]:

@@ -186,7 +186,8 @@ def dead_epoch_entries(
     dead = [epoch for (epoch,) in epochs_seen if not is_live(conn, epoch)]
     of_entry = "m.task_id = e.task_id AND m.step_id = e.step_id AND m.entry_seq = e.entry_seq"
     rows = conn.execute(
-        "SELECT e.task_id, e.step_id, e.entry_seq, e.workflow_id, e.declaration_digest, e.entry_path,"
+        "SELECT e.task_id, e.step_id, e.entry_seq, e.workflow_id,"
+        " (SELECT dg.digest FROM digests AS dg WHERE dg.id = e.declaration_digest), e.entry_path,"
         " (SELECT MAX(later.entry_seq) FROM step_entries AS later"
         "  WHERE later.task_id = e.task_id AND later.step_id = e.step_id),"
         " COALESCE((SELECT t.workflow_version FROM tasks AS t WHERE t.id = e.task_id), 1)"
@@ -202,6 +203,9 @@ def dead_epoch_entries(
         (dead, dead, created_before, dead, limit),
     ).fetchall()
     return [
-        (StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False, int(version)), int(latest))
+        (
+            StepEntry(task_id, step_id, int(seq), workflow_id, digest, path, False, int(version)),
+            int(latest),
+        )
         for task_id, step_id, seq, workflow_id, digest, path, latest, version in rows
     ]

@@ -151,6 +151,76 @@ KEYS_BY_PARTS_21 = f"""
 key's bytes, move one run's key per (entry, position, agent) to them, then the two unique indexes."""
 
 
+_CODES_23 = (
+    ("clear_decisions", "c"),
+    ("queue_run_for_each_participant", "f"),
+    ("queue_run", "q"),
+    ("run_code_review", "r"),
+    ("ensure_participant_seat", "s"),
+)
+_OF_ENTRY_23 = (
+    "m.task_id = step_entries.task_id AND m.step_id = step_entries.step_id"
+    " AND m.entry_seq = step_entries.entry_seq"
+)
+
+
+def done_markers_23(aggregate: str) -> str:
+    """Migration 23's move of the done markers written with their entry onto its row (both backends;
+    `aggregate` the dialect's string concatenation, `{}` the text): a terminal entry all of whose markers
+    are done, with no epoch, an empty detail, an engine-owned kind and its `created_at` as their time gets
+    them as `done_markers` (store/entries/step_entries.py `DONE_CODES`), and its rows go."""
+    code = " ".join(f"WHEN '{kind}' THEN '{letter}'" for kind, letter in _CODES_23)
+    kinds = ", ".join(f"'{kind}'" for kind, _ in _CODES_23)
+    text = f"CASE m.kind {code} END || CAST(m.position AS TEXT)"
+    return f"""
+    ALTER TABLE step_entries ADD COLUMN done_markers TEXT;
+    UPDATE step_entries SET done_markers = (SELECT {aggregate.format(text)} FROM step_entry_markers AS m
+        WHERE {_OF_ENTRY_23})
+        WHERE terminal = 1 AND EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_23})
+        AND NOT EXISTS (SELECT 1 FROM step_entry_markers AS m WHERE {_OF_ENTRY_23} AND NOT (m.state = 'done'
+        AND m.epoch IS NULL AND m.detail = '' AND m.updated_at = step_entries.created_at
+        AND m.kind IN ({kinds})));
+    DELETE FROM step_entry_markers WHERE EXISTS (SELECT 1 FROM step_entries AS e
+        WHERE e.task_id = step_entry_markers.task_id AND e.step_id = step_entry_markers.step_id
+        AND e.entry_seq = step_entry_markers.entry_seq AND e.done_markers IS NOT NULL);
+    """
+
+
+_FEWER_BYTES_23 = (
+    done_markers_23("group_concat({}, '')")
+    + """
+    UPDATE runs SET trigger = '' WHERE trigger = reason AND reason <> '';
+    CREATE TABLE digests (
+        id     INTEGER PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE
+    );
+    INSERT INTO digests (digest) SELECT DISTINCT key_digest FROM runs WHERE key_digest IS NOT NULL;
+    UPDATE runs SET key_digest = (SELECT id FROM digests WHERE digest = runs.key_digest)
+        WHERE key_digest IS NOT NULL;
+    INSERT INTO digests (digest) SELECT DISTINCT declaration_digest FROM step_entries WHERE true
+        ON CONFLICT (digest) DO NOTHING;
+    UPDATE step_entries SET declaration_digest = (SELECT id FROM digests
+        WHERE digest = step_entries.declaration_digest);
+    DROP INDEX runs_by_agent_time;
+    CREATE TABLE run_minutes (
+        minute   INTEGER PRIMARY KEY,
+        first_id INTEGER NOT NULL
+    );
+    INSERT INTO run_minutes (minute, first_id)
+        SELECT CAST(requested_at / 60 AS INTEGER), MIN(id) FROM runs GROUP BY 1;
+    CREATE TRIGGER runs_minute_inserted AFTER INSERT ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    CREATE TRIGGER runs_minute_moved AFTER UPDATE OF requested_at ON runs BEGIN
+        INSERT INTO run_minutes (minute, first_id) VALUES (CAST(NEW.requested_at / 60 AS INTEGER), NEW.id)
+            ON CONFLICT (minute) DO UPDATE SET first_id = MIN(first_id, excluded.first_id);
+    END;
+    """
+)
+"""Migration 23 (see `MIGRATIONS`)."""
+
+
 MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 1: the foundation schema.
     """
@@ -606,6 +676,15 @@ MIGRATIONS: tuple[str | Rebuild | Callable[[sqlite3.Connection], None], ...] = (
     # 22: nothing on SQLite. PostgreSQL keeps runs.task_id's foreign key by triggers checking a statement's
     # rows at once (store/backends/pg_schema.py's 22); SQLite's check of a row is an index probe in process.
     "",
+    # 23: fewer bytes per step entry. The done markers a common entry writes with its entry live on the entry
+    # row (`done_markers`, store/entries/step_entries.py): two rows fewer per entry. The hourly rates count
+    # an agent's runs over the id range of the last hour (store/runs/flow.py), which `run_minutes` bounds:
+    # per minute of `requested_at` the smallest id of a run requested in it, kept by two triggers (a run's
+    # insert and a change of its `requested_at`), so runs_by_agent_time (one index row per run) goes. A run's
+    # trigger is '' where it is its reason (store/runs/runs.py `TRIGGER`). An on_enter run's config digest is
+    # the id of its row in `digests` (store/runs/digests.py), one row per digest, and so is an entry's
+    # declaration digest.
+    _FEWER_BYTES_23,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

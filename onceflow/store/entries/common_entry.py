@@ -39,9 +39,9 @@ from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
 from onceflow.store.entries.executors import fan_out_digest, fan_out_reason
 from onceflow.store.entries.participants import seats_sql
-from onceflow.store.entries.step_entries import EntryKey, declaration_digest
+from onceflow.store.entries.step_entries import EntryKey, declaration_digest, done_markers
 from onceflow.store.records import TaskRecord
-from onceflow.store.runs import flow, keys, runs
+from onceflow.store.runs import digests, flow, keys, runs
 from onceflow.store.runs.runs import Change, payload_json
 from onceflow.store.tasks import history, tasks
 
@@ -76,17 +76,20 @@ class Plan:
     (step, path) by the engine's entry-plan memo and reused by every entry (no per-entry JSON, digest or
     reason in the writer).
 
-    `declaration`: the step's declaration digest; `clears`: whether the order has a clear; `markers`: the
-    marker rows' JSON, [[position, kind], ...]; `fan_outs`: the runs statement's JSON, one [role, key head,
-    key tail (`keys.suffix_around` of its position and config digest), reason, payload JSON, position,
-    config digest] per fan-out in dispatch order ('' when there is none)."""
+    `declaration`: the step's declaration digest; `clears`: whether the order
+    has a clear; `done`: its done markers as the entry row keeps them (`step_entries.done_markers`);
+    `fan_outs`: the runs statement's JSON, one [role, key head, key tail (`keys.suffix_around` of its
+    position and config digest), reason, payload JSON, position, config digest] per fan-out in dispatch
+    order ('' when there is none); `digests`: the declaration's and config digests as `digests.keep_rows`
+    takes them."""
 
     step: Step
     order: tuple[tuple[int, ActionDecl], ...]
     declaration: str
     clears: bool
-    markers: str
+    done: str
     fan_outs: str
+    digests: str = ""
 
 
 def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
@@ -103,10 +106,11 @@ def common_plan(step: Step, order: tuple[tuple[int, ActionDecl], ...]) -> Plan:
     return Plan(
         step,
         order,
-        declaration_digest([a.type for a in step.events.on_enter]),
+        declaration := declaration_digest([a.type for a in step.events.on_enter]),
         any(a.type == "clear_decisions" for _, a in order),
-        json.dumps([[p, a.type] for p, a in order]),
+        done_markers([(p, a.type) for p, a in order]),
         json.dumps(fan_outs) if fan_outs else "",
+        digests.rows([declaration, *sorted(str(fan_out[6]) for fan_out in fan_outs)]),
     )
 
 
@@ -157,8 +161,10 @@ _RUNS = Sql.of(
         f" FROM a {d.join} {seats_sql(workflow='?4', step='?2', task='?1', role='a.role')})"
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
-        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER), s.digest,"
-        " 1, ?3, 'on_enter', ?7, (SELECT admissions FROM tasks WHERE id = ?1)"
+        " THEN NULL ELSE s.agent END, ?1, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
+        f" {digests.id_sql('s.digest')},"
+        " 1, ?3, CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, ?7,"
+        " (SELECT admissions FROM tasks WHERE id = ?1)"
         " FROM s ORDER BY s.n, s.position, s.id"
         f" RETURNING id, agent_profile_id, {keys.STORED_KEY_SQL}"
     )
@@ -173,17 +179,6 @@ coalescing or taken as text (by a run of another trigger) writes a NULL agent an
 parts (AC-H6) violates `runs_by_entry_key`: either fails the statement (an IntegrityError, logged as
 `common_entry_declined` at info), and the per-action path decides the entry. No `ON CONFLICT DO NOTHING`:
 a row skipped silently could not be told from a seat that is not there."""
-
-
-_MARKERS = Sql.of(
-    lambda d: (
-        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
-        " detail, updated_at)"
-        " SELECT ?1, ?2, ?3, CAST(value ->> 0 AS INTEGER), value ->> 1, 'done', NULL, '', ?4"
-        f" FROM {d.json_rows('?5')}"
-    )
-)
-"""The plan's done markers (?5) of one entry (task ?1, step ?2, seq ?3) at ?4."""
 
 
 def _admit(
@@ -213,11 +208,13 @@ def _admit(
     if not moved:
         raise Anomaly("the task moved")
     leaving = runs.leave_entries(conn, [task.id], now)
+    digests.keep_rows(conn, plan.digests)
     (seq,) = conn.execute(
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3, ?4, ?5, 1, ?6"
-        " FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
-        (task.id, step.id, workflow_id, plan.declaration, path, now),
+        " terminal, created_at, done_markers) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3,"
+        f" {digests.id_sql('?4')}, ?5, 1,"
+        " ?6, ?7 FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
+        (task.id, step.id, workflow_id, plan.declaration, path, now, plan.done),
     ).fetchone()
     history.record_transition(conn, task.id, now, _transition(task, workflow_id, plan, path, seq, cause))
     deleted = 0
@@ -225,7 +222,6 @@ def _admit(
         deleted = conn.execute(
             "DELETE FROM decisions WHERE task_id = ? AND step_id = ?", (task.id, step.id)
         ).rowcount
-    conn.execute(_MARKERS.on(conn), (task.id, step.id, seq, now, plan.markers))
     prefix = keys.entry_prefix(task.id, step.id, seq)
     queued: dict[int, list[tuple[str, int, str]]] = {}
     if plan.fan_outs:
@@ -332,12 +328,14 @@ _MOVE_GROUP = Sql.of(
 _ENTRIES_GROUP = Sql.of(
     lambda d: (
         "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at) SELECT m.value ->> 0, ?1, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
-        " FROM step_entries WHERE task_id = m.value ->> 0 AND step_id = ?1), ?2, ?3, ?4, 1,"
-        f" CAST(m.value ->> 5 AS DOUBLE PRECISION) FROM {d.json_rows('?5', 'm')} ORDER BY m.key"
+        " terminal, created_at, done_markers) SELECT m.value ->> 0, ?1,"
+        " (SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = m.value ->> 0"
+        f" AND step_id = ?1), ?2, {digests.id_sql('?3')}, ?4, 1,"
+        f" CAST(m.value ->> 5 AS DOUBLE PRECISION), ?6 FROM {d.json_rows('?5', 'm')} ORDER BY m.key"
     )
 )
-"""One terminal entry per task of ?5 (`_MOVE_GROUP`'s rows), each the next seq of its (task, step ?1)."""
+"""One terminal entry per task of ?5 (`_MOVE_GROUP`'s rows), each the next seq of its (task, step ?1), with
+the plan's done markers ?6."""
 
 _ENTRIES_GROUP_PG = _ENTRIES_GROUP.postgres + " RETURNING task_id, entry_seq"
 """`_ENTRIES_GROUP` on PostgreSQL, which answers each new entry's seq itself: a read of the largest run id
@@ -380,7 +378,8 @@ _RUNS_GROUP = Sql.of(
         " SELECT CASE WHEN s.agent = '' OR EXISTS (SELECT 1 FROM coalesced_keys AS c"
         " WHERE c.idempotency_key = s.k) OR EXISTS (SELECT 1 FROM runs AS o WHERE o.idempotency_key = s.k)"
         " THEN NULL ELSE s.agent END, s.task, ?2, s.reason, s.payload, CAST(s.key_position AS INTEGER),"
-        " s.digest, 1, CAST(s.now AS DOUBLE PRECISION), 'on_enter', CAST(s.seq AS INTEGER),"
+        f" {digests.id_sql('s.digest')}, 1, CAST(s.now AS DOUBLE PRECISION),"
+        " CASE s.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, CAST(s.seq AS INTEGER),"
         " (SELECT admissions FROM tasks WHERE id = s.task) FROM s ORDER BY s.i, s.n, s.position, s.id"
     )
 )
@@ -389,17 +388,6 @@ those the entries get one after another. On SQLite its rows are read back by id 
 RETURNING: one row to fetch instead of one per run; PostgreSQL answers them (`_RUNS_GROUP_PG`)."""
 
 _RUNS_GROUP_PG = _RUNS_GROUP.postgres + f" RETURNING id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}"
-
-_MARKERS_GROUP = Sql.of(
-    lambda d: (
-        "INSERT INTO step_entry_markers (task_id, step_id, entry_seq, position, kind, state, epoch,"
-        " detail, updated_at) SELECT e.value ->> 0, ?1, CAST(e.value ->> 1 AS INTEGER),"
-        " CAST(k.value ->> 0 AS INTEGER), k.value ->> 1, 'done', NULL, '',"
-        " CAST(e.value ->> 2 AS DOUBLE PRECISION)"
-        f" FROM {d.json_rows('?2', 'e')}, {d.json_rows('?3', 'k')} ORDER BY e.key, k.key"
-    )
-)
-"""The plan's done markers (?3) for every entry of ?2 ([[task id, seq, now, key prefix], ...])."""
 
 _QUEUED_GROUP = (
     f"SELECT json_group_array(json_array(id, task_id, agent_profile_id, {keys.STORED_KEY_SQL}))"
@@ -430,14 +418,14 @@ def _admit_group(
     if conn.execute(_MOVE_GROUP.sqlite, (workflow_id, step.id, members)).rowcount != len(admissions):
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
-    conn.execute(_ENTRIES_GROUP.sqlite, (step.id, workflow_id, plan.declaration, path, members))
+    digests.keep_rows(conn, plan.digests)
+    conn.execute(_ENTRIES_GROUP.sqlite, (step.id, workflow_id, plan.declaration, path, members, plan.done))
     seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = _numbered(plan, workflow_id, path, admissions, sorted(json.loads(seqs_json)))
     history.record_transitions(conn, [transition for *_, transition in entries])
     rows = json.dumps([entry[:4] for entry in entries])
     if plan.clears:
         conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
-    conn.execute(_MARKERS_GROUP.sqlite, (step.id, rows, plan.markers))
     returned = []
     if plan.fan_outs:
         conn.execute(_RUNS_GROUP.sqlite, (rows, step.id, workflow_id, plan.fan_outs))
@@ -462,7 +450,8 @@ def _admit_group_pg(
     rates = conn.execute(flow.RATES_SET) if plan.fan_outs else None
     moved = conn.execute(_MOVE_GROUP.postgres, (workflow_id, step.id, members))
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
-    seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members))
+    digests.keep_rows(conn, plan.digests)
+    seqs = conn.execute(_ENTRIES_GROUP_PG, (step.id, workflow_id, plan.declaration, path, members, plan.done))
     cleared = conn.execute(_CLEAR_GROUP_PG, (step.id, members)) if plan.clears else None
     # the last statement sent is read first: its answer brings every earlier one's (one wait)
     deleted = Counter(task_id for (task_id,) in (cleared.fetchall() if cleared is not None else ()))
@@ -478,7 +467,6 @@ def _admit_group_pg(
     entries = _numbered(plan, workflow_id, path, admissions, numbered)
     history.record_transitions(conn, [transition for *_, transition in entries])
     rows = json.dumps([entry[:4] for entry in entries])
-    conn.execute(_MARKERS_GROUP.postgres, (step.id, rows, plan.markers))
     returned = []
     if plan.fan_outs:
         returned = conn.execute(_RUNS_GROUP_PG, (rows, step.id, workflow_id, plan.fan_outs)).fetchall()

@@ -37,7 +37,7 @@ from onceflow.store.entries.executors import Executor, fan_out_digest, fan_out_n
 from onceflow.store.entries.participants import dedupe_seats, template_participants
 from onceflow.store.entries.step_entries import declaration_digest
 from onceflow.store.records import StepEntry, TaskRecord
-from onceflow.store.runs import keys
+from onceflow.store.runs import digests, keys
 from onceflow.store.runs.runs import payload_json
 from onceflow.store.tasks import tasks
 
@@ -351,8 +351,10 @@ def _insert_runs_sql(d: Dialect, detailed: bool) -> str:
         "INSERT INTO runs (agent_profile_id, task_id, workflow_step_id, reason, payload, key_position,"
         " key_digest, exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq)"
         + _with(d)
-        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position, r.digest, 1, ?4, 'on_enter',"
-        " e.entry_seq, (SELECT admissions FROM tasks WHERE id = e.task_id)"
+        + "SELECT r.agent, e.task_id, ?1, r.reason, r.payload, r.position,"
+        f" {digests.id_sql('r.digest')}, 1, ?4,"
+        " CASE r.reason WHEN 'on_enter' THEN '' ELSE 'on_enter' END, e.entry_seq,"
+        " (SELECT admissions FROM tasks WHERE id = e.task_id)"
         " FROM e CROSS JOIN r WHERE true ORDER BY e.n, r.n"
         f" ON CONFLICT ({keys.ENTRY_KEY_COLUMNS}) DO NOTHING"
         + (f" RETURNING {keys.STORED_KEY_SQL}, id" if detailed else "")
@@ -382,6 +384,7 @@ def _insert_runs(
         Anomaly: a key was already taken (its row was not inserted).
     """
     expected = members * sum(len(agents) for agents in group.agents.values())
+    digests.keep(conn, sorted(run[5] for run in json.loads(group.runs)))
     cursor = conn.execute(_INSERT_RUNS[detailed].on(conn), (step_id, entries, group.runs, now))
     if detailed:
         ids = dict(cursor.fetchall())

@@ -7,6 +7,13 @@ state. A marker per (position, kind) moves absent → in_progress(epoch) → don
 compare-and-set (`decide_claim` is the one rule): an in_progress marker of our own epoch belongs to a live
 peer dispatcher, one of another epoch is stale (its runtime is gone) and may be re-claimed — unless, on
 PostgreSQL, that epoch's runtime is still live.
+
+Markers born done in the transaction that creates their entry (the common entry,
+store/entries/common_entry.py, which writes its entry terminal) are kept on the entry row instead of as rows:
+`step_entries.done_markers`, one kind code and position per marker (`DONE_CODES`, e.g. `c0f1`), each done,
+with no epoch, an empty detail and the entry's `created_at` as its time. They are never claimed (no
+dispatcher ever sees them absent or in progress), so the compare-and-set of every claim stays the one on the
+marker rows; a reader takes both, a row over a code for the same position.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -24,6 +32,7 @@ from onceflow.protocol.workflow import ENGINE_ACTION_TYPES, Step
 from onceflow.store.backends import epochs
 from onceflow.store.backends.connection import Connection
 from onceflow.store.records import Marker, StepEntry
+from onceflow.store.runs import digests
 
 TERMINAL_STATES = frozenset({"done", "skipped", "failed"})
 ClaimOutcome = Literal["claimed", "terminal", "live_peer"]
@@ -50,6 +59,38 @@ def _digest(kinds: tuple[str, ...]) -> str:
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 
 
+DONE_CODES = {
+    "clear_decisions": "c",
+    "queue_run_for_each_participant": "f",
+    "queue_run": "q",
+    "run_code_review": "r",
+    "ensure_participant_seat": "s",
+}
+"""The one-letter code of each engine-owned kind in `step_entries.done_markers`; a letter is never reused
+(migration 23 wrote these)."""
+_KINDS = {code: kind for kind, code in DONE_CODES.items()}
+_DONE = re.compile(r"([a-z])(\d+)")
+
+
+def done_markers(pairs: Sequence[tuple[int, str]]) -> str:
+    """`step_entries.done_markers` for done markers at these (position, kind) pairs.
+
+    Raises:
+        KeyError: a kind that is not engine-owned (no code).
+    """
+    return "".join(f"{DONE_CODES[kind]}{position}" for position, kind in pairs)
+
+
+def done_of(stored: str | None) -> dict[int, Marker]:
+    """The done markers a `done_markers` value (None: none) holds, by position."""
+    if not stored:
+        return {}
+    return {
+        int(position): Marker(int(position), _KINDS[code], "done", None, "")
+        for code, position in _DONE.findall(stored)
+    }
+
+
 def _entry(row: tuple[Any, ...]) -> StepEntry:
     return StepEntry(
         task_id=row[0],
@@ -62,8 +103,19 @@ def _entry(row: tuple[Any, ...]) -> StepEntry:
     )
 
 
-_ENTRY_COLUMNS = "task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path, terminal"
-_ENTRY_NAMES = _ENTRY_COLUMNS.split(", ")
+_ENTRY_NAMES = [
+    "task_id",
+    "step_id",
+    "entry_seq",
+    "workflow_id",
+    "declaration_digest",
+    "entry_path",
+    "terminal",
+]
+DIGEST_SQL = "(SELECT dg.digest FROM digests AS dg WHERE dg.id = {entry}declaration_digest)"
+"""SQL for an entry's declaration digest (`entry` its table's alias, with the dot): the column holds the id
+of its row in `digests` (store/runs/digests.py, migration 23), one row per digest."""
+_ENTRY_COLUMNS = ", ".join(_ENTRY_NAMES).replace("declaration_digest", DIGEST_SQL.format(entry=""))
 
 
 def allocate_entry(
@@ -85,8 +137,10 @@ def allocate_entry(
         "SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = ? AND step_id = ?",
         (task_id, step_id),
     ).fetchone()
+    digests.keep(conn, (digest,))
     conn.execute(
-        f"INSERT INTO step_entries ({_ENTRY_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+        f"INSERT INTO step_entries ({', '.join(_ENTRY_NAMES)}, created_at)"
+        f" VALUES (?, ?, ?, ?, {digests.id_sql('?')}, ?, 0, ?)",
         (task_id, step_id, seq, workflow_id, digest, entry_path, now),
     )
     return EntryKey(task_id, step_id, int(seq))
@@ -216,12 +270,23 @@ def _shown(value: object) -> str:
 
 def markers(conn: Connection, key: EntryKey) -> dict[int, Marker]:
     """The entry's markers by position (absent positions are missing from the map)."""
-    rows = conn.execute(
-        "SELECT position, kind, state, epoch, detail FROM step_entry_markers"
-        " WHERE task_id = ? AND step_id = ? AND entry_seq = ?",
-        (key.task_id, key.step_id, key.entry_seq),
-    ).fetchall()
-    return {row[0]: Marker(row[0], row[1], row[2], row[3], row[4]) for row in rows}
+    rows = conn.execute(_MARKERS, (key.task_id, key.step_id, key.entry_seq)).fetchall()
+    found: dict[int, Marker] = {}
+    for row in rows:
+        if row[0] is None:  # the entry's own done markers: a row for the same position wins
+            found = done_of(row[1]) | found
+        else:
+            found[row[0]] = Marker(row[0], row[1], row[2], row[3], row[4])
+    return found
+
+
+_MARKERS = (
+    "SELECT position, kind, state, epoch, detail FROM step_entry_markers"
+    " WHERE task_id = ?1 AND step_id = ?2 AND entry_seq = ?3"
+    " UNION ALL SELECT NULL, done_markers, NULL, NULL, NULL FROM step_entries"
+    " WHERE task_id = ?1 AND step_id = ?2 AND entry_seq = ?3 AND done_markers IS NOT NULL"
+)
+"""An entry's marker rows, then (position NULL) its `done_markers` when it has them: one statement."""
 
 
 def decide_claim(conn: Connection, marker: Marker | None, epoch: str) -> ClaimOutcome:
@@ -251,12 +316,12 @@ def claim_marker(
     For an action applied and finished in one transaction no durable claim is needed: decide with
     `decide_claim` on the markers read in that transaction.
     """
-    row = conn.execute(
-        "SELECT state, epoch FROM step_entry_markers"
-        " WHERE task_id = ? AND step_id = ? AND entry_seq = ? AND position = ? AND kind = ?",
-        (key.task_id, key.step_id, key.entry_seq, position, kind),
-    ).fetchone()
+    found = conn.execute(_CLAIMED, (key.task_id, key.step_id, key.entry_seq, position, kind)).fetchall()
+    row = next((r for r in found if r[0] is not None), None)
     marker = None if row is None else Marker(position, kind, row[0], row[1], "")
+    if marker is None and found:  # a done marker kept on the entry row
+        born = done_of(found[0][2]).get(position)
+        marker = born if born is not None and born.kind == kind else None
     outcome = decide_claim(conn, marker, epoch)
     if outcome != "claimed":
         return outcome
@@ -274,6 +339,15 @@ def claim_marker(
         (epoch, now, key.task_id, key.step_id, key.entry_seq, position, kind, holder),
     )
     return "claimed" if cur.rowcount == 1 else "live_peer"
+
+
+_CLAIMED = (
+    "SELECT state, epoch, NULL FROM step_entry_markers"
+    " WHERE task_id = ?1 AND step_id = ?2 AND entry_seq = ?3 AND position = ?4 AND kind = ?5"
+    " UNION ALL SELECT NULL, NULL, done_markers FROM step_entries"
+    " WHERE task_id = ?1 AND step_id = ?2 AND entry_seq = ?3 AND done_markers IS NOT NULL"
+)
+"""A position's marker row (state, epoch) and the entry's `done_markers` (third column) when it has them."""
 
 
 def finish_marker(
@@ -343,7 +417,7 @@ def entries_page(
     key, args = "(task_id, step_id, entry_seq) > (?, ?, ?)", list(after or ("", "", -1))
     scope, scope_args = (" AND task_id = ?", [task_id]) if task_id is not None else ("", [])
     rows = conn.execute(
-        f"SELECT {_ENTRY_COLUMNS} FROM step_entries WHERE {key}{scope}"
+        f"SELECT {_ENTRY_COLUMNS}, done_markers FROM step_entries WHERE {key}{scope}"
         " ORDER BY task_id, step_id, entry_seq LIMIT ?",
         [*args, *scope_args, limit + 1],
     ).fetchall()
@@ -351,7 +425,7 @@ def entries_page(
     if not entries:
         return [], False
     first, last = entries[0], entries[-1]
-    found: dict[EntryKey, dict[int, Marker]] = {}
+    found = {EntryKey(row[0], row[1], row[2]): done_of(row[7]) for row in rows[:limit] if row[7] is not None}
     for row in conn.execute(
         "SELECT task_id, step_id, entry_seq, position, kind, state, epoch, detail FROM step_entry_markers"
         " WHERE (task_id, step_id, entry_seq) >= (?, ?, ?) AND (task_id, step_id, entry_seq) <= (?, ?, ?)",

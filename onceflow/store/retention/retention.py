@@ -27,6 +27,7 @@ import attrs
 
 from onceflow.store.backends.clock import judge
 from onceflow.store.backends.connection import Connection
+from onceflow.store.backends.urls import on_postgres
 
 KINDS = (
     "runs",
@@ -84,6 +85,9 @@ _HOST_CALLS = (
     "DELETE FROM host_calls WHERE id IN (SELECT id FROM host_calls WHERE answered_at < ?"
     " ORDER BY answered_at LIMIT ?)"
 )
+_MINUTES = "DELETE FROM run_minutes WHERE minute < CAST(? / 60 AS INTEGER)"
+"""SQLite: the hourly rates' minutes (store/runs/flow.py `_SINCE`) older than the retention. At most one row a
+minute, so no batch; a count is exact while the clock never steps back by more than the retention."""
 _STATEMENTS = (_RUNS, _ENTRIES, _REVIEW_RUNS, _DECISIONS, _RECEIPTS, _OUTCOMES, _HISTORY, _HOST_CALLS)
 
 
@@ -110,4 +114,6 @@ def prune_batch(conn: Connection, now: float, retention: float, limit: int) -> P
         kind: conn.execute(sql, (cutoff, limit)).rowcount
         for kind, sql in zip(KINDS, _STATEMENTS, strict=True)
     }
+    if not on_postgres(conn):
+        conn.execute(_MINUTES, (cutoff,))
     return Pruned(deleted, any(count >= limit for count in deleted.values()))

@@ -262,13 +262,30 @@ _RATES = (
     "SELECT scope, runs_per_hour FROM run_limits WHERE runs_per_hour IS NOT NULL"
     " AND (scope = 'global' OR (scope = 'agent' AND target_id = ?))"
 )
-_AGENT_HOUR = Clocked.of(
-    "SELECT COUNT(*) FROM runs WHERE agent_profile_id = ?2 AND requested_at > {now} - ?3"
-    " AND rate_limit IS NULL",
-    "?1",
+_SINCE = (
+    "id >= COALESCE((SELECT MIN(first_id) FROM run_minutes"
+    " WHERE minute >= CAST((?1 - {window}) / 60 AS INTEGER)), 9223372036854775807) AND "
 )
-_ALL_HOUR = Clocked.of(
-    "SELECT COUNT(*) FROM runs WHERE requested_at > {now} - ?2 AND rate_limit IS NULL", "?1"
+"""SQLite: the ids a run requested after `?1 - window` can have. `run_minutes` holds, per minute of
+`requested_at`, the smallest id of a run requested in it (its triggers, store/backends/schema.py migration
+22), so every such run's id is at least the smallest over the minutes from the window's first on: the count
+reads the last hour's runs by id, with no index by agent and time. PostgreSQL keeps `runs_by_agent_time`
+(its runtimes' ids are not in commit order, and one row per minute would make them wait on each other)."""
+_AGENT_HOUR = Clocked(
+    "SELECT COUNT(*) FROM runs WHERE " + _SINCE.format(window="?3") + "agent_profile_id = ?2"
+    " AND requested_at > ?1 - ?3 AND rate_limit IS NULL",
+    Clocked.of(
+        "SELECT COUNT(*) FROM runs WHERE agent_profile_id = ?2 AND requested_at > {now} - ?3"
+        " AND rate_limit IS NULL",
+        "?1",
+    ).postgres,
+)
+_ALL_HOUR = Clocked(
+    "SELECT COUNT(*) FROM runs WHERE " + _SINCE.format(window="?2") + "requested_at > ?1 - ?2"
+    " AND rate_limit IS NULL",
+    Clocked.of(
+        "SELECT COUNT(*) FROM runs WHERE requested_at > {now} - ?2 AND rate_limit IS NULL", "?1"
+    ).postgres,
 )
 
 

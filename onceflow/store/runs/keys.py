@@ -164,7 +164,8 @@ def stored_key_sql(alias: str = "") -> str:
     on_enter key its parts give (NULL when it has neither)."""
     a = alias
     prefix = entry_prefix_sql(f"{a}task_id", f"{a}workflow_step_id", f"{a}entry_seq")
-    suffix = entry_suffix_sql(f"{a}key_position", f"{a}agent_profile_id", f"{a}key_digest")
+    digest = f"(SELECT dg.digest FROM digests AS dg WHERE dg.id = {a}key_digest)"  # store/runs/digests.py
+    suffix = entry_suffix_sql(f"{a}key_position", f"{a}agent_profile_id", digest)
     return f"COALESCE({a}idempotency_key, {prefix} || {suffix})"
 
 

@@ -84,10 +84,13 @@ _CLASS = {  # the priority class after aging: one class up per aging_s waited, n
 }
 _TURN = "COALESCE((SELECT t.turn FROM run_turns t WHERE t.agent_profile_id = runs.agent_profile_id), 0)"
 _CLAIM = (
-    "UPDATE runs SET status = 'claimed', claim_token = ?1, attempt = attempt + 1, claimed_at = ?2,"
+    "UPDATE runs SET status = 'claimed', claim_token = CAST(attempt + 1 AS TEXT) || '.' || ?1,"
+    " attempt = attempt + 1, claimed_at = ?2,"
     " lease_expires_at = ?2 + ?3, wait_seconds = ?3, retry_at = NULL WHERE id = ?4 AND status = 'queued'"
     f" RETURNING {COLUMNS}"
 )
+"""A claim: its token is `<attempt>.<16 hex>`, the attempt it is minted for (its fence, `_last_claim`) and
+random bits (?1)."""
 
 
 def _candidates(postgres: bool, agents: list[str] | None, skip: int, paused: bool = True) -> str:
@@ -441,7 +444,7 @@ def _finish(
             field="claim_token",
         )
     token = run.claim_token if token is None else token
-    if run.status != "claimed" and token is not None and run.claim_token == token:
+    if run.status != "claimed" and token is not None and _last_claim(run, token):
         if _same_outcome(run, status):
             return Finished(run, True, ())
         raise ConflictError(f"run {run_id}'s claim already ended ({run.status})", field="status")
@@ -461,13 +464,30 @@ def _finish(
         )
     queued = conn.execute(
         "UPDATE runs SET status = 'queued', retries = retries + 1, retry_at = ?1, wait_seconds = ?2,"
-        " lease_expires_at = NULL, last_error = ?3, outcome_reason = 'retry_scheduled'"
+        f" lease_expires_at = NULL, last_error = ?3, outcome_reason = 'retry_scheduled', {_FENCE_KEPT}"
         f" WHERE id = ?4 AND status = 'claimed' AND claim_token = ?5 RETURNING {COLUMNS}",
         (when, max(when - now, 0.0), error, run_id, token),
     ).fetchone()
     if queued is None:  # another runtime's transaction ended the claim after the read (PostgreSQL)
         raise ConflictError(f"run {run_id} changed meanwhile", field="claim_token")
     return _ended(run_from_row(queued), "retry_scheduled", "retry_scheduled")
+
+
+_FENCE_KEPT_VALUE = "CASE WHEN claim_token LIKE '%.%' THEN '' ELSE claim_token END"
+_FENCE_KEPT = f"claim_token = {_FENCE_KEPT_VALUE}"
+"""What a claim's end by its finish leaves of its token: '' when it carries its fence (`_CLAIM`), since the
+run's `attempt` is that fence; a token minted before them is kept whole."""
+
+
+def _last_claim(run: RunRecord, token: str) -> bool:
+    """Whether `token` is the claim whose finish ended `run` (not claimed now), so the same finish again is a
+    replay: the token itself while the run keeps it; once its finish left '' (`_FENCE_KEPT`), the attempt the
+    token was minted for against the run's. Every claim of an attempt but the last was released by onceflow
+    before a host saw its token (`release`), so a host's token from an earlier claim is stale either way."""
+    if run.claim_token != "":
+        return run.claim_token == token
+    fence, dot, _ = token.partition(".")
+    return dot == "." and fence == str(run.attempt)
 
 
 def _ended(run: RunRecord, kind: str, reason: str = "") -> Finished:
@@ -503,7 +523,8 @@ def _resolve(
     """Set a claimed run's final status (compare-and-set on its claim); the row after it."""
     row = conn.execute(
         "UPDATE runs SET status = ?, finished_at = ?, lease_expires_at = NULL, wait_seconds = NULL,"
-        " outcome_reason = ?, last_error = COALESCE(?, last_error)"
+        " outcome_reason = ?, last_error = COALESCE(?, last_error),"
+        f" claim_token = CASE WHEN status = 'claimed' THEN {_FENCE_KEPT_VALUE} ELSE claim_token END"
         f" WHERE id = ? AND status = ? AND COALESCE(claim_token, '') = ? RETURNING {COLUMNS}",
         (status, now, reason, error, run.id, run.status, run.claim_token or ""),
     ).fetchone()

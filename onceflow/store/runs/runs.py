@@ -30,15 +30,19 @@ from onceflow.store.backends.dialect import POSTGRES, SQLITE
 from onceflow.store.backends.savepoint import savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.records import RunRecord
-from onceflow.store.runs import keys
+from onceflow.store.runs import digests, keys
 from onceflow.store.runs.flow import Cause, Lineage, Refusal, lineage, refusal
 
 IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 COALESCE_WINDOW_SECONDS = 5.0
 
+TRIGGER = "CASE trigger WHEN '' THEN reason ELSE trigger END"
+"""A run's trigger as read: `trigger` holds '' where it is the run's reason (on_enter runs mostly: a trigger
+is never '' itself, it names one), so the common case stores no copy of the name (migration 23)."""
+
 COLUMNS = (
     f"id, agent_profile_id, task_id, workflow_step_id, reason, payload, {keys.STORED_KEY_SQL},"
-    " exclude_from_coalescing, status, coalesced_count, requested_at, trigger, entry_seq, admission_seq,"
+    f" exclude_from_coalescing, status, coalesced_count, requested_at, {TRIGGER}, entry_seq, admission_seq,"
     " attempt, retries, claim_token, lease_expires_at, retry_at, superseded, outcome_reason, last_error,"
     " finished_at, priority, parent_run_id, causation_depth, COALESCE(chain_id, id), human_rooted, retry_of,"
     " result, rate_limit"
@@ -277,8 +281,10 @@ _INSERT = Clocked.of(
     " exclude_from_coalescing, requested_at, trigger, entry_seq, admission_seq, priority, parent_run_id,"
     " causation_depth, chain_id, human_rooted, self_trigger, retry_of, status, outcome_reason, finished_at,"
     " rate_limit, key_position, key_digest)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,"
-    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22, ?23)",
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {now}, CASE WHEN ?9 = ?4 THEN '' ELSE ?9 END, ?10, ?11, ?12,"
+    " ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,"
+    " CASE WHEN ?19 = 'cancelled' THEN {now} END, ?21, ?22,"
+    " (SELECT dg.id FROM digests AS dg WHERE dg.digest = ?23))",
     "?8",
 )
 _INSERT = Clocked(_INSERT.sqlite + " RETURNING id", _INSERT.postgres + " RETURNING id")
@@ -315,6 +321,8 @@ def _insert(
         return None
     parts = _parts(request) if refused is None else None
     statement = (_INSERT_NEW_BY_PARTS if parts else _INSERT_NEW) if skip_taken_key else _INSERT
+    if parts:
+        digests.keep(conn, (parts[1],))
     cur = conn.execute(
         statement.on(conn),
         (

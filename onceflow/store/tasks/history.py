@@ -39,6 +39,7 @@ from onceflow.store.backends.connection import Connection
 from onceflow.store.backends.dialect import POSTGRES
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.outcomes import host_calls
+from onceflow.store.runs import runs
 
 Kind = Literal["created", "transition", "decision", "run", "host_call", "migrated"]
 
@@ -207,7 +208,9 @@ def parse_cursor(text: str) -> Cursor:
     return cursor
 
 
-_RUN_COLUMNS = "id, agent_profile_id, workflow_step_id, attempt, trigger, entry_seq, reason, outcome_reason"
+_RUN_COLUMNS = (
+    f"id, agent_profile_id, workflow_step_id, attempt, {runs.TRIGGER}, entry_seq, reason, outcome_reason"
+)
 _UNION = (
     "SELECT requested_at AS at, 1 AS rank, id AS k, 'run' AS kind, 'queued' AS status, NULL AS detail,"
     f" {_RUN_COLUMNS} FROM runs WHERE task_id = ?1"

@@ -147,9 +147,15 @@ async def test_two_runtimes_one_sigkilled_mid_claim_storm_never_hand_a_run_to_tw
         stored = {run_id: (status, token, attempt) for run_id, status, token, attempt in rows}
     assert len(stored) == RUNS and {status for status, _, _ in stored.values()} == {"finished"}
     taken_over = refused = 0
-    for run_id, (_, final_token, final_attempt) in stored.items():
+    for run_id, (_, stored_token, final_attempt) in stored.items():
         claims = sorted(storm.claims[run_id], key=lambda claim: claim[1])
-        assert claims and claims[-1][:2] == (final_token, final_attempt), (run_id, claims, final_attempt)
+        # Its holder's finish clears the stored token: the run's attempt is the fence from then on.
+        assert stored_token == "" and claims and claims[-1][1] == final_attempt, (
+            run_id,
+            claims,
+            final_attempt,
+        )
+        final_token = claims[-1][0]
         for (_, attempt, ends), (_, later, later_ends) in itertools.pairwise(claims):
             assert attempt < later and later_ends - LEASE >= ends - SLACK, (
                 f"run {run_id} claimed again before its claim's lease ran out: {claims}"

@@ -322,6 +322,24 @@ def test_entering_the_pipeline_on_a_connection_psycopg_knows_lost_is_an_io_fault
         conn.close()
 
 
+def restarted(url: str, bystander: psycopg.Connection[Any]) -> None:
+    """Return once the server has gone through its crash restart: the postmaster ends every other session
+    (the `bystander`, opened before the crash) when it starts one, so its end is the restart's beginning;
+    then it accepts connections again. (Connections accepted before the postmaster noticed the crash would
+    be cut by it.)"""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            bystander.execute("SELECT 1").fetchall()
+        except psycopg.OperationalError:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError("the server did not restart after its backend was killed")
+        time.sleep(0.05)
+    bystander.close()
+    accepting(url)
+
+
 def accepting(url: str) -> None:
     """Return once the server accepts connections again (after its crash recovery)."""
     deadline = time.monotonic() + 60
@@ -355,10 +373,11 @@ async def test_a_connection_reset_by_a_killed_backend_is_io_and_the_store_reconn
             os.kill(postgres_connection(conn).raw.info.backend_pid, signal.SIGKILL)
             conn.execute("SELECT 1").fetchall()
 
+        bystander = psycopg.connect(own_url, autocommit=True)
         with nothing_internal(), pytest.raises(StorageError) as caught:
             await store.transact(killed)
         assert_storage(caught.value, "io", True)
-        await trio.to_thread.run_sync(accepting, own_url)
+        await trio.to_thread.run_sync(restarted, own_url, bystander)
         assert items(own_url) == []
         assert await store.transact(insert(3)) == 3
         assert store.epoch != old

@@ -181,6 +181,17 @@ parts (AC-H6) violates `runs_by_entry_key`: either fails the statement (an Integ
 a row skipped silently could not be told from a seat that is not there."""
 
 
+_ENTRY = (
+    "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
+    " terminal, created_at, done_markers) VALUES (?1, ?2, (SELECT COALESCE(MAX(entry_seq), 0) + 1"
+    f" FROM step_entries WHERE task_id = ?1 AND step_id = ?2), ?3, {digests.id_sql('?4')}, ?5, 1, ?6, ?7)"
+    " RETURNING entry_seq"
+)
+"""A common entry's terminal row, the next seq of its (task, step). `VALUES` with the seq as a scalar
+subquery, not `INSERT ... SELECT ... FROM step_entries`: SQLite runs an insert that selects from its own
+table through a temporary table (it must not see its own rows), twice the instructions."""
+
+
 def _admit(
     conn: Connection,
     task: TaskRecord,
@@ -210,11 +221,7 @@ def _admit(
     leaving = runs.leave_entries(conn, [task.id], now)
     digests.keep_rows(conn, plan.digests)
     (seq,) = conn.execute(
-        "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at, done_markers) SELECT ?1, ?2, COALESCE(MAX(entry_seq), 0) + 1, ?3,"
-        f" {digests.id_sql('?4')}, ?5, 1,"
-        " ?6, ?7 FROM step_entries WHERE task_id = ?1 AND step_id = ?2 RETURNING entry_seq",
-        (task.id, step.id, workflow_id, plan.declaration, path, now, plan.done),
+        _ENTRY, (task.id, step.id, workflow_id, plan.declaration, path, now, plan.done)
     ).fetchone()
     history.record_transition(conn, task.id, now, _transition(task, workflow_id, plan, path, seq, cause))
     deleted = 0
@@ -352,14 +359,25 @@ _CLEAR_GROUP = Sql.of(
 _CLEAR_GROUP_PG = _CLEAR_GROUP.postgres + " RETURNING task_id"
 """`_CLEAR_GROUP` answering each deleted decision's task: PostgreSQL's count of what each clear deleted."""
 
+_ENTRIES_ROWS = (
+    "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
+    " terminal, created_at, done_markers) SELECT e.value ->> 0, ?1, e.value ->> 1, ?2,"
+    f" {digests.id_sql('?3')}, ?4, 1, CAST(e.value ->> 2 AS REAL), ?6"
+    " FROM json_each(?5) AS e ORDER BY e.key"
+)
+"""`_ENTRIES_GROUP` on SQLite, its seqs read first (`_SEQS_GROUP`): one terminal entry per row of ?5
+([[task id, seq, now, key prefix], ...]). It reads no step_entries: SQLite runs an insert that selects
+from its own table through a temporary table (it must not see its own rows), twice the instructions."""
+
 _SEQS_GROUP = (
-    "SELECT json_group_array(json_array(m.key, (SELECT MAX(entry_seq) FROM step_entries"
+    "SELECT json_group_array(json_array(m.key, (SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries"
     " WHERE task_id = m.value ->> 0 AND step_id = ?1), CASE WHEN ?2 THEN (SELECT count(*) FROM decisions"
     " WHERE task_id = m.value ->> 0 AND step_id = ?1) ELSE 0 END)), (SELECT COALESCE(MAX(id), 0) FROM runs)"
     " FROM json_each(?3) AS m"
 )
-"""One row: per task of ?3 its new entry's seq and how many decisions the clear will delete, and the
-largest run id so far (every run the group queues has a larger one: AUTOINCREMENT, one writer)."""
+"""One row, read before the group's entries are inserted: per task of ?3 its new entry's seq and how many
+decisions the clear will delete, and the largest run id so far (every run the group queues has a larger
+one: AUTOINCREMENT, one writer)."""
 
 _RUNS_GROUP = Sql.of(
     lambda d: (
@@ -419,11 +437,11 @@ def _admit_group(
         raise Anomaly("a task moved")
     leaving = runs.leave_entries(conn, [admission.task.id for admission in admissions], admissions[0].now)
     digests.keep_rows(conn, plan.digests)
-    conn.execute(_ENTRIES_GROUP.sqlite, (step.id, workflow_id, plan.declaration, path, members, plan.done))
     seqs_json, last_run = conn.execute(_SEQS_GROUP, (step.id, plan.clears, members)).fetchone()
     entries = _numbered(plan, workflow_id, path, admissions, sorted(json.loads(seqs_json)))
-    history.record_transitions(conn, [transition for *_, transition in entries])
     rows = json.dumps([entry[:4] for entry in entries])
+    conn.execute(_ENTRIES_ROWS, (step.id, workflow_id, plan.declaration, path, rows, plan.done))
+    history.record_transitions(conn, [transition for *_, transition in entries])
     if plan.clears:
         conn.execute(_CLEAR_GROUP.sqlite, (step.id, members))
     returned = []

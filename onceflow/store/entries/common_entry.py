@@ -33,7 +33,7 @@ from onceflow.protocol.events import EntryPath
 from onceflow.protocol.workflow import ActionDecl, Step
 from onceflow.store.backends import faults
 from onceflow.store.backends.connection import Connection
-from onceflow.store.backends.dialect import Sql
+from onceflow.store.backends.dialect import POSTGRES, Sql
 from onceflow.store.backends.savepoint import request_savepoint
 from onceflow.store.backends.urls import on_postgres
 from onceflow.store.entries import wip
@@ -332,20 +332,16 @@ _MOVE_GROUP = Sql.of(
 """`tasks.move_task_step` (admitted, a cached row's version verified when given) for every task of ?3:
 [[task id, expected step id, version workflow id or null, admitted flag, admission count, now], ...]."""
 
-_ENTRIES_GROUP = Sql.of(
-    lambda d: (
-        "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
-        " terminal, created_at, done_markers) SELECT m.value ->> 0, ?1,"
-        " (SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = m.value ->> 0"
-        f" AND step_id = ?1), ?2, {digests.id_sql('?3')}, ?4, 1,"
-        f" CAST(m.value ->> 5 AS DOUBLE PRECISION), ?6 FROM {d.json_rows('?5', 'm')} ORDER BY m.key"
-    )
+_ENTRIES_GROUP_PG = (
+    "INSERT INTO step_entries (task_id, step_id, entry_seq, workflow_id, declaration_digest, entry_path,"
+    " terminal, created_at, done_markers) SELECT m.value ->> 0, ?1,"
+    " (SELECT COALESCE(MAX(entry_seq), 0) + 1 FROM step_entries WHERE task_id = m.value ->> 0"
+    f" AND step_id = ?1), ?2, {digests.id_sql('?3')}, ?4, 1,"
+    f" CAST(m.value ->> 5 AS DOUBLE PRECISION), ?6 FROM {POSTGRES.json_rows('?5', 'm')} ORDER BY m.key"
+    " RETURNING task_id, entry_seq"
 )
 """One terminal entry per task of ?5 (`_MOVE_GROUP`'s rows), each the next seq of its (task, step ?1), with
-the plan's done markers ?6."""
-
-_ENTRIES_GROUP_PG = _ENTRIES_GROUP.postgres + " RETURNING task_id, entry_seq"
-"""`_ENTRIES_GROUP` on PostgreSQL, which answers each new entry's seq itself: a read of the largest run id
+the plan's done markers ?6, answering each new entry's seq (PostgreSQL): a read of the largest run id
 (`_SEQS_GROUP`) would not bound this transaction's runs there, where other runtimes insert runs meanwhile."""
 
 _CLEAR_GROUP = Sql.of(
@@ -365,7 +361,7 @@ _ENTRIES_ROWS = (
     f" {digests.id_sql('?3')}, ?4, 1, CAST(e.value ->> 2 AS REAL), ?6"
     " FROM json_each(?5) AS e ORDER BY e.key"
 )
-"""`_ENTRIES_GROUP` on SQLite, its seqs read first (`_SEQS_GROUP`): one terminal entry per row of ?5
+"""`_ENTRIES_GROUP_PG` on SQLite, its seqs read first (`_SEQS_GROUP`): one terminal entry per row of ?5
 ([[task id, seq, now, key prefix], ...]). It reads no step_entries: SQLite runs an insert that selects
 from its own table through a temporary table (it must not see its own rows), twice the instructions."""
 

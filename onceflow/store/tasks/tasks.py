@@ -122,28 +122,7 @@ def insert_task(
     stored (built from what was inserted: every other column is at its default, no admission yet). One
     statement, no read back: an id already taken inserts nothing. Raises ConflictError (field task_id) if
     the id is taken."""
-    inserted = conn.execute(
-        _INSERT_TASK,
-        (
-            task_id,
-            workflow_id,
-            step_id,
-            title,
-            session_id,
-            primary_agent_id,
-            ceo_agent_id,
-            priority,
-            int(admitted),
-            queued_for_step_id,
-            None if queued_for_step_id is None else now,
-            now,
-            now,
-            workflow_version,
-        ),
-    ).rowcount
-    if inserted != 1:
-        raise ConflictError(f"task {task_id!r} already exists", field="task_id")
-    return TaskRecord(
+    row = (
         task_id,
         workflow_id,
         step_id,
@@ -152,12 +131,51 @@ def insert_task(
         primary_agent_id,
         ceo_agent_id,
         priority,
-        admitted,
+        int(admitted),
         queued_for_step_id,
+        None if queued_for_step_id is None else now,
+        now,
+        now,
+        workflow_version,
+    )
+    if conn.execute(_INSERT_TASK, row).rowcount != 1:
+        raise ConflictError(f"task {task_id!r} already exists", field="task_id")
+    return _inserted(row)
+
+
+def _inserted(row: tuple[Any, ...]) -> TaskRecord:
+    """The task row as stored by `_INSERT_TASK` with parameters `row`: every other column at its default."""
+    (
+        task_id,
+        workflow_id,
+        step_id,
+        title,
+        session_id,
+        primary,
+        ceo,
+        priority,
+        admitted,
+        queued_for,
+        _,
+        now,
+        _,
+        version,
+    ) = row
+    return TaskRecord(
+        task_id,
+        workflow_id,
+        step_id,
+        title,
+        session_id,
+        primary,
+        ceo,
+        priority,
+        bool(admitted),
+        queued_for,
         now,
         now,
         0,
-        workflow_version,
+        version,
     )
 
 
@@ -201,13 +219,6 @@ def create_task(
     return task
 
 
-_INSERT_CREATED = (
-    "INSERT INTO tasks (id, workflow_id, workflow_step_id, title, session_id, primary_agent_id,"
-    " ceo_agent_id, priority, wip_admitted, created_at, updated_at, workflow_version)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-)
-
-
 def create_tasks(
     conn: Connection, items: list[tuple[CreateTask, float, str, Step, int]]
 ) -> list[TaskRecord] | None:
@@ -229,35 +240,20 @@ def create_tasks(
             command.primary_agent_id,
             command.ceo_agent_id,
             command.priority,
+            1,
+            None,
+            None,
             now,
             now,
             workflow_version,
         )
         for command, now, *_ in items
     ]
-    if conn.executemany(_INSERT_CREATED, rows).rowcount != len(rows):
+    if conn.executemany(_INSERT_TASK, rows).rowcount != len(rows):
         return None
     detail = history.created_detail(workflow_id, workflow_version, step_id, queued=False)
-    history.record_many(conn, [(row[0], row[8], "created", detail) for row in rows])
-    return [
-        TaskRecord(
-            id=row[0],
-            workflow_id=workflow_id,
-            step_id=step_id,
-            title=row[3],
-            session_id=row[4],
-            primary_agent_id=row[5],
-            ceo_agent_id=row[6],
-            priority=row[7],
-            wip_admitted=True,
-            queued_for_step_id=None,
-            created_at=row[8],
-            updated_at=row[8],
-            admissions=0,
-            workflow_version=workflow_version,
-        )
-        for row in rows
-    ]
+    history.record_many(conn, [(row[0], row[11], "created", detail) for row in rows])
+    return [_inserted(row) for row in rows]
 
 
 def move_task_step(
